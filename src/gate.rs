@@ -1,0 +1,297 @@
+//! The gate: validation, policy lookup and fingerprinting around one store call per RPC.
+//!
+//! Owns: what a well-formed request is (limits from SPEC.md "Defaults"), which key identifies an
+//! action, minting tokens, and the audit line for every decision. Knows no gRPC types (the service
+//! converts) and decides no state transition (the store applies the ledger).
+
+use std::sync::Arc;
+
+use crate::{
+    error::GateError,
+    fingerprint::{self, ParamsError, ParamsLimits},
+    ledger::{ActionView, CompleteOutcome, GrantKind, Millis, Refusal, TokenOutcome, TokenRequest},
+    policy::Policies,
+    store::{ActionKey, Store},
+};
+
+/// Target of the audit events: one per decision, routable on its own (`RUST_LOG=oncegate::audit=info`).
+pub const AUDIT: &str = "oncegate::audit";
+
+/// A RequestToken as the gate sees it.
+#[derive(Debug, Clone, Default)]
+pub struct TokenCall {
+    pub agent_id: String,
+    pub run_id: String,
+    pub action: String,
+    pub params_json: String,
+    pub intent_id: String,
+    pub idempotency_key: String,
+    pub holder: String,
+    /// Requested lease, when the caller set one.
+    pub lease: Option<Millis>,
+}
+
+/// A RequestToken that was answered (granted or replayed).
+#[derive(Debug, Clone)]
+pub struct TokenAnswer {
+    pub key: ActionKey,
+    pub fingerprint: String,
+    pub provider_key: String,
+    pub outcome: TokenOutcome,
+}
+
+/// The gate over one store. Cheap to clone.
+#[derive(Clone)]
+pub struct Gate {
+    store: Store,
+    policies: Arc<Policies>,
+}
+
+impl Gate {
+    /// A gate over `store` with `policies`.
+    pub fn new(store: Store, policies: Policies) -> Self {
+        Self {
+            store,
+            policies: Arc::new(policies),
+        }
+    }
+
+    /// The store this gate uses.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The policies this gate enforces.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+
+    /// RequestToken: validate, fingerprint with the action's key fields, then one atomic store step.
+    pub async fn request_token(&self, call: TokenCall) -> Result<TokenAnswer, GateError> {
+        let limits = self.policies.limits;
+        self.check_scope(&call.agent_id, &call.run_id)?;
+        self.check_id("action", &call.action, true)?;
+        self.check_id("intent_id", &call.intent_id, false)?;
+        self.check_id("idempotency_key", &call.idempotency_key, false)?;
+        self.check_id("holder", &call.holder, false)?;
+        let policy = self.policies.for_action(&call.action).ok_or_else(|| {
+            GateError::invalid(
+                "action",
+                "no policy names this action and the gate is strict",
+            )
+        })?;
+        let lease = match call.lease {
+            None => policy.lease,
+            Some(ms) if ms <= 0 => return Err(GateError::invalid("lease_ttl", "must be positive")),
+            Some(ms) if ms > limits.max_lease => {
+                return Err(GateError::invalid(
+                    "lease_ttl",
+                    format!("must be at most {} s", limits.max_lease / 1000),
+                ));
+            }
+            Some(ms) => ms,
+        };
+        let params_limits = ParamsLimits {
+            max_bytes: limits.max_params_bytes,
+            max_depth: limits.max_params_depth,
+        };
+        let params =
+            fingerprint::parse_params(&call.params_json, params_limits).map_err(params_error)?;
+        let selection = fingerprint::select(&params, &policy.key_fields);
+        let fp = fingerprint::fingerprint(&call.action, &call.intent_id, &selection);
+        let keyed = !call.idempotency_key.is_empty();
+        let key = ActionKey::new(
+            call.agent_id.as_str(),
+            call.run_id.as_str(),
+            if keyed {
+                call.idempotency_key.clone()
+            } else {
+                fp.clone()
+            },
+        );
+        let request = TokenRequest {
+            fingerprint: fp.clone(),
+            // Only an idempotency key can meet a different request; a fingerprint key cannot.
+            digests: if keyed {
+                fingerprint::field_digests(&call.action, &call.intent_id, &selection)
+            } else {
+                String::new()
+            },
+            holder: call.holder,
+            new_token: new_token(),
+            lease,
+            retention: policy.retention,
+            sliding: policy.sliding,
+            on_expiry: policy.on_expiry,
+        };
+        let reply = self.store.request_token(&key, &request).await?;
+        audit_token(&key, &call.action, &reply.result);
+        let outcome = reply.result.map_err(GateError::Refused)?;
+        Ok(TokenAnswer {
+            provider_key: key.provider_key(),
+            key,
+            fingerprint: fp,
+            outcome,
+        })
+    }
+
+    /// Complete: record the outcome of an attempt.
+    pub async fn complete(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        receipt: &[u8],
+    ) -> Result<CompleteOutcome, GateError> {
+        self.check_ref(key)?;
+        self.check_token(token)?;
+        if receipt.len() > self.policies.limits.max_receipt_bytes {
+            return Err(GateError::invalid(
+                "receipt",
+                format!(
+                    "is {} bytes, more than the limit of {}",
+                    receipt.len(),
+                    self.policies.limits.max_receipt_bytes
+                ),
+            ));
+        }
+        let reply = self.store.complete(key, token, receipt).await?;
+        match &reply.result {
+            Ok(done) => {
+                if done.double_execution {
+                    tracing::warn!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
+                        fencing = done.completion.fencing, "double execution: a superseded token completed");
+                }
+                tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
+                    decision = if done.recorded { "completed" } else { "complete_repeated" },
+                    fencing = done.completion.fencing, "complete");
+            }
+            Err(refusal) => audit_refusal("complete", key, refusal),
+        }
+        reply.result.map_err(GateError::Refused)
+    }
+
+    /// Release: give a token back after a definite failure or a non-attempt.
+    pub async fn release(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        reason: &str,
+    ) -> Result<u64, GateError> {
+        self.check_ref(key)?;
+        self.check_token(token)?;
+        let reply = self.store.release(key, token).await?;
+        match &reply.result {
+            Ok(fencing) => {
+                tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id,
+                key = %key.key, decision = "released", reason, fencing, "release")
+            }
+            Err(refusal) => audit_refusal("release", key, refusal),
+        }
+        reply.result.map_err(GateError::Refused)
+    }
+
+    /// ExtendLease: move a live lease to now + ttl.
+    pub async fn extend_lease(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        ttl: Option<Millis>,
+    ) -> Result<Millis, GateError> {
+        self.check_ref(key)?;
+        self.check_token(token)?;
+        let ttl = match ttl {
+            None => return Err(GateError::invalid("ttl", "is required")),
+            Some(ms) if ms <= 0 => return Err(GateError::invalid("ttl", "must be positive")),
+            Some(ms) if ms > self.policies.limits.max_lease => {
+                return Err(GateError::invalid(
+                    "ttl",
+                    format!(
+                        "must be at most {} s",
+                        self.policies.limits.max_lease / 1000
+                    ),
+                ));
+            }
+            Some(ms) => ms,
+        };
+        let reply = self.store.extend_lease(key, token, ttl).await?;
+        if let Err(refusal) = &reply.result {
+            audit_refusal("extend_lease", key, refusal);
+        }
+        reply.result.map_err(GateError::Refused)
+    }
+
+    /// GetAction: the record as it stands.
+    pub async fn get(&self, key: &ActionKey) -> Result<ActionView, GateError> {
+        self.check_ref(key)?;
+        let reply = self.store.get(key).await?;
+        reply.result.map_err(GateError::Refused)
+    }
+
+    fn check_id(&self, field: &str, value: &str, required: bool) -> Result<(), GateError> {
+        let max = self.policies.limits.max_id_bytes;
+        if required && value.is_empty() {
+            return Err(GateError::invalid(field, "must not be empty"));
+        }
+        if value.len() > max {
+            return Err(GateError::invalid(
+                field,
+                format!("is {} bytes, more than the limit of {max}", value.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    fn check_scope(&self, agent_id: &str, run_id: &str) -> Result<(), GateError> {
+        self.check_id("scope.agent_id", agent_id, true)?;
+        self.check_id("scope.run_id", run_id, true)
+    }
+
+    fn check_ref(&self, key: &ActionKey) -> Result<(), GateError> {
+        self.check_id("action.scope.agent_id", &key.agent_id, true)?;
+        self.check_id("action.scope.run_id", &key.run_id, true)?;
+        self.check_id("action.key", &key.key, true)
+    }
+
+    fn check_token(&self, token: &str) -> Result<(), GateError> {
+        self.check_id("token", token, true)
+    }
+}
+
+/// A fresh one-shot token: a UUIDv4 carries 122 random bits from the OS generator.
+fn new_token() -> String {
+    uuid::Uuid::new_v4().simple().to_string()
+}
+
+fn params_error(e: ParamsError) -> GateError {
+    GateError::invalid("params_json", e.to_string())
+}
+
+fn audit_token(key: &ActionKey, action: &str, result: &Result<TokenOutcome, Refusal>) {
+    let (decision, fencing) = match result {
+        Ok(TokenOutcome::Granted(grant, GrantKind::New)) => ("granted", grant.fencing),
+        Ok(TokenOutcome::Granted(grant, GrantKind::Redelivered)) => ("redelivered", grant.fencing),
+        Ok(TokenOutcome::Granted(grant, GrantKind::Regranted)) => ("regranted", grant.fencing),
+        Ok(TokenOutcome::AlreadyCompleted(done)) => ("replayed", done.fencing),
+        Err(refusal) => (refusal_name(refusal), 0),
+    };
+    tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, action, key = %key.key,
+        decision, fencing, "request_token");
+}
+
+fn audit_refusal(rpc: &str, key: &ActionKey, refusal: &Refusal) {
+    tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
+        decision = refusal_name(refusal), rpc, "refused");
+}
+
+/// A short snake_case name of a refusal, for logs and metric labels.
+pub fn refusal_name(refusal: &Refusal) -> &'static str {
+    match refusal {
+        Refusal::KeyReused { .. } => "key_reused",
+        Refusal::InProgress { .. } => "in_progress",
+        Refusal::LeaseExpired { .. } => "lease_expired",
+        Refusal::TokenMismatch => "token_mismatch",
+        Refusal::TokenUnknown => "token_unknown",
+        Refusal::CompletedByOther { .. } => "completed_by_other",
+        Refusal::AlreadyCompleted => "already_completed",
+    }
+}

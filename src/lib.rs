@@ -1,0 +1,24 @@
+//! oncegate: a gRPC gate that lets an AI agent perform each side-effecting action at most once.
+//!
+//! Reading order (see ARCHITECTURE.md):
+//! - [`fingerprint`]: params → key fields → RFC 8785 → SHA-256 → `v1-…`. No IO.
+//! - [`ledger`]: the action state machine, `(record, request, now) → (reply, write)`. No IO.
+//! - [`store`]: the Store contract and its two members, embedded (redb) and Redis (Lua).
+//! - [`policy`]: the action policies file (key fields, lease, retention, expiry policy).
+//! - [`gate`]: validation, fingerprinting and policy around one store call. No gRPC types.
+//! - [`error`]: the domain errors and their one translation to `tonic::Status`.
+//! - [`service`]: the generated gRPC trait, proto ↔ domain, nothing else.
+//! - [`server`]: listener, health, reflection, graceful drain.
+//! - [`cli`]: the command line and its configuration.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod error;
+pub mod fingerprint;
+pub mod gate;
+pub mod ledger;
+pub mod pb;
+pub mod policy;
+pub mod server;
+pub mod service;
+pub mod store;

@@ -1,0 +1,135 @@
+//! Runs the gRPC server on a listener it is given: the gate service, gRPC health (overall and per
+//! service, the latter following the store), reflection (v1 and v1alpha), bounded messages, and a
+//! graceful drain with a deadline when `shutdown` resolves.
+
+use std::{future::Future, time::Duration};
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic_health::{ServingStatus, server::HealthReporter};
+
+use crate::{gate::Gate, pb, service::GateService};
+
+/// Name of the gate service in the health service (readiness follows the store under this name).
+pub const SERVICE_NAME: &str = "oncegate.v1.ActionGateService";
+
+/// Server settings that are not the gate's.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// How long in-flight calls may take to finish after shutdown begins.
+    pub drain_timeout: Duration,
+    /// Largest accepted request message.
+    pub max_message_bytes: usize,
+    /// How often the store is probed for the health service.
+    pub health_interval: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            drain_timeout: Duration::from_secs(20),
+            max_message_bytes: 256 * 1024,
+            health_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why the server stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("gRPC transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// Serves `gate` on `listener` until `shutdown` resolves, then drains in-flight calls for at most
+/// `options.drain_timeout`.
+pub async fn run(
+    listener: TcpListener,
+    gate: Gate,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    let monitor = tokio::spawn(follow_store(
+        reporter,
+        gate.clone(),
+        options.health_interval,
+    ));
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+    let service =
+        pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(gate))
+            .max_decoding_message_size(options.max_message_bytes);
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::builder()
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            let _ = stop_rx.await;
+        });
+    tokio::pin!(server);
+    let result = tokio::select! {
+        result = &mut server => result.map_err(ServeError::from),
+        () = shutdown => {
+            tracing::info!(drain_timeout = ?options.drain_timeout, "shutting down: no new calls, draining in-flight ones");
+            let _ = stop_tx.send(());
+            match tokio::time::timeout(options.drain_timeout, &mut server).await {
+                Ok(result) => result.map_err(ServeError::from),
+                Err(_) => {
+                    tracing::warn!("drain deadline passed with calls still in flight; stopping anyway");
+                    Ok(())
+                }
+            }
+        }
+    };
+    monitor.abort();
+    result
+}
+
+/// Keeps the per-service health entry in step with the store: NOT_SERVING while it is unreachable,
+/// SERVING when it answers again. The overall entry stays SERVING (liveness must not restart a
+/// healthy process because Redis is down).
+async fn follow_store(reporter: HealthReporter, gate: Gate, interval: Duration) {
+    let mut last = None;
+    loop {
+        let status = match tokio::time::timeout(
+            interval.max(Duration::from_millis(200)),
+            gate.store().ping(),
+        )
+        .await
+        {
+            Ok(Ok(())) => ServingStatus::Serving,
+            Ok(Err(e)) => {
+                if last != Some(ServingStatus::NotServing) {
+                    tracing::warn!(error = %e, "store unreachable: reporting NOT_SERVING");
+                }
+                ServingStatus::NotServing
+            }
+            Err(_) => ServingStatus::NotServing,
+        };
+        if last != Some(status) {
+            if last.is_some() && status == ServingStatus::Serving {
+                tracing::info!("store reachable again: reporting SERVING");
+            }
+            reporter.set_service_status(SERVICE_NAME, status).await;
+            last = Some(status);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}

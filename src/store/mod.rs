@@ -1,0 +1,124 @@
+//! The Store contract, and the closed set of stores behind it.
+//!
+//! A store persists action records and applies one state-machine step per call **atomically**:
+//! the read of the record, the decision and the write happen as one indivisible step with respect
+//! to every other call on the same action key, from any number of gate replicas. The decision is
+//! the one [`crate::ledger`] makes (the embedded store runs it; the Redis scripts mirror it).
+//!
+//! Time is the store's: every reply carries the `now` the step used, so all replicas agree on when
+//! a lease ends.
+//!
+//! What an error leaves behind: [`StoreError::Unavailable`] means the outcome is unknown to the
+//! caller (the step may or may not have been applied); nothing is ever *granted* to a caller that
+//! got an error, and retrying the same call is safe because every step is idempotent for the same
+//! request (a repeated grant to the same holder re-delivers, a repeated Complete returns the stored
+//! completion). [`StoreError::Corrupt`] means a record could not be decoded; nothing was written.
+//!
+//! Does not own: validation, fingerprints, policies (the gate decides those before calling).
+
+pub mod embedded;
+pub mod key;
+pub mod redis;
+
+pub use key::ActionKey;
+
+use crate::ledger::{ActionView, CompleteOutcome, Millis, Refusal, TokenOutcome, TokenRequest};
+
+/// The result of one state-machine step, with the store time it was taken at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply<T> {
+    /// The store's clock when the step ran (Unix milliseconds).
+    pub now: Millis,
+    /// The step's reply.
+    pub result: Result<T, Refusal>,
+}
+
+/// Why a store call failed. Client mistakes are never store errors: they are [`Refusal`]s.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time. Fail closed, retry later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered with something this version cannot read.
+    #[error("store returned an unreadable record: {0}")]
+    Corrupt(String),
+}
+
+/// What a store promises about durability, for the start-up log and the README.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Durability {
+    /// False when the store keeps nothing across a restart (Redis with neither AOF nor RDB).
+    pub persistent: bool,
+    /// One line for the operator.
+    pub summary: String,
+}
+
+/// The stores the gate can run on. A closed set: adding one means adding a variant and passing the
+/// conformance suite.
+#[derive(Clone)]
+pub enum Store {
+    /// The durable single-node file store (redb), the default.
+    Embedded(embedded::EmbeddedStore),
+    /// Redis standalone (Lua scripts, one round trip per step).
+    Redis(redis::RedisStore),
+}
+
+macro_rules! dispatch {
+    ($self:expr, $store:ident => $call:expr) => {
+        match $self {
+            Store::Embedded($store) => $call,
+            Store::Redis($store) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// RequestToken: grant, re-deliver, replay or refuse (see [`crate::ledger::request_token`]).
+    pub async fn request_token(
+        &self,
+        key: &ActionKey,
+        req: &TokenRequest,
+    ) -> Result<Reply<TokenOutcome>, StoreError> {
+        dispatch!(self, s => s.request_token(key, req).await)
+    }
+
+    /// Complete with a token and a receipt.
+    pub async fn complete(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        receipt: &[u8],
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
+        dispatch!(self, s => s.complete(key, token, receipt).await)
+    }
+
+    /// Release a token; the reply is the released grant's fencing number.
+    pub async fn release(&self, key: &ActionKey, token: &str) -> Result<Reply<u64>, StoreError> {
+        dispatch!(self, s => s.release(key, token).await)
+    }
+
+    /// Extend a live lease to `now + ttl`; the reply is the new expiry.
+    pub async fn extend_lease(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        ttl: Millis,
+    ) -> Result<Reply<Millis>, StoreError> {
+        dispatch!(self, s => s.extend_lease(key, token, ttl).await)
+    }
+
+    /// Read an action as it stands.
+    pub async fn get(&self, key: &ActionKey) -> Result<Reply<ActionView>, StoreError> {
+        dispatch!(self, s => s.get(key).await)
+    }
+
+    /// Checks that the store answers (health, readiness).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        dispatch!(self, s => s.ping().await)
+    }
+
+    /// What this store keeps across a restart.
+    pub async fn durability(&self) -> Result<Durability, StoreError> {
+        dispatch!(self, s => s.durability().await)
+    }
+}

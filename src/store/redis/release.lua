@@ -1,0 +1,23 @@
+-- Release: give the live (or expired) token back; the fencing number is kept.
+-- KEYS[1]: the action's record key
+-- ARGV[1]: token
+-- Returns: { now, 'released', fencing } | { now, 'token_unknown' } | { now, 'token_mismatch' }
+--        | { now, 'already_completed' }
+local key, token = KEYS[1], ARGV[1]
+
+local rec = load(key)
+if not rec then
+  return { NOW, 'token_unknown' }
+end
+if rec[1] == 2 then
+  return { NOW, 'already_completed' }
+end
+if rec[8] ~= token then
+  return { NOW, 'token_mismatch' }
+end
+if rec[1] == 1 then
+  rec[1], rec[7] = 3, NOW + rec[5]
+  save(key, rec)
+end
+-- state 3 with the same token: a repeated release is a no-op
+return { NOW, 'released', rec[2] }

@@ -1,0 +1,69 @@
+-- RequestToken: grant, re-deliver to the same holder, replay a completion, or refuse.
+-- KEYS[1]: the action's record key, og:{<digest>}
+-- ARGV[1]: fingerprint (request hash)
+-- ARGV[2]: field digests ('' when keyed by fingerprint)
+-- ARGV[3]: holder ('' for none)
+-- ARGV[4]: the new token, used only if this call grants
+-- ARGV[5]: lease in ms (> 0)
+-- ARGV[6]: retention in ms (> 0)
+-- ARGV[7]: sliding retention, '1' or '0'
+-- ARGV[8]: on expiry, 'reconcile' or 'regrant'
+-- Returns: { now, 'granted', kind (1 new, 2 redelivered, 3 regranted), token, fencing, lease_expires_at }
+--        | { now, 'completed', 0, 0, receipt, completed_at, fencing, token, source }
+--        | { now, 'key_reused', stored_digests }
+--        | { now, 'in_progress', retry_after_ms }
+--        | { now, 'lease_expired', token, fencing, lease_expired_at }
+local key = KEYS[1]
+local fingerprint, digests, holder, new_token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local lease, retention = tonumber(ARGV[5]), tonumber(ARGV[6])
+local sliding, on_expiry = tonumber(ARGV[7]), ARGV[8]
+if not lease or lease <= 0 or not retention or retention <= 0 then
+  return redis.error_reply('ERR oncegate: lease and retention must be positive')
+end
+
+local function grant(fencing, older, kind, nx)
+  local lease_expires_at = NOW + lease
+  local rec = { 1, fencing, fingerprint, digests, retention, sliding, lease_expires_at + retention,
+                new_token, holder, lease_expires_at, older, '', 0, 0, 0 }
+  if nx then
+    -- A brand-new action: SET NX with its expiry, as the design asks; the script already runs
+    -- atomically, so NX failing would mean a lingering expired key, which we overwrite.
+    if not redis.call('SET', key, cmsgpack.pack(rec), 'NX', 'PX', rec[7] - NOW) then
+      save(key, rec)
+    end
+  else
+    save(key, rec)
+  end
+  return { NOW, 'granted', kind, new_token, fencing, lease_expires_at }
+end
+
+local rec = load(key)
+if not rec then
+  return grant(1, {}, 1, true)
+end
+if rec[1] == 3 then
+  return grant(rec[2] + 1, {}, 1, false)
+end
+if rec[3] ~= fingerprint then
+  return { NOW, 'key_reused', rec[4] }
+end
+if rec[1] == 2 then
+  if rec[6] == 1 then
+    rec[7] = NOW + rec[5]
+    save(key, rec)
+  end
+  return completion_reply('completed', rec, 0, 0)
+end
+-- authorized
+if NOW < rec[10] then
+  if holder ~= '' and holder == rec[9] then
+    return { NOW, 'granted', 2, rec[8], rec[2], rec[10] }
+  end
+  return { NOW, 'in_progress', rec[10] - NOW }
+end
+if on_expiry == 'regrant' then
+  local older = rec[11]
+  table.insert(older, { rec[8], rec[2] })
+  return grant(rec[2] + 1, older, 3, false)
+end
+return { NOW, 'lease_expired', rec[8], rec[2], rec[10] }
