@@ -15,9 +15,10 @@ use sha2::{Digest, Sha256};
 /// never silently change meaning.
 pub const VERSION_TAG: &str = "v1";
 
-/// Largest magnitude a JSON number may have: beyond 2^53 a double no longer holds every integer,
-/// so two different amounts could share one fingerprint.
-pub const MAX_SAFE_NUMBER: f64 = 9_007_199_254_740_992.0;
+/// Largest integer magnitude accepted: beyond 2^53 a double no longer holds every integer, so two
+/// different amounts could share one fingerprint. Numbers with a fraction or exponent must stay
+/// below 2^53 in magnitude.
+pub const MAX_SAFE_INTEGER: u64 = 1 << 53;
 
 /// Limits applied while parsing params.
 #[derive(Debug, Clone, Copy)]
@@ -51,7 +52,7 @@ pub enum ParamsError {
     #[error("params repeat the member name {0:?}")]
     DuplicateMember(String),
     #[error(
-        "params hold a number of magnitude above 2^53, which JSON doubles cannot represent exactly"
+        "params hold a number beyond 2^53 in magnitude, which JSON doubles cannot represent exactly"
     )]
     UnsafeNumber,
 }
@@ -132,8 +133,9 @@ impl<'de> DeserializeSeed<'de> for StrictValue {
     }
 }
 
-fn checked_number<E: de::Error>(n: f64, value: Value) -> Result<Value, E> {
-    if n.abs() > MAX_SAFE_NUMBER {
+/// Integers are exact up to and including 2^53.
+fn checked_integer<E: de::Error>(magnitude: u64, value: Value) -> Result<Value, E> {
+    if magnitude > MAX_SAFE_INTEGER {
         return Err(E::custom(UNSAFE_NUMBER));
     }
     Ok(value)
@@ -149,16 +151,21 @@ impl<'de> Visitor<'de> for StrictValue {
         Ok(Value::Bool(v))
     }
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
-        checked_number(v as f64, Value::from(v))
+        checked_integer(v.unsigned_abs(), Value::from(v))
     }
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
-        checked_number(v as f64, Value::from(v))
+        checked_integer(v, Value::from(v))
     }
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
         let value = serde_json::Number::from_f64(v)
             .map(Value::Number)
             .ok_or_else(|| E::custom(UNSAFE_NUMBER))?;
-        checked_number(v, value)
+        // From 2^53 on every double is an integer, and the literal may have been rounded to it
+        // (9007199254740993.0 parses to 2^53): refuse rather than fingerprint a different number.
+        if v.abs() >= MAX_SAFE_INTEGER as f64 {
+            return Err(E::custom(UNSAFE_NUMBER));
+        }
+        Ok(value)
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
         Ok(Value::String(v.to_owned()))
@@ -468,6 +475,16 @@ mod tests {
             Err(ParamsError::UnsafeNumber)
         );
         assert!(parse_params(r#"{"a":9007199254740992}"#, limits).is_ok());
+        assert!(parse_params(r#"{"a":-9007199254740992}"#, limits).is_ok());
+        assert_eq!(
+            parse_params(r#"{"a":9007199254740993.0}"#, limits),
+            Err(ParamsError::UnsafeNumber)
+        );
+        assert_eq!(
+            parse_params(r#"{"a":1e300}"#, limits),
+            Err(ParamsError::UnsafeNumber)
+        );
+        assert!(parse_params(r#"{"a":1.5e15}"#, limits).is_ok());
         assert_eq!(parse_params("[1]", limits), Err(ParamsError::NotAnObject));
         assert!(matches!(
             parse_params("{", limits),
@@ -505,7 +522,7 @@ mod tests {
             parse_params(r#"{"amount":6,"to":"a","new":1}"#, ParamsLimits::default()).unwrap();
         let d1 = field_digests("pay", "", &select(&params1, &KeyFields::All));
         let d2 = field_digests("pay", "", &select(&params2, &KeyFields::All));
-        assert_eq!(differing_fields(&d1, &d2), ["/a~1b", "/amount", "/new"]);
+        assert_eq!(differing_fields(&d1, &d2), ["/amount", "/a~1b", "/new"]);
         let d3 = field_digests("refund", "i", &select(&params1, &KeyFields::All));
         assert_eq!(differing_fields(&d1, &d3), ["action", "intent_id"]);
         assert!(!d1.contains("\"a\""), "digests never carry values");

@@ -1,0 +1,158 @@
+//! The conformance suite: every store is driven with randomised operation sequences and each reply
+//! is compared with what the pure ledger answers for the same record, request and store time.
+//! Many actors run at once (one task per action key), so the stores are also exercised
+//! concurrently.
+
+use oncegate::{
+    fingerprint::{self, KeyFields, ParamsLimits},
+    ledger::{self, Millis, OnExpiry, Record, Step, TokenRequest, Write},
+    store::{ActionKey, Reply, Store},
+};
+
+use crate::support::{Kind, backend};
+
+/// A tiny deterministic generator (xorshift), so a failing seed can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn digests(params: &str) -> String {
+    let params = fingerprint::parse_params(params, ParamsLimits::default()).unwrap();
+    fingerprint::field_digests("pay", "", &fingerprint::select(&params, &KeyFields::All))
+}
+
+/// Applies the model's step, after checking the store said the same thing at the same time.
+fn check<T: PartialEq + std::fmt::Debug>(
+    model: &mut Option<Record>,
+    reply: Reply<T>,
+    step: impl FnOnce(Option<&Record>, Millis) -> Step<T>,
+    what: &str,
+) -> Result<T, ledger::Refusal> {
+    let expected = step(model.as_ref(), reply.now);
+    assert_eq!(
+        reply.result, expected.reply,
+        "{what} at {} diverged from the model (record {model:?})",
+        reply.now
+    );
+    if let Write::Put(record) = expected.write {
+        *model = Some(record);
+    }
+    reply.result
+}
+
+/// One actor: a random sequence of operations on one action key, checked step by step.
+async fn actor(store: Store, seed: u64, ops: usize) {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let key = ActionKey::new(format!("agent-{seed}"), "run", format!("key-{seed}"));
+    let params = [r#"{"amount":1}"#, r#"{"amount":2,"memo":"x"}"#];
+    let mut model: Option<Record> = None;
+    let mut tokens = vec!["never-granted".to_owned()];
+    for i in 0..ops {
+        let pick = |rng: &mut Rng, tokens: &Vec<String>| {
+            tokens[rng.below(tokens.len() as u64) as usize].clone()
+        };
+        match rng.below(10) {
+            0..=3 => {
+                let variant = rng.below(2) as usize;
+                let req = TokenRequest {
+                    fingerprint: format!("fp-{variant}"),
+                    digests: digests(params[variant]),
+                    holder: ["", "h1", "h2"][rng.below(3) as usize].to_owned(),
+                    new_token: format!("tok-{seed}-{i}"),
+                    lease: [40, 5_000][rng.below(2) as usize],
+                    retention: [150, 60_000][rng.below(2) as usize],
+                    sliding: rng.below(2) == 0,
+                    on_expiry: if rng.below(2) == 0 {
+                        OnExpiry::Reconcile
+                    } else {
+                        OnExpiry::Regrant
+                    },
+                };
+                let reply = store.request_token(&key, &req).await.unwrap();
+                let outcome = check(
+                    &mut model,
+                    reply,
+                    |r, now| ledger::request_token(r, &req, now),
+                    "request_token",
+                );
+                if let Ok(ledger::TokenOutcome::Granted(grant, _)) = outcome {
+                    tokens.push(grant.token);
+                }
+            }
+            4 | 5 => {
+                let token = pick(&mut rng, &tokens);
+                let receipt = format!("receipt-{i}").into_bytes();
+                let reply = store.complete(&key, &token, &receipt).await.unwrap();
+                check(
+                    &mut model,
+                    reply,
+                    |r, now| ledger::complete(r, &token, &receipt, now),
+                    "complete",
+                )
+                .ok();
+            }
+            6 => {
+                let token = pick(&mut rng, &tokens);
+                let reply = store.release(&key, &token).await.unwrap();
+                check(
+                    &mut model,
+                    reply,
+                    |r, now| ledger::release(r, &token, now),
+                    "release",
+                )
+                .ok();
+            }
+            7 => {
+                let token = pick(&mut rng, &tokens);
+                let ttl = [30, 4_000][rng.below(2) as usize];
+                let reply = store.extend_lease(&key, &token, ttl).await.unwrap();
+                check(
+                    &mut model,
+                    reply,
+                    |r, now| ledger::extend_lease(r, &token, ttl, now),
+                    "extend_lease",
+                )
+                .ok();
+            }
+            8 => {
+                let reply = store.get(&key).await.unwrap();
+                assert_eq!(
+                    reply.result,
+                    Ok(ledger::view(model.as_ref(), reply.now)),
+                    "get diverged"
+                );
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(rng.below(60))).await,
+        }
+    }
+}
+
+async fn random_sequences_match_the_model(kind: Kind) {
+    let backend = backend(kind).await;
+    let actors: Vec<_> = (1..=24u64)
+        .map(|seed| tokio::spawn(actor(backend.store.clone(), seed, 120)))
+        .collect();
+    for actor in actors {
+        actor.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn embedded_random_sequences_match_the_model() {
+    random_sequences_match_the_model(Kind::Embedded).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_random_sequences_match_the_model() {
+    random_sequences_match_the_model(Kind::Redis).await;
+}

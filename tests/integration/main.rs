@@ -1,0 +1,5 @@
+//! The one integration test binary: real gRPC servers, a real `redis-server` per test, real
+//! `oncegate` processes where a test needs two of them or a crash.
+
+mod conformance;
+mod support;
