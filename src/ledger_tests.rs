@@ -368,10 +368,10 @@ proptest! {
                 Op::Complete { token } => {
                     let token = tokens[token as usize % tokens.len()].clone();
                     let step = complete(rec.as_ref(), &token, token.as_bytes(), now);
-                    if let (Ok(done), Some(prev)) = (&step.reply, &completion) {
-                        if view(rec.as_ref(), now).state == State::Completed {
-                            prop_assert_eq!(&done.completion, prev, "a completion was replaced");
-                        }
+                    if let (Ok(done), Some(prev)) = (&step.reply, &completion)
+                        && view(rec.as_ref(), now).state == State::Completed
+                    {
+                        prop_assert_eq!(&done.completion, prev, "a completion was replaced");
                     }
                     if let Ok(done) = apply(&mut rec, step) {
                         completion = Some(done.completion);

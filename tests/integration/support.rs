@@ -96,22 +96,6 @@ impl RedisServer {
         self.stop();
         self.spawn();
     }
-
-    /// Runs one command through a raw RESP connection and returns the raw reply text.
-    pub fn command(&self, args: &[&str]) -> String {
-        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        let mut req = format!("*{}\r\n", args.len());
-        for arg in args {
-            req.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-        stream.write_all(req.as_bytes()).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(5)))
-            .unwrap();
-        let mut buf = [0u8; 4096];
-        let n = stream.read(&mut buf).unwrap();
-        String::from_utf8_lossy(&buf[..n]).into_owned()
-    }
 }
 
 impl Drop for RedisServer {
@@ -148,7 +132,8 @@ pub enum Kind {
 pub struct Backend {
     pub store: Store,
     pub redis: Option<RedisServer>,
-    pub dir: Option<TempDir>,
+    /// Keeps the embedded store's directory alive.
+    pub _dir: Option<TempDir>,
 }
 
 /// A fresh, empty store of `kind`.
@@ -160,7 +145,7 @@ pub async fn backend(kind: Kind) -> Backend {
             Backend {
                 store: Store::Embedded(store),
                 redis: None,
-                dir: Some(dir),
+                _dir: Some(dir),
             }
         }
         Kind::Redis => {
@@ -171,7 +156,7 @@ pub async fn backend(kind: Kind) -> Backend {
             Backend {
                 store: Store::Redis(store),
                 redis: Some(redis),
-                dir: None,
+                _dir: None,
             }
         }
     }

@@ -1,0 +1,119 @@
+//! The command line as a user meets it: `oncegate fingerprint`, `--help`, exit codes.
+
+use std::process::Command;
+
+use tempfile::TempDir;
+
+use crate::support::write_file;
+
+fn oncegate(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn fingerprint_prints_what_the_server_computes() {
+    let a = oncegate(&[
+        "fingerprint",
+        "--action",
+        "pay",
+        "--params",
+        r#"{"b":1,"a":2}"#,
+    ]);
+    let b = oncegate(&[
+        "fingerprint",
+        "--action",
+        "pay",
+        "--params",
+        r#"{ "a": 2.0, "b": 1 }"#,
+    ]);
+    assert!(a.status.success());
+    let fp = String::from_utf8(a.stdout).unwrap();
+    assert_eq!(fp, String::from_utf8(b.stdout).unwrap());
+    assert!(fp.trim().starts_with("v1-") && fp.trim().len() == 67);
+}
+
+#[test]
+fn fingerprint_applies_policy_key_fields() {
+    let dir = TempDir::new().unwrap();
+    let config = write_file(
+        dir.path(),
+        "policy.toml",
+        "[actions.\"pay\"]\nkey_fields = [\"/amount\"]\n",
+    );
+    let config = config.to_str().unwrap();
+    let a = oncegate(&[
+        "fingerprint",
+        "--config",
+        config,
+        "--action",
+        "pay",
+        "--params",
+        r#"{"amount":1,"memo":"a"}"#,
+    ]);
+    let b = oncegate(&[
+        "fingerprint",
+        "--config",
+        config,
+        "--action",
+        "pay",
+        "--params",
+        r#"{"amount":1,"memo":"b"}"#,
+    ]);
+    assert!(a.status.success());
+    assert_eq!(a.stdout, b.stdout);
+}
+
+#[test]
+fn fingerprint_rejects_bad_params_with_a_reason() {
+    let out = oncegate(&[
+        "fingerprint",
+        "--action",
+        "pay",
+        "--params",
+        r#"{"a":1,"a":2}"#,
+    ]);
+    assert_eq!(out.status.code(), Some(65));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("repeat the member name"));
+}
+
+#[test]
+fn bad_configuration_exits_64_with_a_clear_message() {
+    let dir = TempDir::new().unwrap();
+    let config = write_file(
+        dir.path(),
+        "bad.toml",
+        "[defaults]\nlease_ttl_seconds = -1\n",
+    );
+    let out = oncegate(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("lease_ttl_seconds"));
+    let out = oncegate(&["serve", "--listen", "not-an-address"]);
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn help_documents_every_flag_with_its_environment_variable() {
+    let out = oncegate(&["serve", "--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--listen",
+        "--redis-url",
+        "--data-dir",
+        "--config",
+        "--log-format",
+        "ONCEGATE_REDIS_URL",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+}

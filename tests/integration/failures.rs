@@ -1,0 +1,136 @@
+//! Failure tests: Redis stopped under a running gate fails closed and recovers by itself; the
+//! embedded store keeps an acknowledged Complete across `kill -9`.
+
+use std::time::{Duration, Instant};
+
+use oncegate::pb;
+use tempfile::TempDir;
+use tonic::Code;
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+use crate::support::{GateProcess, Kind, TestGate, connect, expect_error, token_request};
+
+async fn health(addr: &str, service: &str) -> ServingStatus {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let resp = client
+        .check(HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    resp.status()
+}
+
+async fn wait_for_health(addr: &str, want: ServingStatus) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while health(addr, oncegate::server::SERVICE_NAME).await != want {
+        assert!(Instant::now() < deadline, "health never became {want:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_closed_and_recovers_without_restart() {
+    let mut gate = TestGate::start(Kind::Redis).await;
+    let addr = gate.addr.to_string();
+    let mut client = gate.client().await;
+    client
+        .request_token(token_request("a", "r", "x", r#"{"n":1}"#))
+        .await
+        .unwrap();
+    wait_for_health(&addr, ServingStatus::Serving).await;
+
+    gate.backend.redis.as_mut().unwrap().stop();
+    let status = client
+        .request_token(token_request("a", "r", "x", r#"{"n":2}"#))
+        .await
+        .unwrap_err();
+    expect_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+    // Readiness follows the store; liveness (the overall entry) does not.
+    wait_for_health(&addr, ServingStatus::NotServing).await;
+    assert_eq!(health(&addr, "").await, ServingStatus::Serving);
+
+    // Redis comes back (empty: it kept nothing on disk): the gate serves again by itself.
+    gate.backend.redis.as_mut().unwrap().restart();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let resp = loop {
+        match client
+            .request_token(token_request("a", "r", "x", r#"{"n":2}"#))
+            .await
+        {
+            Ok(resp) => break resp.into_inner(),
+            Err(status) => {
+                expect_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+                assert!(Instant::now() < deadline, "the gate did not recover");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(resp.decision(), pb::Decision::Granted);
+    wait_for_health(&addr, ServingStatus::Serving).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_complete_survives_kill_9() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let req = token_request("agent", "run", "payments.transfer", r#"{"amount":5}"#);
+    let mut gate = GateProcess::spawn(&["--data-dir", data]);
+    let mut client = connect(&gate.addr).await;
+    let resp = client
+        .request_token(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let grant = resp.grant.unwrap();
+    client
+        .complete(pb::CompleteRequest {
+            action: resp.action.clone(),
+            token: grant.token.clone(),
+            receipt: b"durable receipt".to_vec(),
+        })
+        .await
+        .unwrap();
+    // A second action left authorized: its lease must survive too.
+    let pending = client
+        .request_token(token_request("agent", "run", "x", r#"{"k":1}"#))
+        .await
+        .unwrap()
+        .into_inner();
+    gate.kill9();
+
+    let gate = GateProcess::spawn(&["--data-dir", data]);
+    let mut client = connect(&gate.addr).await;
+    let replay = client.request_token(req).await.unwrap().into_inner();
+    assert_eq!(replay.decision(), pb::Decision::AlreadyCompleted);
+    assert_eq!(replay.completion.unwrap().receipt, b"durable receipt");
+    let view = client
+        .get_action(pb::GetActionRequest {
+            action: pending.action,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(view.state(), pb::ActionState::Authorized);
+}
+
+#[tokio::test]
+async fn sigterm_drains_and_exits_cleanly() {
+    let dir = TempDir::new().unwrap();
+    let mut gate = GateProcess::spawn(&["--data-dir", dir.path().to_str().unwrap()]);
+    connect(&gate.addr)
+        .await
+        .request_token(token_request("a", "r", "x", "{}"))
+        .await
+        .unwrap();
+    let status = gate.terminate();
+    assert!(status.success(), "{status:?}");
+}
