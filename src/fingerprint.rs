@@ -87,7 +87,7 @@ fn classify(err: serde_json::Error) -> ParamsError {
         let depth = rest.split(SEPARATOR).next().unwrap_or_default();
         return ParamsError::TooDeep(depth.parse().unwrap_or(0));
     }
-    if msg.starts_with(UNSAFE_NUMBER) {
+    if msg.starts_with(UNSAFE_NUMBER) || msg.starts_with("number out of range") {
         return ParamsError::UnsafeNumber;
     }
     if msg.starts_with("recursion limit exceeded") {

@@ -10,9 +10,11 @@
 //! - [`service`]: the generated gRPC trait, proto ↔ domain, nothing else.
 //! - [`server`]: listener, health, reflection, graceful drain.
 //! - [`cli`]: the command line and its configuration.
+//! - [`client`]: a typed Rust client and the guard that runs an action at most once.
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod client;
 pub mod error;
 pub mod fingerprint;
 pub mod gate;

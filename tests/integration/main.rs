@@ -2,8 +2,10 @@
 //! `oncegate` processes where a test needs two of them or a crash.
 
 mod cli;
+mod client;
 mod conformance;
 mod failures;
 mod races;
 mod rows;
 mod support;
+mod vectors;

@@ -1,0 +1,209 @@
+//! The Rust client and guard against a real gate: replay without running, definite failures
+//! released, ambiguous ones kept for reconciliation, waiting out an attempt in progress, and a
+//! reused key stopping the guard.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
+
+use oncegate::{
+    client::{
+        ActionSpec, ClientError, Failure, GateClient, GuardError, GuardOptions, Outcome, TokenReply,
+    },
+    pb,
+};
+
+use crate::support::{Kind, TestGate};
+
+async fn gate_client(gate: &TestGate) -> GateClient {
+    GateClient::connect(format!("http://{}", gate.addr))
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn the_guard_runs_once_and_replays_after() {
+    let gate = TestGate::start(Kind::Embedded).await;
+    let client = gate_client(&gate).await;
+    let spec = ActionSpec::new("agent", "run", "payments.transfer", r#"{"amount":7}"#);
+    let runs = Arc::new(AtomicUsize::new(0));
+    for _ in 0..3 {
+        let runs = runs.clone();
+        let outcome = client
+            .run_once(&spec, &GuardOptions::default(), |grant| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                assert!(grant.provider_key.starts_with("og-"));
+                Ok::<_, Failure<String>>(
+                    format!("paid with fencing {}", grant.fencing).into_bytes(),
+                )
+            })
+            .await
+            .unwrap();
+        assert_eq!(outcome.receipt(), b"paid with fencing 1");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the closure ran exactly once"
+    );
+}
+
+#[tokio::test]
+async fn a_definite_failure_releases_and_an_ambiguous_one_does_not() {
+    let gate = TestGate::start(Kind::Redis).await;
+    let client = gate_client(&gate).await;
+    let spec = ActionSpec::new("agent", "run", "orders.create", r#"{"sku":"A"}"#);
+    let err = client
+        .run_once(&spec, &GuardOptions::default(), |_| async {
+            Err::<Vec<u8>, _>(Failure::Definite("card declined"))
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GuardError::Failed("card declined")),
+        "{err:?}"
+    );
+    // Released: the next attempt is granted with a higher fencing number.
+    let outcome = client
+        .run_once(&spec, &GuardOptions::default(), |grant| async move {
+            assert_eq!(grant.fencing, 2);
+            Ok::<_, Failure<&str>>(b"ok".to_vec())
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Executed { .. }));
+
+    let spec = ActionSpec::new("agent", "run", "orders.create", r#"{"sku":"B"}"#);
+    let err = client
+        .run_once(&spec, &GuardOptions::default(), |_| async {
+            // An unmarked error is ambiguous: a timeout talking to the provider.
+            Err::<Vec<u8>, Failure<&str>>("provider timed out".into())
+        })
+        .await
+        .unwrap_err();
+    let GuardError::OutcomeUnknown { grant, .. } = err else {
+        panic!("expected OutcomeUnknown, got {err:?}");
+    };
+    let view = client.clone().get_action(&grant.action).await.unwrap();
+    assert_eq!(
+        view.state(),
+        pb::ActionState::Authorized,
+        "never released on an ambiguous failure"
+    );
+}
+
+#[tokio::test]
+async fn the_guard_waits_for_an_attempt_in_progress_and_gets_its_receipt() {
+    let gate = TestGate::start(Kind::Embedded).await;
+    let mut raw = gate_client(&gate).await;
+    let spec = ActionSpec::new("agent", "run", "email.send", r#"{"to":"x"}"#);
+    let TokenReply::Granted(first) = raw.request_token(&spec).await.unwrap() else {
+        panic!("expected a grant");
+    };
+    let finisher = {
+        let mut raw = raw.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            raw.complete(&first.action, &first.token, b"sent once")
+                .await
+                .unwrap();
+        })
+    };
+    // The first attempt's lease is 300 s, so RetryInfo says "up to 300 s"; the guard polls every
+    // poll_interval within its bound and gets the receipt as soon as the first attempt completes.
+    let options = GuardOptions {
+        max_wait: Duration::from_secs(10),
+        poll_interval: Duration::from_millis(100),
+        ..GuardOptions::default()
+    };
+    let outcome = raw
+        .run_once(&spec, &options, |_| async {
+            Ok::<_, Failure<()>>(b"second".to_vec())
+        })
+        .await
+        .unwrap();
+    finisher.await.unwrap();
+    let Outcome::Replayed(done) = outcome else {
+        panic!("expected a replay, got {outcome:?}");
+    };
+    assert_eq!(done.receipt, b"sent once");
+
+    // With a bound shorter than the other attempt, the guard gives up with IN_PROGRESS.
+    let other = ActionSpec::new("agent", "run", "email.send", r#"{"to":"y"}"#);
+    raw.request_token(&other).await.unwrap();
+    let short = GuardOptions {
+        max_wait: Duration::from_millis(300),
+        ..options
+    };
+    let err = raw
+        .run_once(&other, &short, |_| async {
+            Ok::<_, Failure<()>>(b"never".to_vec())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GuardError::Gate(ClientError::InProgress { .. })),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_reused_key_stops_the_guard_with_the_differing_fields() {
+    let gate = TestGate::start(Kind::Embedded).await;
+    let client = gate_client(&gate).await;
+    let first = ActionSpec::new("agent", "run", "payments.transfer", r#"{"amount":1}"#)
+        .idempotency_key("k-1");
+    client
+        .run_once(&first, &GuardOptions::default(), |_| async {
+            Ok::<_, Failure<()>>(b"ok".to_vec())
+        })
+        .await
+        .unwrap();
+    let changed = ActionSpec::new("agent", "run", "payments.transfer", r#"{"amount":2}"#)
+        .idempotency_key("k-1");
+    let ran = Arc::new(AtomicUsize::new(0));
+    let ran2 = ran.clone();
+    let err = client
+        .run_once(&changed, &GuardOptions::default(), |_| async move {
+            ran2.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failure<()>>(b"no".to_vec())
+        })
+        .await
+        .unwrap_err();
+    match err {
+        GuardError::Gate(ClientError::KeyReused { differing_fields }) => {
+            assert_eq!(differing_fields, ["/amount"])
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn the_heartbeat_keeps_a_long_action_alive() {
+    let gate = TestGate::start(Kind::Embedded).await;
+    let client = gate_client(&gate).await;
+    let spec =
+        ActionSpec::new("agent", "run", "deploy", r#"{"v":1}"#).lease(Duration::from_millis(1500));
+    let options = GuardOptions {
+        heartbeat: Some(Duration::from_millis(300)),
+        ..GuardOptions::default()
+    };
+    let probe = client.clone();
+    let probe_spec = spec.clone();
+    let outcome = client
+        .run_once(&spec, &options, |grant| async move {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            // Past the original 1.5 s lease, still ours: others are told it is in progress.
+            let err = probe.clone().request_token(&probe_spec).await.unwrap_err();
+            assert!(matches!(err, ClientError::InProgress { .. }), "{err:?}");
+            Ok::<_, Failure<()>>(grant.token.into_bytes())
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Executed { .. }));
+}

@@ -1,0 +1,72 @@
+//! The shared fingerprint vectors (`tests/vectors/fingerprints.json`), checked against the Rust
+//! implementation; the Python client checks the same file.
+
+use oncegate::fingerprint::{self, KeyFields, ParamsError, ParamsLimits};
+use serde_json::Value;
+
+fn error_name(e: &ParamsError) -> &'static str {
+    match e {
+        ParamsError::TooLarge(..) => "too_large",
+        ParamsError::Syntax(_) => "syntax",
+        ParamsError::NotAnObject => "not_an_object",
+        ParamsError::TooDeep(_) => "too_deep",
+        ParamsError::DuplicateMember(_) => "duplicate_member",
+        ParamsError::UnsafeNumber => "unsafe_number",
+    }
+}
+
+#[test]
+fn every_shared_vector_matches() {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/vectors/fingerprints.json"
+    );
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let cases = file["cases"].as_array().unwrap();
+    assert!(cases.len() >= 60, "at least 60 vectors");
+    let mut failures = Vec::new();
+    for case in cases {
+        let name = case["name"].as_str().unwrap();
+        let action = case["action"].as_str().unwrap();
+        let intent = case["intent"].as_str().unwrap_or("");
+        let key_fields = match case["key_fields"].as_array() {
+            None => KeyFields::All,
+            Some(pointers) => KeyFields::Pointers(
+                pointers
+                    .iter()
+                    .map(|p| p.as_str().unwrap().to_owned())
+                    .collect(),
+            ),
+        };
+        let parsed = fingerprint::parse_params(
+            case["params_json"].as_str().unwrap(),
+            ParamsLimits::default(),
+        );
+        match (parsed, case.get("error").and_then(Value::as_str)) {
+            (Ok(params), None) => {
+                let selection = fingerprint::select(&params, &key_fields);
+                let canonical = fingerprint::canonical_form(action, intent, &selection);
+                let fp = fingerprint::fingerprint(action, intent, &selection);
+                if canonical != case["canonical"].as_str().unwrap()
+                    || fp != case["fingerprint"].as_str().unwrap()
+                {
+                    failures.push(format!("{name}: got {canonical} / {fp}"));
+                }
+            }
+            (Err(e), Some(expected)) if error_name(&e) == expected => {}
+            (Err(e), Some(expected)) => {
+                failures.push(format!("{name}: expected {expected}, got {e:?}"))
+            }
+            (Err(e), None) => failures.push(format!("{name}: expected a fingerprint, got {e:?}")),
+            (Ok(_), Some(expected)) => {
+                failures.push(format!("{name}: expected {expected}, got a fingerprint"))
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} vectors differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
