@@ -7,5 +7,6 @@ mod conformance;
 mod failures;
 mod races;
 mod rows;
+mod services;
 mod support;
 mod vectors;
