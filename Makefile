@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-rust test-python bench clean
+.PHONY: run test deps lint fmt-check clippy lint-proto test-rust test-python example-python bench clean
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
 run:
@@ -48,6 +48,13 @@ test-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q clients/python/tests
+	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate > /dev/null
+
+## The seeds' scenarios as a story: a Python agent, a fake bank, a real gate.
+example-python: $(VENV)/.installed
+	$(CARGO) build --locked --bin oncegate
+	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
+	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,194 @@
+"""Plain values returned by the client, converted from the generated protobuf messages."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from google.protobuf import timestamp_pb2
+
+from oncegate.v1 import oncegate_pb2 as pb
+
+__all__ = [
+    "ActionRecord",
+    "ActionRef",
+    "ActionState",
+    "Completion",
+    "CompletionSource",
+    "Decision",
+    "Grant",
+    "ReleaseReason",
+    "RequestTokenResult",
+    "Scope",
+]
+
+
+class Decision(enum.IntEnum):
+    """What the gate decided for a RequestToken that was not refused."""
+
+    GRANTED = pb.DECISION_GRANTED
+    """A token was granted: execute, then Complete or Release."""
+    ALREADY_COMPLETED = pb.DECISION_ALREADY_COMPLETED
+    """The action already completed: do not execute; the completion holds the receipt."""
+
+
+class CompletionSource(enum.IntEnum):
+    """Who recorded a completion."""
+
+    UNSPECIFIED = pb.COMPLETION_SOURCE_UNSPECIFIED
+    WORKER = pb.COMPLETION_SOURCE_WORKER
+    OPERATOR = pb.COMPLETION_SOURCE_OPERATOR
+
+
+class ReleaseReason(enum.IntEnum):
+    """Why a token is given back."""
+
+    DEFINITE_FAILURE = pb.RELEASE_REASON_DEFINITE_FAILURE
+    """The attempt ran and definitely had no effect."""
+    NOT_ATTEMPTED = pb.RELEASE_REASON_NOT_ATTEMPTED
+    """The action was not attempted at all."""
+
+
+class ActionState(enum.IntEnum):
+    """The state of one action key."""
+
+    UNSPECIFIED = pb.ACTION_STATE_UNSPECIFIED
+    ABSENT = pb.ACTION_STATE_ABSENT
+    AUTHORIZED = pb.ACTION_STATE_AUTHORIZED
+    COMPLETED = pb.ACTION_STATE_COMPLETED
+    EXPIRED = pb.ACTION_STATE_EXPIRED
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Who acts: the agent, and the workflow run that survives restarts of the agent."""
+
+    agent_id: str
+    run_id: str
+
+    def to_proto(self) -> pb.Scope:
+        """The protobuf form."""
+        return pb.Scope(agent_id=self.agent_id, run_id=self.run_id)
+
+
+@dataclass(frozen=True)
+class ActionRef:
+    """Names one action of one scope: the idempotency key when one was given, else the fingerprint."""
+
+    scope: Scope
+    key: str
+
+    @classmethod
+    def from_proto(cls, message: pb.ActionRef) -> ActionRef:
+        """Converts the protobuf form."""
+        return cls(Scope(message.scope.agent_id, message.scope.run_id), message.key)
+
+    def to_proto(self) -> pb.ActionRef:
+        """The protobuf form."""
+        return pb.ActionRef(scope=self.scope.to_proto(), key=self.key)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """The one-shot authorization for one attempt.
+
+    Attributes:
+        token: Opaque; pass it to Complete, Release and ExtendLease.
+        fencing: Grows with every grant of the action; downstream systems can reject stale holders.
+        lease_expires_at: When the lease ends unless extended, completed or released (store clock).
+        provider_key: Pass it to the downstream provider as *its* idempotency key.
+    """
+
+    token: str
+    fencing: int
+    lease_expires_at: datetime | None
+    provider_key: str
+
+    @classmethod
+    def from_proto(cls, message: pb.Grant) -> Grant:
+        """Converts the protobuf form."""
+        return cls(
+            token=message.token,
+            fencing=message.fencing,
+            lease_expires_at=_time(message, "lease_expires_at"),
+            provider_key=message.provider_key,
+        )
+
+
+@dataclass(frozen=True)
+class Completion:
+    """The recorded outcome of an action, replayed on every later request."""
+
+    receipt: bytes
+    completed_at: datetime | None
+    fencing: int
+    token: str
+    source: CompletionSource
+
+    @classmethod
+    def from_proto(cls, message: pb.Completion) -> Completion:
+        """Converts the protobuf form."""
+        return cls(
+            receipt=message.receipt,
+            completed_at=_time(message, "completed_at"),
+            fencing=message.fencing,
+            token=message.token,
+            source=CompletionSource(message.source),
+        )
+
+
+@dataclass(frozen=True)
+class RequestTokenResult:
+    """The answer to RequestToken: a grant, or the completion of an action that already ran."""
+
+    decision: Decision
+    action: ActionRef
+    fingerprint: str
+    grant: Grant | None
+    completion: Completion | None
+    redelivered: bool
+
+    @classmethod
+    def from_proto(cls, message: pb.RequestTokenResponse) -> RequestTokenResult:
+        """Converts the protobuf form."""
+        return cls(
+            decision=Decision(message.decision),
+            action=ActionRef.from_proto(message.action),
+            fingerprint=message.fingerprint,
+            grant=Grant.from_proto(message.grant) if message.HasField("grant") else None,
+            completion=Completion.from_proto(message.completion) if message.HasField("completion") else None,
+            redelivered=message.redelivered,
+        )
+
+
+@dataclass(frozen=True)
+class ActionRecord:
+    """The record of one action as it stands, for reconciliation."""
+
+    state: ActionState
+    fencing: int
+    fingerprint: str
+    lease_expires_at: datetime | None
+    completion: Completion | None
+    holder: str
+
+    @classmethod
+    def from_proto(cls, message: pb.GetActionResponse) -> ActionRecord:
+        """Converts the protobuf form."""
+        return cls(
+            state=ActionState(message.state),
+            fencing=message.fencing,
+            fingerprint=message.fingerprint,
+            lease_expires_at=_time(message, "lease_expires_at"),
+            completion=Completion.from_proto(message.completion) if message.HasField("completion") else None,
+            holder=message.holder,
+        )
+
+
+def _time(message: object, field: str) -> datetime | None:
+    """An aware UTC datetime from a Timestamp field, or ``None`` when it is unset."""
+    if not message.HasField(field):  # type: ignore[attr-defined]
+        return None
+    stamp: timestamp_pb2.Timestamp = getattr(message, field)
+    return stamp.ToDatetime(tzinfo=timezone.utc)

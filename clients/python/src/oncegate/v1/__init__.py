@@ -1,0 +1,1 @@
+"""Stubs generated from ``proto/oncegate/v1/oncegate.proto`` by ``clients/python/generate.py``."""

@@ -1,0 +1,197 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECISION_UNSPECIFIED: _ClassVar[Decision]
+    DECISION_GRANTED: _ClassVar[Decision]
+    DECISION_ALREADY_COMPLETED: _ClassVar[Decision]
+
+class CompletionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    COMPLETION_SOURCE_UNSPECIFIED: _ClassVar[CompletionSource]
+    COMPLETION_SOURCE_WORKER: _ClassVar[CompletionSource]
+    COMPLETION_SOURCE_OPERATOR: _ClassVar[CompletionSource]
+
+class ReleaseReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RELEASE_REASON_UNSPECIFIED: _ClassVar[ReleaseReason]
+    RELEASE_REASON_DEFINITE_FAILURE: _ClassVar[ReleaseReason]
+    RELEASE_REASON_NOT_ATTEMPTED: _ClassVar[ReleaseReason]
+
+class ActionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACTION_STATE_UNSPECIFIED: _ClassVar[ActionState]
+    ACTION_STATE_ABSENT: _ClassVar[ActionState]
+    ACTION_STATE_AUTHORIZED: _ClassVar[ActionState]
+    ACTION_STATE_COMPLETED: _ClassVar[ActionState]
+    ACTION_STATE_EXPIRED: _ClassVar[ActionState]
+DECISION_UNSPECIFIED: Decision
+DECISION_GRANTED: Decision
+DECISION_ALREADY_COMPLETED: Decision
+COMPLETION_SOURCE_UNSPECIFIED: CompletionSource
+COMPLETION_SOURCE_WORKER: CompletionSource
+COMPLETION_SOURCE_OPERATOR: CompletionSource
+RELEASE_REASON_UNSPECIFIED: ReleaseReason
+RELEASE_REASON_DEFINITE_FAILURE: ReleaseReason
+RELEASE_REASON_NOT_ATTEMPTED: ReleaseReason
+ACTION_STATE_UNSPECIFIED: ActionState
+ACTION_STATE_ABSENT: ActionState
+ACTION_STATE_AUTHORIZED: ActionState
+ACTION_STATE_COMPLETED: ActionState
+ACTION_STATE_EXPIRED: ActionState
+
+class Scope(_message.Message):
+    __slots__ = ("agent_id", "run_id")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    run_id: str
+    def __init__(self, agent_id: _Optional[str] = ..., run_id: _Optional[str] = ...) -> None: ...
+
+class ActionRef(_message.Message):
+    __slots__ = ("scope", "key")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    key: str
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., key: _Optional[str] = ...) -> None: ...
+
+class RequestTokenRequest(_message.Message):
+    __slots__ = ("scope", "action", "params_json", "intent_id", "idempotency_key", "holder", "lease_ttl")
+    SCOPE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    INTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    LEASE_TTL_FIELD_NUMBER: _ClassVar[int]
+    scope: Scope
+    action: str
+    params_json: str
+    intent_id: str
+    idempotency_key: str
+    holder: str
+    lease_ttl: _duration_pb2.Duration
+    def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., action: _Optional[str] = ..., params_json: _Optional[str] = ..., intent_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., holder: _Optional[str] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class RequestTokenResponse(_message.Message):
+    __slots__ = ("decision", "action", "fingerprint", "grant", "completion", "redelivered")
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    decision: Decision
+    action: ActionRef
+    fingerprint: str
+    grant: Grant
+    completion: Completion
+    redelivered: bool
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., action: _Optional[_Union[ActionRef, _Mapping]] = ..., fingerprint: _Optional[str] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., redelivered: _Optional[bool] = ...) -> None: ...
+
+class Grant(_message.Message):
+    __slots__ = ("token", "fencing", "lease_expires_at", "provider_key")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FENCING_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_KEY_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    fencing: int
+    lease_expires_at: _timestamp_pb2.Timestamp
+    provider_key: str
+    def __init__(self, token: _Optional[str] = ..., fencing: _Optional[int] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., provider_key: _Optional[str] = ...) -> None: ...
+
+class Completion(_message.Message):
+    __slots__ = ("receipt", "completed_at", "fencing", "token", "source")
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
+    FENCING_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    receipt: bytes
+    completed_at: _timestamp_pb2.Timestamp
+    fencing: int
+    token: str
+    source: CompletionSource
+    def __init__(self, receipt: _Optional[bytes] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fencing: _Optional[int] = ..., token: _Optional[str] = ..., source: _Optional[_Union[CompletionSource, str]] = ...) -> None: ...
+
+class CompleteRequest(_message.Message):
+    __slots__ = ("action", "token", "receipt")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    token: str
+    receipt: bytes
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., token: _Optional[str] = ..., receipt: _Optional[bytes] = ...) -> None: ...
+
+class CompleteResponse(_message.Message):
+    __slots__ = ("completion",)
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    completion: Completion
+    def __init__(self, completion: _Optional[_Union[Completion, _Mapping]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("action", "token", "reason")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    token: str
+    reason: ReleaseReason
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., token: _Optional[str] = ..., reason: _Optional[_Union[ReleaseReason, str]] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("fencing",)
+    FENCING_FIELD_NUMBER: _ClassVar[int]
+    fencing: int
+    def __init__(self, fencing: _Optional[int] = ...) -> None: ...
+
+class ExtendLeaseRequest(_message.Message):
+    __slots__ = ("action", "token", "ttl")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    token: str
+    ttl: _duration_pb2.Duration
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., token: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class ExtendLeaseResponse(_message.Message):
+    __slots__ = ("lease_expires_at",)
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    lease_expires_at: _timestamp_pb2.Timestamp
+    def __init__(self, lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetActionRequest(_message.Message):
+    __slots__ = ("action",)
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ...) -> None: ...
+
+class GetActionResponse(_message.Message):
+    __slots__ = ("state", "fencing", "fingerprint", "lease_expires_at", "completion", "holder")
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FENCING_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    state: ActionState
+    fencing: int
+    fingerprint: str
+    lease_expires_at: _timestamp_pb2.Timestamp
+    completion: Completion
+    holder: str
+    def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ...) -> None: ...

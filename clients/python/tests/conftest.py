@@ -1,0 +1,131 @@
+"""Fixtures: an in-memory fake gate for unit tests, and the real gate binary for integration tests.
+
+The real gate is started from ``$ONCEGATE_BIN`` (default ``target/debug/oncegate`` under the
+repository root) as ``oncegate serve --listen 127.0.0.1:<port> --data-dir <tmp> --config <policy>``
+and is ready once its gRPC health check says SERVING.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from oncegate import Gate
+
+from fake_gate import FakeGate, serve
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+VECTORS = REPO_ROOT / "tests" / "vectors" / "fingerprints.json"
+TRANSFER_KEY_FIELDS = ["/amount", "/currency", "/to"]
+POLICY = """\
+strict = false
+
+[defaults]
+lease_ttl_seconds = 300
+retention_seconds = 86400
+sliding = true
+on_expiry = "reconcile"
+
+[actions."payments.transfer"]
+key_fields = ["/amount", "/currency", "/to"]
+"""
+STARTUP_TIMEOUT = 60.0
+
+
+@pytest.fixture
+def fake() -> FakeGate:
+    """A fake gate with the ``payments.transfer`` policy."""
+    return FakeGate(key_fields={"payments.transfer": TRANSFER_KEY_FIELDS})
+
+
+@pytest.fixture
+def fake_gate(fake: FakeGate) -> Iterator[Gate]:
+    """A client of :func:`fake`, served on a free port."""
+    with serve(fake) as target, Gate(target, api_key="test-key", timeout=5.0) as gate:
+        yield gate
+
+
+@pytest.fixture
+def run_id() -> str:
+    """A fresh run id, so that tests sharing one gate never share an action."""
+    return f"run-{uuid.uuid4().hex[:12]}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _serving(target: str) -> bool:
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=1.0
+            )
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.fixture(scope="session")
+def gate_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Starts the real gate binary with the ``payments.transfer`` policy; yields ``host:port``."""
+    binary = Path(os.environ.get("ONCEGATE_BIN", REPO_ROOT / "target" / "debug" / "oncegate"))
+    if not binary.is_file():
+        pytest.fail(f"no gate binary at {binary}: build it (cargo build) or set ONCEGATE_BIN")
+    workdir = tmp_path_factory.mktemp("gate")
+    config = workdir / "policy.toml"
+    config.write_text(POLICY, encoding="utf-8")
+    target = f"127.0.0.1:{_free_port()}"
+    log_path = workdir / "gate.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                str(binary),
+                "serve",
+                "--listen",
+                target,
+                "--data-dir",
+                str(workdir / "data"),
+                "--config",
+                str(config),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not _serving(target):
+            if process.poll() is not None:
+                pytest.fail(
+                    f"the gate exited with {process.returncode}:\n{log_path.read_text(errors='replace')}"
+                )
+            if time.monotonic() > deadline:
+                log_text = log_path.read_text(errors="replace")
+                pytest.fail(f"the gate did not report SERVING within {STARTUP_TIMEOUT}s:\n{log_text}")
+            time.sleep(0.1)
+        yield target
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture
+def gate(gate_target: str) -> Iterator[Gate]:
+    """A client of the real gate."""
+    with Gate(gate_target, api_key="test-key", timeout=10.0) as client:
+        yield client

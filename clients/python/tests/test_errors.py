@@ -1,0 +1,147 @@
+"""Mapping gRPC statuses with rich details to exceptions by reason."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+import grpc
+import pytest
+
+from oncegate import (
+    CompletedByOther,
+    InProgress,
+    KeyReused,
+    LeaseExpiredUnresolved,
+    OncegateError,
+    RateLimited,
+    StoreUnavailable,
+    TransportError,
+)
+from oncegate.errors import from_rpc_error
+
+from fake_gate import Abort
+
+
+class FailedCall(grpc.RpcError):
+    """What a failed unary call raises: an RpcError that is also a grpc.Call."""
+
+    def __init__(self, status: grpc.Status) -> None:
+        self._status = status
+
+    def code(self) -> grpc.StatusCode:
+        return self._status.code
+
+    def details(self) -> str:
+        return self._status.details
+
+    def trailing_metadata(self) -> tuple[Any, ...]:
+        return tuple(self._status.trailing_metadata)
+
+
+def error_for(abort: Abort) -> OncegateError:
+    return from_rpc_error(FailedCall(abort.status()))
+
+
+def test_key_reused_names_the_differing_fields() -> None:
+    error = error_for(
+        Abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "IDEMPOTENCY_KEY_REUSED",
+            "reused",
+            {"differing_fields": "/amount,/to/iban,intent_id"},
+        )
+    )
+    assert isinstance(error, KeyReused)
+    assert error.differing_fields == ("/amount", "/to/iban", "intent_id")
+    assert error.code is grpc.StatusCode.FAILED_PRECONDITION and not error.retryable
+    assert str(error) == "IDEMPOTENCY_KEY_REUSED: reused"
+
+
+def test_in_progress_prefers_retry_info() -> None:
+    error = error_for(
+        Abort(
+            grpc.StatusCode.ABORTED,
+            "IDEMPOTENCY_IN_PROGRESS",
+            "busy",
+            {"retry_after_ms": "9000"},
+            retry_delay=1.5,
+        )
+    )
+    assert isinstance(error, InProgress) and error.retryable
+    assert error.retry_after == pytest.approx(1.5)
+    error = error_for(
+        Abort(grpc.StatusCode.ABORTED, "IDEMPOTENCY_IN_PROGRESS", "busy", {"retry_after_ms": "250"})
+    )
+    assert error.retry_after == pytest.approx(0.25)
+
+
+def test_lease_expired_unresolved_metadata() -> None:
+    error = error_for(
+        Abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "LEASE_EXPIRED_UNRESOLVED",
+            "expired",
+            {"token": "tok-1", "fencing": "3", "lease_expired_at": "2026-10-17T10:00:00.123456789Z"},
+        )
+    )
+    assert isinstance(error, LeaseExpiredUnresolved)
+    assert (error.token, error.fencing) == ("tok-1", 3)
+    assert error.lease_expired_at == datetime(2026, 10, 17, 10, 0, 0, 123456, tzinfo=timezone.utc)
+
+
+def test_completed_by_other_metadata() -> None:
+    error = error_for(
+        Abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            "COMPLETED_BY_OTHER",
+            "other",
+            {"fencing": "2", "completed_at": "2026-10-17T10:00:00Z"},
+        )
+    )
+    assert isinstance(error, CompletedByOther) and error.fencing == 2
+    assert error.completed_at == datetime(2026, 10, 17, 10, tzinfo=timezone.utc)
+
+
+def test_transient_reasons() -> None:
+    assert isinstance(
+        error_for(Abort(grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "down")), StoreUnavailable
+    )
+    limited = error_for(
+        Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "RATE_LIMITED", "slow down", retry_delay=2.0)
+    )
+    assert (
+        isinstance(limited, RateLimited) and limited.retryable and limited.retry_after == pytest.approx(2.0)
+    )
+
+
+def test_unknown_reason_keeps_the_reason() -> None:
+    error = error_for(Abort(grpc.StatusCode.FAILED_PRECONDITION, "SOMETHING_NEW", "new", {"k": "v"}))
+    assert type(error) is OncegateError
+    assert error.reason == "SOMETHING_NEW" and error.metadata == {"k": "v"}
+
+
+@pytest.mark.parametrize(
+    ("code", "retryable"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, True),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, True),
+        (grpc.StatusCode.UNIMPLEMENTED, False),
+        (grpc.StatusCode.UNAUTHENTICATED, False),
+    ],
+)
+def test_statuses_without_error_info_are_transport_errors(code: grpc.StatusCode, retryable: bool) -> None:
+    error = error_for(Abort(code, None, "no details"))
+    assert isinstance(error, TransportError)
+    assert error.reason is None and error.code is code and error.retryable is retryable
+
+
+def test_error_info_of_another_domain_is_ignored() -> None:
+    status = Abort(grpc.StatusCode.UNAVAILABLE, "STORE_UNAVAILABLE", "proxy").status()
+    foreign = grpc.Status()
+    foreign.code, foreign.details = status.code, status.details
+    foreign.trailing_metadata = tuple(
+        (key, value.replace(b"oncegate", b"envoyxyz") if isinstance(value, bytes) else value)
+        for key, value in status.trailing_metadata
+    )
+    assert isinstance(from_rpc_error(FailedCall(foreign)), TransportError)

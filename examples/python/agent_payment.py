@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""A billing agent pays invoices through a fake bank, guarded by oncegate.
+
+It walks the failure stories that make agents pay twice or lie about what they did:
+
+1. A timeout and a retry: the tool ran, the orchestrator lost its result, the model calls it again.
+   The gate replays the receipt; the bank is not called twice.
+2. A memo rewritten by the model on a retry. The gate's policy says the memo is not a key field,
+   so the retry replays the original transfer.
+3. An amount changed under the same idempotency key. The gate stops it with
+   IDEMPOTENCY_KEY_REUSED, naming ``/amount``; the agent escalates instead of minting a new key.
+4. An ambiguous failure: the bank charged, but its reply was lost. The guard does not release the
+   token (the outcome is unknown), the gate refuses to run the transfer again, and a reconciler
+   asks the bank by provider key and completes the action with the bank's answer.
+
+Run it against a gate started with ``examples/python/policy.toml``::
+
+    oncegate serve --config examples/python/policy.toml &
+    python examples/python/agent_payment.py --target 127.0.0.1:50051
+
+or let it start (and stop) the gate itself::
+
+    python examples/python/agent_payment.py --spawn target/debug/oncegate
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import oncegate
+from oncegate import ActionRef, Gate, Grant, InProgress, KeyReused, OutcomeUnknown, Scope, TransportError
+
+HERE = Path(__file__).resolve().parent
+TRANSFER_KEY_FIELDS = ["/amount", "/currency", "/to"]
+"""The key fields ``policy.toml`` gives ``payments.transfer``; used here only to show fingerprints."""
+IBAN = "DE89370400440532013000"
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """A transfer the bank executed."""
+
+    transfer_id: str
+    amount: int
+    currency: str
+    to: str
+    memo: str
+
+
+class FakeBank:
+    """A payment provider that honours idempotency keys: a repeated key returns the first transfer."""
+
+    def __init__(self) -> None:
+        self.ledger: list[Transfer] = []
+        self._by_key: dict[str, Transfer] = {}
+        self.lose_next_reply = False
+        """Execute the next transfer, then fail as if its reply had been lost on the network."""
+
+    def transfer(self, *, amount: int, currency: str, to: str, memo: str, idempotency_key: str) -> Transfer:
+        """Moves money once per idempotency key."""
+        if idempotency_key in self._by_key:
+            return self._by_key[idempotency_key]
+        executed = Transfer(f"tr-{len(self.ledger) + 1:04d}", amount, currency, to, memo)
+        self.ledger.append(executed)
+        self._by_key[idempotency_key] = executed
+        if self.lose_next_reply:
+            self.lose_next_reply = False
+            raise TimeoutError("the bank did not answer within 30 s")
+        return executed
+
+    def lookup(self, idempotency_key: str) -> Transfer | None:
+        """The transfer made under ``idempotency_key``, if any: what a reconciler asks."""
+        return self._by_key.get(idempotency_key)
+
+
+def say(who: str, text: str) -> None:
+    """Prints one line of the story."""
+    print(f"   {who:<6} {text}")
+
+
+def money(cents: int, currency: str) -> str:
+    return f"{cents / 100:.2f} {currency}"
+
+
+def make_transfer_tool(gate: Gate, bank: FakeBank) -> Callable[..., dict[str, Any]]:
+    """The agent's side-effecting tool, wrapped by the gate's decorator."""
+
+    @gate.action("payments.transfer", key_fields_hint=TRANSFER_KEY_FIELDS, wait_timeout=1.0)
+    def transfer(amount: int, currency: str, to: str, memo: str, *, grant: Grant) -> dict[str, Any]:
+        say("gate", f"granted a token (fencing {grant.fencing}); the tool calls the bank")
+        done = bank.transfer(
+            amount=amount, currency=currency, to=to, memo=memo, idempotency_key=grant.provider_key
+        )
+        say("bank", f"paid {money(amount, currency)} to {to[:8]}… as {done.transfer_id}")
+        return asdict(done)
+
+    return transfer
+
+
+class Agent:
+    """A scripted stand-in for the model: it emits tool calls, as an LLM would, and reads results."""
+
+    def __init__(self, gate: Gate, bank: FakeBank) -> None:
+        self.gate = gate
+        self.bank = bank
+        self.transfer = make_transfer_tool(gate, bank)
+
+    def call(self, **arguments: Any) -> dict[str, Any]:
+        """One tool call from the model, as the orchestrator runs it."""
+        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items() if k not in {"to"})
+        say("model", f"transfer({shown})")
+        paid_before = len(self.bank.ledger)
+        receipt = self.transfer(**arguments)
+        if len(self.bank.ledger) == paid_before:
+            say(
+                "gate",
+                f"ALREADY_COMPLETED: replayed receipt {receipt['transfer_id']}; the bank was not called",
+            )
+        return receipt
+
+    def timeout_and_retry(self) -> None:
+        print("\n1. A timeout and a retry that replays instead of paying twice")
+        invoice = {"amount": 4200, "currency": "EUR", "to": IBAN, "memo": "Invoice 41"}
+        self.call(**invoice, idempotency_key="invoice-41")
+        say("agent", "the orchestrator's 30 s tool timeout fired: the model never saw the result")
+        self.call(**invoice, idempotency_key="invoice-41")
+        say("bank", f"{self.count(41)} transfer for invoice 41")
+
+    def memo_rewritten(self) -> None:
+        print("\n2. A memo rewritten by the model replays through the policy's key fields")
+        first = {"amount": 5000, "currency": "EUR", "to": IBAN, "memo": "Invoice 42"}
+        retry = {**first, "memo": "Invoice #42 - office chairs (corrected)"}
+        self.call(**first, idempotency_key="invoice-42")
+        say("agent", "the model retries and rewrites the memo on the way")
+        self.call(**retry, idempotency_key="invoice-42")
+        same = oncegate.fingerprint(
+            "payments.transfer", first, key_fields=TRANSFER_KEY_FIELDS
+        ) == oncegate.fingerprint("payments.transfer", retry, key_fields=TRANSFER_KEY_FIELDS)
+        say("gate", f"memo is not a key field of payments.transfer: same fingerprint = {same}")
+        say("bank", f"{self.count(42)} transfer for invoice 42")
+
+    def amount_changed(self) -> None:
+        print("\n3. An amount changed under the same idempotency key stops loudly")
+        say("agent", "the model re-reads the PDF and now believes invoice 42 is 51.00 EUR")
+        try:
+            self.call(amount=5100, currency="EUR", to=IBAN, memo="Invoice 42", idempotency_key="invoice-42")
+        except KeyReused as err:
+            say("gate", f"{err.reason}: differing key fields {', '.join(err.differing_fields)}")
+            say("agent", "stops and asks a human; it never mints a new key to force the payment through")
+        say("bank", f"{self.count(42)} transfer for invoice 42, still 50.00 EUR")
+
+    def ambiguous_failure(self) -> None:
+        print("\n4. An ambiguous failure is left for reconciliation, not retried blindly")
+        invoice = {"amount": 990, "currency": "EUR", "to": IBAN, "memo": "Invoice 43"}
+        self.bank.lose_next_reply = True
+        try:
+            self.call(**invoice, idempotency_key="invoice-43")
+        except OutcomeUnknown as unknown:
+            say("tool", f"{type(unknown.__cause__).__name__}: {unknown.__cause__}")
+            say("gate", f"OutcomeUnknown: token kept, not released; action is {self.state(unknown.action)}")
+            try:
+                self.call(**invoice, idempotency_key="invoice-43")
+            except InProgress:
+                say("gate", "IDEMPOTENCY_IN_PROGRESS: it will not run again while the outcome is unknown")
+            self.reconcile(unknown)
+        else:
+            raise RuntimeError("the lost bank reply should have surfaced as OutcomeUnknown")
+        self.call(**invoice, idempotency_key="invoice-43")
+        say("bank", f"{self.count(43)} transfer for invoice 43")
+
+    def reconcile(self, unknown: OutcomeUnknown) -> None:
+        """What a reconciler does with an unknown outcome: ask the provider, then settle the gate."""
+        found = self.bank.lookup(unknown.provider_key)
+        if found is None:
+            self.gate.release(unknown.action, unknown.token)
+            say("recon", "the bank has no such transfer: released the token, a retry may run it")
+            return
+        self.gate.complete(unknown.action, unknown.token, json.dumps(asdict(found)).encode())
+        say(
+            "recon",
+            f"the bank knows provider key {unknown.provider_key[:12]}… as {found.transfer_id}: completed",
+        )
+        say("gate", f"action is {self.state(unknown.action)}")
+
+    def state(self, action: ActionRef) -> str:
+        return self.gate.get_action(action).state.name
+
+    def count(self, invoice: int) -> int:
+        """How many transfers the bank made for an invoice."""
+        return sum(1 for t in self.bank.ledger if re.search(rf"\b{invoice}\b", t.memo))
+
+
+def wait_until_serving(gate: Gate, timeout: float) -> None:
+    """Waits until the gate answers a call (any answer but a transport failure)."""
+    probe = ActionRef(Scope("probe", "probe"), "probe")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            gate.get_action(probe)
+            return
+        except TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+        except oncegate.OncegateError:
+            return
+
+
+@contextmanager
+def spawned_gate(binary: Path, policy: Path) -> Iterator[str]:
+    """Starts ``binary serve`` on a free loopback port with ``policy``; yields its target."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        target = f"127.0.0.1:{sock.getsockname()[1]}"
+    with tempfile.TemporaryDirectory(prefix="oncegate-example-") as data_dir:
+        process = subprocess.Popen(
+            [str(binary), "serve", "--listen", target, "--data-dir", data_dir, "--config", str(policy)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            yield target
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+
+
+def run_story(target: str) -> int:
+    """Runs the four scenes against the gate at ``target``."""
+    bank = FakeBank()
+    with Gate(target) as gate:
+        wait_until_serving(gate, timeout=30)
+        agent = Agent(gate, bank)
+        run_id = f"run-{uuid.uuid4().hex[:8]}"
+        print("A billing agent pays invoices through a fake bank, guarded by oncegate")
+        print(f"(gate {target}, agent billing-agent, workflow run {run_id})")
+        with gate.scope(agent_id="billing-agent", run_id=run_id):
+            agent.timeout_and_retry()
+            agent.memo_rewritten()
+            agent.amount_changed()
+            agent.ambiguous_failure()
+    total = sum(t.amount for t in bank.ledger)
+    count = len(bank.ledger)
+    print(f"\nThe bank's ledger: {count} transfers, {money(total, 'EUR')} in all; nothing paid twice.")
+    for t in bank.ledger:
+        print(f"   {t.transfer_id}  {money(t.amount, t.currency):>10}  {t.memo}")
+    return 0 if len(bank.ledger) == 3 else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--target", default="127.0.0.1:50051", help="host:port of a running gate (default %(default)s)"
+    )
+    where.add_argument("--spawn", type=Path, metavar="BIN", help="start this oncegate binary for the run")
+    parser.add_argument("--policy", type=Path, default=HERE / "policy.toml", help="policy file for --spawn")
+    args = parser.parse_args(argv)
+    if args.spawn is not None:
+        with spawned_gate(args.spawn, args.policy) as target:
+            return run_story(target)
+    return run_story(args.target)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
