@@ -191,6 +191,7 @@ impl Writer {
         let now = (self.clock)();
         let txn = self.db.begin_write()?;
         let mut replies: Vec<Pending> = Vec::with_capacity(batch.len());
+        let mut dirty = false;
         {
             let mut records = txn.open_table(RECORDS)?;
             let mut expiry = txn.open_table(EXPIRY)?;
@@ -208,12 +209,18 @@ impl Writer {
                         .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
                     records.insert(job.key.as_slice(), bytes.as_slice())?;
                     expiry.insert(expiry_key(record.expires_at, &job.key).as_slice(), ())?;
+                    dirty = true;
                 }
                 replies.push(reply);
             }
-            purge_expired(&mut records, &mut expiry, now)?;
+            dirty |= purge_expired(&mut records, &mut expiry, now)?;
         }
-        txn.commit()?;
+        if dirty {
+            txn.commit()?;
+        } else {
+            // Reads, pings and refusals changed nothing: no fsync for them.
+            txn.abort()?;
+        }
         for reply in replies {
             reply();
         }
@@ -270,21 +277,22 @@ fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Removes up to [`PURGE_BATCH`] records whose store expiry has passed.
+/// Removes up to [`PURGE_BATCH`] records whose store expiry has passed; true when it removed any.
 fn purge_expired(
     records: &mut redb::Table<&[u8], &[u8]>,
     expiry: &mut redb::Table<&[u8], ()>,
     now: Millis,
-) -> Result<(), redb::Error> {
+) -> Result<bool, redb::Error> {
     let upper = now.max(0).to_be_bytes();
     let due: Vec<Vec<u8>> = expiry
         .range(..upper.as_slice())?
         .take(PURGE_BATCH)
         .map(|entry| entry.map(|(k, _)| k.value().to_vec()))
         .collect::<Result<_, _>>()?;
+    let purged = !due.is_empty();
     for index_key in due {
         expiry.remove(index_key.as_slice())?;
         records.remove(&index_key[8..])?;
     }
-    Ok(())
+    Ok(purged)
 }
