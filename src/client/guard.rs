@@ -41,7 +41,12 @@ impl<E> From<E> for Failure<E> {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The closure ran and its receipt was recorded.
-    Executed { receipt: Vec<u8>, grant: Grant },
+    Executed {
+        /// The closure's receipt, now stored.
+        receipt: Vec<u8>,
+        /// The grant the closure ran under.
+        grant: Grant,
+    },
     /// The action had already completed: nothing ran; this is the original completion.
     Replayed(pb::Completion),
 }
@@ -69,20 +74,31 @@ pub enum GuardError<E: std::fmt::Debug> {
     /// The closure failed definitely but the release was not acknowledged; the lease will expire.
     #[error("the action failed definitely; releasing its token failed ({release}): {cause:?}")]
     ReleaseFailed {
+        /// The closure's error.
         cause: E,
+        /// Why the release failed.
         release: ClientError,
+        /// The grant that is still out.
         grant: Grant,
     },
     /// The outcome is unknown: the token was NOT released. Reconcile with the provider (using
     /// `grant.provider_key`), then Complete or Release with `grant.token`.
     #[error("outcome unknown, reconcile with the provider (provider key {}): {cause:?}", grant.provider_key)]
-    OutcomeUnknown { cause: E, grant: Grant },
+    OutcomeUnknown {
+        /// The closure's error.
+        cause: E,
+        /// The grant to Complete or Release once reconciled.
+        grant: Grant,
+    },
     /// The action ran and succeeded, but Complete was not acknowledged within the deadline.
     /// Retry Complete with `grant.token` and `receipt`; never run the action again.
     #[error("the action succeeded but Complete was not acknowledged: {error}")]
     CompleteUnacknowledged {
+        /// The last Complete error.
         error: ClientError,
+        /// The receipt to Complete with.
         receipt: Vec<u8>,
+        /// The grant to Complete with.
         grant: Grant,
     },
 }

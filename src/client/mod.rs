@@ -29,14 +29,25 @@ pub enum ClientError {
     /// The idempotency key was used for a request whose key fields differ. Never retry, and never
     /// mint a new key on your own: a person or the planner must decide.
     #[error("idempotency key reused with different key fields: {differing_fields:?}")]
-    KeyReused { differing_fields: Vec<String> },
+    KeyReused {
+        /// The differing key-field paths (JSON Pointers, or `action` / `intent_id`).
+        differing_fields: Vec<String>,
+    },
     /// Another attempt holds a live lease; retry the same request after `retry_after`.
     #[error("in progress elsewhere; retry after {retry_after:?}")]
-    InProgress { retry_after: Duration },
+    InProgress {
+        /// The time left on the other attempt's lease.
+        retry_after: Duration,
+    },
     /// The lease ended without Complete or Release: reconcile with the provider, then Complete or
     /// Release with `token`.
     #[error("lease of fencing {fencing} expired unresolved; reconcile first")]
-    LeaseExpired { token: String, fencing: u64 },
+    LeaseExpired {
+        /// The expired attempt's token, to Complete or Release with after reconciling.
+        token: String,
+        /// The expired attempt's fencing number.
+        fencing: u64,
+    },
     /// The token was not granted for this action (or was released).
     #[error("token mismatch")]
     TokenMismatch,
@@ -45,13 +56,21 @@ pub enum ClientError {
     TokenUnknown,
     /// Another token or an operator completed the action: it may have run twice.
     #[error("completed by another token (fencing {fencing})")]
-    CompletedByOther { fencing: u64 },
+    CompletedByOther {
+        /// The fencing number of the completion that won.
+        fencing: u64,
+    },
     /// Release or ExtendLease of a completed action.
     #[error("already completed")]
     AlreadyCompleted,
     /// The request was malformed.
     #[error("invalid {field}: {description}")]
-    Invalid { field: String, description: String },
+    Invalid {
+        /// The offending request field.
+        field: String,
+        /// What is wrong with it.
+        description: String,
+    },
     /// No or wrong credential.
     #[error("unauthenticated")]
     Unauthenticated,
@@ -60,14 +79,22 @@ pub enum ClientError {
     Forbidden,
     /// The principal's rate limit was hit.
     #[error("rate limited; retry after {retry_after:?}")]
-    RateLimited { retry_after: Duration },
+    RateLimited {
+        /// When to try again.
+        retry_after: Duration,
+    },
     /// The gate or its store could not be reached, or the call timed out: the outcome of the call
     /// is unknown. Retry with backoff (every gate call is safe to repeat).
     #[error("unavailable: {0}")]
     Unavailable(String),
     /// Anything else the gate answered.
     #[error("gate error {code:?}: {message}")]
-    Other { code: Code, message: String },
+    Other {
+        /// The gRPC status code.
+        code: Code,
+        /// The status message.
+        message: String,
+    },
 }
 
 impl ClientError {
@@ -139,8 +166,11 @@ impl From<Status> for ClientError {
 /// One logical action: who does it, what, and with which arguments.
 #[derive(Debug, Clone, Default)]
 pub struct ActionSpec {
+    /// The agent's id.
     pub agent_id: String,
+    /// The workflow-run id that survives restarts of the agent.
     pub run_id: String,
+    /// The action type or tool name, e.g. `payments.transfer`.
     pub action: String,
     /// The params as a JSON object text.
     pub params_json: String,
@@ -226,6 +256,7 @@ fn duration(d: Duration) -> prost_types::Duration {
 pub struct Grant {
     /// Pass to Complete, Release, ExtendLease.
     pub action: pb::ActionRef,
+    /// The one-shot token of this attempt.
     pub token: String,
     /// Pass to the downstream system so it can reject stale holders.
     pub fencing: u64,
