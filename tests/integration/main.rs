@@ -4,6 +4,7 @@
 mod cli;
 mod conformance;
 mod failures;
+mod metrics;
 mod races;
 mod rows;
 mod support;
