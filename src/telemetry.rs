@@ -118,7 +118,8 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> TelemetryGuard {
         .with_ansi(false);
     let fmt = match format {
         LogFormat::Text => fmt.boxed(),
-        LogFormat::Json => fmt.json().flatten_event(true).boxed(),
+        // The current span (the RPC's) is enough: the span list would repeat it.
+        LogFormat::Json => fmt.json().flatten_event(true).with_span_list(false).boxed(),
     };
     let registry = tracing_subscriber::registry().with(filter).with(fmt);
     #[cfg(feature = "otel")]

@@ -63,20 +63,28 @@ fn rpc_name(path: &str) -> Option<&str> {
 
 /// The span of one RPC: the fields the gate fills in are declared empty here.
 fn rpc_span<B>(rpc: &str, req: &Request<B>) -> Span {
-    let span = tracing::info_span!(
-        RPC_SPAN,
-        otel.name = rpc,
-        otel.kind = "server",
-        rpc,
-        trace_id = Empty,
-        parent_span_id = Empty,
-        agent_id = Empty,
-        run_id = Empty,
-        action = Empty,
-        key = Empty,
-        decision = Empty,
-        grpc.code = Empty,
-    );
+    macro_rules! span {
+        ($($otel:tt)*) => {
+            tracing::info_span!(
+                RPC_SPAN,
+                $($otel)*
+                rpc,
+                trace_id = Empty,
+                parent_span_id = Empty,
+                agent_id = Empty,
+                run_id = Empty,
+                action = Empty,
+                key = Empty,
+                decision = Empty,
+                grpc.code = Empty,
+            )
+        };
+    }
+    // The OpenTelemetry span name and kind only where they are exported.
+    #[cfg(feature = "otel")]
+    let span = span!(otel.name = rpc, otel.kind = "server",);
+    #[cfg(not(feature = "otel"))]
+    let span = span!();
     let parent = req
         .headers()
         .get("traceparent")
