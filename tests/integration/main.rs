@@ -3,8 +3,10 @@
 
 mod cli;
 mod conformance;
+mod deploy;
 mod failures;
 mod metrics;
 mod races;
 mod rows;
 mod support;
+mod traces;
