@@ -6,22 +6,31 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-rust test-python example-python bench clean
+.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-rust test-python example-python bench clean
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
 run:
 	$(CARGO) run --release --locked -- serve
 
-## Every test: formatting, lints, the proto lint, Rust unit and integration tests (real Redis
-## processes started by the tests), and the Python client's tests against a real gate.
-test: deps lint test-rust test-python
+## Every test: formatting, lints, the proto lint, the Prometheus rules, Rust unit and integration
+## tests (real Redis processes started by the tests), and the Python client's tests against a real gate.
+test: deps lint test-deploy test-rust test-python
 
-## Installs redis-server on a fresh Debian machine when it is missing.
+## Installs redis-server and promtool (Debian's prometheus package) when they are missing.
 deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "redis-server not found: installing it (Debian)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	@command -v redis-server >/dev/null
+	@command -v promtool >/dev/null 2>&1 || { \
+	  echo "promtool not found: installing Debian's prometheus package"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	@command -v promtool >/dev/null
+
+## The alert and recording rules: syntax, then promtool's unit tests on synthetic series.
+test-deploy: deps
+	promtool check rules deploy/prometheus/rules.yml
+	promtool test rules deploy/prometheus/rules_test.yml
 
 lint: fmt-check clippy lint-proto
 

@@ -68,6 +68,32 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
     #[arg(long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = 20)]
     pub drain_seconds: u64,
+
+    /// Address of the Prometheus endpoint (`GET /metrics`, plain HTTP), e.g. 0.0.0.0:9464. Off
+    /// when unset. Keep it off the public network: the series name the configured actions.
+    #[arg(long, env = "ONCEGATE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// The `action` metric label of every action that no policy names, so that agents inventing
+    /// action names cannot grow the number of series. Must not be a policy's name.
+    #[arg(long, env = "ONCEGATE_METRICS_OTHER_ACTION_LABEL", default_value = crate::metrics::DEFAULT_OTHER_ACTION)]
+    pub metrics_other_action_label: String,
+
+    /// OTLP/gRPC endpoint for trace export, e.g. http://otel-collector:4317 (builds with the `otel`
+    /// feature only). Off when unset.
+    #[cfg(feature = "otel")]
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+}
+
+impl ServeArgs {
+    /// The OTLP endpoint, if trace export is configured (always `None` without the `otel` feature).
+    pub fn otlp_endpoint(&self) -> Option<&str> {
+        #[cfg(feature = "otel")]
+        return self.otlp_endpoint.as_deref();
+        #[cfg(not(feature = "otel"))]
+        None
+    }
 }
 
 /// Settings of `oncegate fingerprint`.

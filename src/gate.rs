@@ -1,17 +1,19 @@
 //! The gate: validation, policy lookup and fingerprinting around one store call per RPC.
 //!
 //! Owns: what a well-formed request is (limits from SPEC.md "Defaults"), which key identifies an
-//! action, minting tokens, and the audit line for every decision. Knows no gRPC types (the service
-//! converts) and decides no state transition (the store applies the ledger).
+//! action, minting tokens, and the audit line, metrics and span fields of every decision. Knows no
+//! gRPC types (the service converts) and decides no state transition (the store applies the ledger).
 
-use std::sync::Arc;
+use std::{future::Future, sync::Arc, time::Instant};
 
 use crate::{
     error::GateError,
     fingerprint::{self, ParamsError, ParamsLimits},
     ledger::{ActionView, CompleteOutcome, GrantKind, Millis, Refusal, TokenOutcome, TokenRequest},
+    metrics::{Decision, DoubleExecution, Metrics},
     policy::Policies,
-    store::{ActionKey, Store},
+    store::{ActionKey, Store, StoreError},
+    telemetry,
 };
 
 /// Target of the audit events: one per decision, routable on its own (`RUST_LOG=oncegate::audit=info`).
@@ -45,15 +47,28 @@ pub struct TokenAnswer {
 pub struct Gate {
     store: Store,
     policies: Arc<Policies>,
+    metrics: Metrics,
 }
 
 impl Gate {
-    /// A gate over `store` with `policies`.
+    /// A gate over `store` with `policies`, counting into metrics nobody reads.
     pub fn new(store: Store, policies: Policies) -> Self {
+        Self::with_metrics(store, policies, Metrics::default())
+    }
+
+    /// A gate over `store` with `policies` that counts every decision into `metrics` (registered
+    /// by the caller with the same policies, see [`Metrics::register`]).
+    pub fn with_metrics(store: Store, policies: Policies, metrics: Metrics) -> Self {
         Self {
             store,
             policies: Arc::new(policies),
+            metrics,
         }
+    }
+
+    /// The metric handles this gate counts into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// The store this gate uses.
@@ -67,7 +82,65 @@ impl Gate {
     }
 
     /// RequestToken: validate, fingerprint with the action's key fields, then one atomic store step.
+    /// Every call is counted in `oncegate_attempts_total`, by decision, unless the store failed.
     pub async fn request_token(&self, call: TokenCall) -> Result<TokenAnswer, GateError> {
+        let (key, request) = match self.prepare_token(&call) {
+            Ok(prepared) => prepared,
+            Err(e) => return Err(self.invalid_attempt(&call.action, e)),
+        };
+        telemetry::record_action(&key.agent_id, &key.run_id, Some(&call.action), &key.key);
+        let reply = self
+            .timed("request_token", self.store.request_token(&key, &request))
+            .await?;
+        if let Some(decision) = token_decision(&reply.result) {
+            self.metrics
+                .attempt(self.policy_name(&call.action), decision);
+        }
+        audit_token(&key, &call.action, &reply.result);
+        let outcome = reply.result.map_err(GateError::Refused)?;
+        Ok(TokenAnswer {
+            provider_key: key.provider_key(),
+            key,
+            fingerprint: request.fingerprint,
+            outcome,
+        })
+    }
+
+    /// Counts a RequestToken refused as malformed (decision `invalid`) and returns its error. The
+    /// service calls this for requests it cannot even convert (a missing scope, a bad duration).
+    pub fn invalid_attempt(&self, action: &str, error: GateError) -> GateError {
+        self.metrics
+            .attempt(self.policy_name(action), Decision::Invalid);
+        telemetry::record_decision(Decision::Invalid.as_str());
+        error
+    }
+
+    /// The name of the policy governing `action`, the metrics' `action` label (`None`: no policy
+    /// names it).
+    fn policy_name(&self, action: &str) -> Option<&str> {
+        self.policies
+            .for_action(action)
+            .and_then(|p| p.name.as_deref())
+    }
+
+    /// Runs one store call, timing it and counting its failure.
+    async fn timed<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let start = Instant::now();
+        let result = call.await;
+        self.metrics
+            .store_call(operation, start.elapsed(), result.as_ref().err());
+        if result.is_err() {
+            telemetry::record_decision("store_error");
+        }
+        result
+    }
+
+    /// Validates a RequestToken and builds the store request.
+    fn prepare_token(&self, call: &TokenCall) -> Result<(ActionKey, TokenRequest), GateError> {
         let limits = self.policies.limits;
         self.check_scope(&call.agent_id, &call.run_id)?;
         self.check_id("action", &call.action, true)?;
@@ -110,29 +183,21 @@ impl Gate {
             },
         );
         let request = TokenRequest {
-            fingerprint: fp.clone(),
+            fingerprint: fp,
             // Only an idempotency key can meet a different request; a fingerprint key cannot.
             digests: if keyed {
                 fingerprint::field_digests(&call.action, &call.intent_id, &selection)
             } else {
                 String::new()
             },
-            holder: call.holder,
+            holder: call.holder.clone(),
             new_token: new_token(),
             lease,
             retention: policy.retention,
             sliding: policy.sliding,
             on_expiry: policy.on_expiry,
         };
-        let reply = self.store.request_token(&key, &request).await?;
-        audit_token(&key, &call.action, &reply.result);
-        let outcome = reply.result.map_err(GateError::Refused)?;
-        Ok(TokenAnswer {
-            provider_key: key.provider_key(),
-            key,
-            fingerprint: fp,
-            outcome,
-        })
+        Ok((key, request))
     }
 
     /// Complete: record the outcome of an attempt.
@@ -144,6 +209,7 @@ impl Gate {
     ) -> Result<CompleteOutcome, GateError> {
         self.check_ref(key)?;
         self.check_token(token)?;
+        telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
         if receipt.len() > self.policies.limits.max_receipt_bytes {
             return Err(GateError::invalid(
                 "receipt",
@@ -154,18 +220,36 @@ impl Gate {
                 ),
             ));
         }
-        let reply = self.store.complete(key, token, receipt).await?;
+        let reply = self
+            .timed("complete", self.store.complete(key, token, receipt))
+            .await?;
         match &reply.result {
             Ok(done) => {
+                if done.recorded {
+                    self.metrics.completion(done.completion.source);
+                }
                 if done.double_execution {
+                    self.metrics
+                        .double_execution(DoubleExecution::SupersededCompletion);
                     tracing::warn!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
                         fencing = done.completion.fencing, "double execution: a superseded token completed");
                 }
+                let decision = if done.recorded {
+                    "completed"
+                } else {
+                    "complete_repeated"
+                };
+                telemetry::record_decision(decision);
                 tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
-                    decision = if done.recorded { "completed" } else { "complete_repeated" },
-                    fencing = done.completion.fencing, "complete");
+                    decision, fencing = done.completion.fencing, "complete");
             }
-            Err(refusal) => audit_refusal("complete", key, refusal),
+            Err(refusal) => {
+                if matches!(refusal, Refusal::CompletedByOther { .. }) {
+                    self.metrics
+                        .double_execution(DoubleExecution::CompletedByOther);
+                }
+                audit_refusal("complete", key, refusal)
+            }
         }
         reply.result.map_err(GateError::Refused)
     }
@@ -179,9 +263,14 @@ impl Gate {
     ) -> Result<u64, GateError> {
         self.check_ref(key)?;
         self.check_token(token)?;
-        let reply = self.store.release(key, token).await?;
+        telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
+        let reply = self
+            .timed("release", self.store.release(key, token))
+            .await?;
         match &reply.result {
             Ok(fencing) => {
+                self.metrics.release(reason);
+                telemetry::record_decision("released");
                 tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id,
                 key = %key.key, decision = "released", reason, fencing, "release")
             }
@@ -199,6 +288,7 @@ impl Gate {
     ) -> Result<Millis, GateError> {
         self.check_ref(key)?;
         self.check_token(token)?;
+        telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
         let ttl = match ttl {
             None => return Err(GateError::invalid("ttl", "is required")),
             Some(ms) if ms <= 0 => return Err(GateError::invalid("ttl", "must be positive")),
@@ -213,9 +303,12 @@ impl Gate {
             }
             Some(ms) => ms,
         };
-        let reply = self.store.extend_lease(key, token, ttl).await?;
-        if let Err(refusal) = &reply.result {
-            audit_refusal("extend_lease", key, refusal);
+        let reply = self
+            .timed("extend_lease", self.store.extend_lease(key, token, ttl))
+            .await?;
+        match &reply.result {
+            Ok(_) => telemetry::record_decision("extended"),
+            Err(refusal) => audit_refusal("extend_lease", key, refusal),
         }
         reply.result.map_err(GateError::Refused)
     }
@@ -223,7 +316,8 @@ impl Gate {
     /// GetAction: the record as it stands.
     pub async fn get(&self, key: &ActionKey) -> Result<ActionView, GateError> {
         self.check_ref(key)?;
-        let reply = self.store.get(key).await?;
+        telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
+        let reply = self.timed("get_action", self.store.get(key)).await?;
         reply.result.map_err(GateError::Refused)
     }
 
@@ -274,11 +368,32 @@ fn audit_token(key: &ActionKey, action: &str, result: &Result<TokenOutcome, Refu
         Ok(TokenOutcome::AlreadyCompleted(done)) => ("replayed", done.fencing),
         Err(refusal) => (refusal_name(refusal), 0),
     };
+    telemetry::record_decision(decision);
     tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, action, key = %key.key,
         decision, fencing, "request_token");
 }
 
+/// The metrics decision of a RequestToken reply (`None` for refusals RequestToken never gives).
+fn token_decision(result: &Result<TokenOutcome, Refusal>) -> Option<Decision> {
+    Some(match result {
+        Ok(TokenOutcome::Granted(_, GrantKind::New)) => Decision::Granted,
+        Ok(TokenOutcome::Granted(_, GrantKind::Redelivered)) => Decision::Redelivered,
+        Ok(TokenOutcome::Granted(_, GrantKind::Regranted)) => Decision::Regranted,
+        Ok(TokenOutcome::AlreadyCompleted(_)) => Decision::Replayed,
+        Err(Refusal::InProgress { .. }) => Decision::InProgress,
+        Err(Refusal::KeyReused { .. }) => Decision::KeyReused,
+        Err(Refusal::LeaseExpired { .. }) => Decision::LeaseExpired,
+        Err(
+            Refusal::TokenMismatch
+            | Refusal::TokenUnknown
+            | Refusal::CompletedByOther { .. }
+            | Refusal::AlreadyCompleted,
+        ) => return None,
+    })
+}
+
 fn audit_refusal(rpc: &str, key: &ActionKey, refusal: &Refusal) {
+    telemetry::record_decision(refusal_name(refusal));
     tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
         decision = refusal_name(refusal), rpc, "refused");
 }

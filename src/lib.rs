@@ -9,6 +9,8 @@
 //! - [`error`]: the domain errors and their one translation to `tonic::Status`.
 //! - [`service`]: the generated gRPC trait, proto ↔ domain, nothing else.
 //! - [`server`]: listener, health, reflection, graceful drain.
+//! - [`metrics`]: the Prometheus handles (attempts by decision, DAR, latency) and `/metrics`.
+//! - [`telemetry`]: logs, one span per RPC (W3C `traceparent`), OTLP export behind `otel`.
 //! - [`cli`]: the command line and its configuration.
 //! - [`client`]: a typed Rust client and the guard that runs an action at most once.
 #![forbid(unsafe_code)]
@@ -19,8 +21,10 @@ pub mod error;
 pub mod fingerprint;
 pub mod gate;
 pub mod ledger;
+pub mod metrics;
 pub mod pb;
 pub mod policy;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod telemetry;

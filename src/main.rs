@@ -1,13 +1,14 @@
 //! The `oncegate` binary: parse the command line, start tracing, validate configuration (exit 64
 //! when it is bad), build the store, and hand over to `server::run`.
 
-use std::{process::ExitCode, time::Duration};
+use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use oncegate::{
-    cli::{Cli, Command, FingerprintArgs, LogFormat, ServeArgs},
+    cli::{Cli, Command, FingerprintArgs, ServeArgs},
     fingerprint,
     gate::Gate,
+    metrics::{self, Metrics},
     policy::Policies,
     server::{self, ServerOptions},
     store::{
@@ -15,8 +16,9 @@ use oncegate::{
         embedded::{EmbeddedStore, system_clock},
         redis::{RedisOptions, RedisStore},
     },
+    telemetry,
 };
-use tracing_subscriber::EnvFilter;
+use prometheus_client::registry::Registry;
 
 /// Bad command line or configuration (sysexits EX_USAGE).
 const EX_USAGE: u8 = 64;
@@ -40,14 +42,16 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Fingerprint(args) => fingerprint_command(&args),
         Command::Serve(args) => {
-            init_tracing(args.log_format);
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(runtime) => runtime,
                 Err(e) => {
-                    tracing::error!(error = %e, "cannot start the async runtime");
+                    eprintln!("oncegate: cannot start the async runtime: {e}");
                     return ExitCode::FAILURE;
                 }
             };
+            // Inside the runtime: an OTLP exporter's channel lives on it.
+            let _runtime = runtime.enter();
+            let _telemetry = telemetry::init(args.log_format, args.otlp_endpoint());
             runtime.block_on(serve(args))
         }
     }
@@ -95,18 +99,6 @@ fn fingerprint_command(args: &FingerprintArgs) -> ExitCode {
     }
 }
 
-fn init_tracing(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
-    }
-}
-
 async fn serve(args: ServeArgs) -> ExitCode {
     let policies = match load_policies(args.config.as_deref()) {
         Ok(p) => p,
@@ -115,6 +107,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
+    if let Err(e) = Metrics::check_other_action_label(&args.metrics_other_action_label, &policies) {
+        tracing::error!("bad configuration: --metrics-other-action-label: {e}");
+        return ExitCode::from(EX_USAGE);
+    }
     let store = match &args.redis_url {
         Some(url) => {
             let options = RedisOptions {
@@ -138,6 +134,29 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
         Err(e) => tracing::warn!(error = %e, "could not read the store's durability settings"),
     }
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry, &policies, &args.metrics_other_action_label);
+    if let Some(addr) = args.metrics_listen {
+        match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => {
+                let bound = listener
+                    .local_addr()
+                    .map(|a| a.to_string())
+                    .unwrap_or_default();
+                tracing::info!(addr = %bound, "metrics at http://{bound}/metrics");
+                let registry = Arc::new(registry);
+                tokio::spawn(metrics::endpoint::serve(
+                    listener,
+                    registry,
+                    std::future::pending(),
+                ));
+            }
+            Err(e) => {
+                tracing::error!(metrics_listen = %addr, error = %e, "cannot listen for metrics");
+                return ExitCode::from(EX_UNAVAILABLE);
+            }
+        }
+    }
     let listener = match tokio::net::TcpListener::bind(args.listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -157,7 +176,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
     };
     match server::run(
         listener,
-        Gate::new(store, policies),
+        Gate::with_metrics(store, policies, metrics),
         options,
         shutdown_signal(),
     )

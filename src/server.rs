@@ -9,7 +9,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-use crate::{gate::Gate, pb, service::GateService};
+use crate::{gate::Gate, pb, service::GateService, telemetry::layer::RpcLayer};
 
 /// Name of the gate service in the health service (readiness follows the store under this name).
 pub const SERVICE_NAME: &str = "oncegate.v1.ActionGateService";
@@ -56,6 +56,10 @@ pub async fn run(
     reporter
         .set_service_status("", ServingStatus::Serving)
         .await;
+    // The gate's entry exists from the start: NOT_SERVING until the store first answers.
+    reporter
+        .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+        .await;
     let monitor = tokio::spawn(follow_store(
         reporter,
         gate.clone(),
@@ -70,12 +74,15 @@ pub async fn run(
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
+
+    let rpc_layer = RpcLayer::new(gate.metrics().clone());
     let service =
         pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(gate))
             .max_decoding_message_size(options.max_message_bytes);
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = Server::builder()
+        .layer(rpc_layer)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -123,6 +130,8 @@ async fn follow_store(reporter: HealthReporter, gate: Gate, interval: Duration) 
             }
             Err(_) => ServingStatus::NotServing,
         };
+        gate.metrics()
+            .set_store_up(status == ServingStatus::Serving);
         if last != Some(status) {
             if last.is_some() && status == ServingStatus::Serving {
                 tracing::info!("store reachable again: reporting SERVING");

@@ -83,9 +83,12 @@ impl ActionGateService for GateService {
         request: Request<pb::RequestTokenRequest>,
     ) -> Result<Response<pb::RequestTokenResponse>, Status> {
         let req = request.into_inner();
+        // A request that cannot even be converted is still an attempt: counted as `invalid`.
+        let invalid = |e: GateError| self.gate.invalid_attempt(&req.action, e);
         let scope = req
             .scope
-            .ok_or_else(|| GateError::invalid("scope", "is required"))?;
+            .ok_or_else(|| invalid(GateError::invalid("scope", "is required")))?;
+        let lease = duration_ms("lease_ttl", req.lease_ttl).map_err(invalid)?;
         let call = TokenCall {
             agent_id: scope.agent_id,
             run_id: scope.run_id,
@@ -94,7 +97,7 @@ impl ActionGateService for GateService {
             intent_id: req.intent_id,
             idempotency_key: req.idempotency_key,
             holder: req.holder,
-            lease: duration_ms("lease_ttl", req.lease_ttl)?,
+            lease,
         };
         let answer = self.gate.request_token(call).await?;
         let mut response = pb::RequestTokenResponse {

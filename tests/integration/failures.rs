@@ -12,7 +12,7 @@ use tonic_health::pb::{
 
 use crate::support::{GateProcess, Kind, TestGate, connect, expect_error, token_request};
 
-async fn health(addr: &str, service: &str) -> ServingStatus {
+pub(crate) async fn health(addr: &str, service: &str) -> ServingStatus {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -29,7 +29,7 @@ async fn health(addr: &str, service: &str) -> ServingStatus {
     resp.status()
 }
 
-async fn wait_for_health(addr: &str, want: ServingStatus) {
+pub(crate) async fn wait_for_health(addr: &str, want: ServingStatus) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while health(addr, oncegate::server::SERVICE_NAME).await != want {
         assert!(Instant::now() < deadline, "health never became {want:?}");

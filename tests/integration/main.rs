@@ -4,9 +4,12 @@
 mod cli;
 mod client;
 mod conformance;
+mod deploy;
 mod failures;
+mod metrics;
 mod races;
 mod rows;
 mod services;
 mod support;
+mod traces;
 mod vectors;

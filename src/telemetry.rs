@@ -1,0 +1,189 @@
+//! Tracing: the subscriber (`init`), one span per gate RPC ([`layer::RpcLayer`]), the incoming
+//! W3C `traceparent` ([`TraceParent`]), and the helpers the gate uses to put what it decided on the
+//! current span.
+//!
+//! A span carries the RPC, scope, action, key and decision, and the caller's trace and span ids.
+//! Never params, receipts or tokens: they are secrets the gate holds for its callers. OpenTelemetry
+//! OTLP export lives in [`otel`], behind the cargo feature `otel` (off by default): without it no
+//! OpenTelemetry crate is compiled in.
+
+pub mod layer;
+#[cfg(feature = "otel")]
+pub mod otel;
+
+use tracing::Span;
+use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
+
+use crate::cli::LogFormat;
+
+/// Name of the per-RPC span.
+pub const RPC_SPAN: &str = "rpc";
+
+/// The fields of an incoming W3C Trace Context `traceparent` header.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TraceParent {
+    /// 32 lowercase hex digits, not all zero.
+    pub trace_id: String,
+    /// The caller's span: 16 lowercase hex digits, not all zero.
+    pub parent_id: String,
+    /// The caller's `sampled` flag.
+    pub sampled: bool,
+}
+
+impl TraceParent {
+    /// Parses a `traceparent` value (W3C Trace Context, level 1): `00-<trace-id>-<parent-id>-<flags>`.
+    /// A later version is read by its first four fields, as the recommendation asks; anything
+    /// malformed is `None` (the gate then starts a new trace rather than trusting a broken one).
+    pub fn parse(value: &str) -> Option<Self> {
+        let value = value.trim();
+        let bytes = value.as_bytes();
+        if bytes.len() < 55 || !value.is_ascii() {
+            return None;
+        }
+        let version = &value[..2];
+        if !is_lower_hex(version) || version == "ff" {
+            return None;
+        }
+        if version == "00" && bytes.len() != 55 {
+            return None;
+        }
+        if bytes.len() > 55 && bytes[55] != b'-' {
+            return None;
+        }
+        if bytes[2] != b'-' || bytes[35] != b'-' || bytes[52] != b'-' {
+            return None;
+        }
+        let (trace_id, parent_id, flags) = (&value[3..35], &value[36..52], &value[53..55]);
+        let non_zero = |s: &str| s.bytes().any(|b| b != b'0');
+        let well_formed = [trace_id, parent_id, flags].into_iter().all(is_lower_hex)
+            && non_zero(trace_id)
+            && non_zero(parent_id);
+        if !well_formed {
+            return None;
+        }
+        let flags = u8::from_str_radix(flags, 16).ok()?;
+        Some(Self {
+            trace_id: trace_id.to_owned(),
+            parent_id: parent_id.to_owned(),
+            sampled: flags & 1 == 1,
+        })
+    }
+}
+
+fn is_lower_hex(s: &str) -> bool {
+    s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// Puts what the gate knows about the action on the current RPC span (a no-op outside one).
+pub fn record_action(agent_id: &str, run_id: &str, action: Option<&str>, key: &str) {
+    let span = Span::current();
+    span.record("agent_id", agent_id);
+    span.record("run_id", run_id);
+    if let Some(action) = action {
+        span.record("action", action);
+    }
+    if !key.is_empty() {
+        span.record("key", key);
+    }
+}
+
+/// Puts the gate's decision on the current RPC span (a no-op outside one).
+pub fn record_decision(decision: &str) {
+    Span::current().record("decision", decision);
+}
+
+/// Keeps the tracing pipeline alive; dropping it flushes the OTLP exporter, if any.
+#[must_use = "dropping the guard stops trace export"]
+pub struct TelemetryGuard {
+    #[cfg(feature = "otel")]
+    otel: Option<otel::Pipeline>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        #[cfg(feature = "otel")]
+        if let Some(pipeline) = self.otel.take() {
+            pipeline.shutdown();
+        }
+    }
+}
+
+/// Logs (text or JSON, to stderr, filtered by `RUST_LOG`, `info` by default) and, with the `otel`
+/// feature and an endpoint, OTLP span export. With an endpoint, call from inside the Tokio runtime
+/// (the exporter's gRPC channel lives on it). Without the feature the endpoint is always `None`.
+pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> TelemetryGuard {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    let fmt = match format {
+        LogFormat::Text => fmt.boxed(),
+        // The current span (the RPC's) is enough: the span list would repeat it.
+        LogFormat::Json => fmt.json().flatten_event(true).with_span_list(false).boxed(),
+    };
+    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    #[cfg(feature = "otel")]
+    {
+        let (pipeline, layer) = match otlp_endpoint.map(otel::Pipeline::start) {
+            Some(Ok((pipeline, layer))) => (Some(pipeline), Some(layer)),
+            Some(Err(e)) => {
+                eprintln!("oncegate: OTLP export disabled: {e}");
+                (None, None)
+            }
+            None => (None, None),
+        };
+        registry.with(layer).init();
+        TelemetryGuard { otel: pipeline }
+    }
+    #[cfg(not(feature = "otel"))]
+    {
+        debug_assert!(otlp_endpoint.is_none(), "no OTLP without the otel feature");
+        registry.init();
+        TelemetryGuard {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TraceParent;
+
+    const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+    const SPAN: &str = "00f067aa0ba902b7";
+
+    #[test]
+    fn parses_the_w3c_example() {
+        let tp = TraceParent::parse(&format!("00-{TRACE}-{SPAN}-01")).unwrap();
+        assert_eq!(tp.trace_id, TRACE);
+        assert_eq!(tp.parent_id, SPAN);
+        assert!(tp.sampled);
+        assert!(
+            !TraceParent::parse(&format!("00-{TRACE}-{SPAN}-00"))
+                .unwrap()
+                .sampled
+        );
+    }
+
+    #[test]
+    fn later_versions_are_read_by_their_known_fields() {
+        assert!(TraceParent::parse(&format!("01-{TRACE}-{SPAN}-01-extra")).is_some());
+        assert!(TraceParent::parse(&format!("01-{TRACE}-{SPAN}-01x")).is_none());
+    }
+
+    #[test]
+    fn refuses_malformed_values() {
+        for bad in [
+            String::new(),
+            format!("ff-{TRACE}-{SPAN}-01"),
+            format!("00-{TRACE}-{SPAN}-01-extra"),
+            format!("00-{}-{SPAN}-01", "0".repeat(32)),
+            format!("00-{TRACE}-{}-01", "0".repeat(16)),
+            format!("00-{}-{SPAN}-01", TRACE.to_uppercase()),
+            format!("00-{TRACE}-{SPAN}-0g"),
+            format!("00_{TRACE}-{SPAN}-01"),
+            format!("00-{TRACE}{SPAN}--01"),
+            "00-é".repeat(20),
+        ] {
+            assert_eq!(TraceParent::parse(&bad), None, "{bad:?}");
+        }
+    }
+}
