@@ -38,6 +38,9 @@ pub struct TokenAnswer {
     pub fingerprint: String,
     pub provider_key: String,
     pub outcome: TokenOutcome,
+    /// Replicas that confirmed the grant before it was handed out (Redis `WAIT`; 0 without a
+    /// durability level).
+    pub replicas_acknowledged: u32,
 }
 
 /// The gate over one store. Cheap to clone.
@@ -124,7 +127,12 @@ impl Gate {
             sliding: policy.sliding,
             on_expiry: policy.on_expiry,
         };
-        let reply = self.store.request_token(&key, &request).await?;
+        let durability = policy.durability_replicas;
+        let acked = self
+            .store
+            .request_token_durable(&key, &request, durability)
+            .await?;
+        let reply = acked.reply;
         audit_token(&key, &call.action, &reply.result);
         let outcome = reply.result.map_err(GateError::Refused)?;
         Ok(TokenAnswer {
@@ -132,6 +140,7 @@ impl Gate {
             key,
             fingerprint: fp,
             outcome,
+            replicas_acknowledged: acked.replicas,
         })
     }
 
@@ -154,7 +163,12 @@ impl Gate {
                 ),
             ));
         }
-        let reply = self.store.complete(key, token, receipt).await?;
+        let durability = self.policies.highest_durability();
+        let reply = self
+            .store
+            .complete_durable(key, token, receipt, durability)
+            .await?
+            .reply;
         match &reply.result {
             Ok(done) => {
                 if done.double_execution {
@@ -179,7 +193,12 @@ impl Gate {
     ) -> Result<u64, GateError> {
         self.check_ref(key)?;
         self.check_token(token)?;
-        let reply = self.store.release(key, token).await?;
+        let durability = self.policies.highest_durability();
+        let reply = self
+            .store
+            .release_durable(key, token, durability)
+            .await?
+            .reply;
         match &reply.result {
             Ok(fencing) => {
                 tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id,
@@ -213,7 +232,12 @@ impl Gate {
             }
             Some(ms) => ms,
         };
-        let reply = self.store.extend_lease(key, token, ttl).await?;
+        let durability = self.policies.highest_durability();
+        let reply = self
+            .store
+            .extend_lease_durable(key, token, ttl, durability)
+            .await?
+            .reply;
         if let Err(refusal) = &reply.result {
             audit_refusal("extend_lease", key, refusal);
         }

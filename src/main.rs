@@ -13,7 +13,7 @@ use oncegate::{
     store::{
         Store,
         embedded::{EmbeddedStore, system_clock},
-        redis::{RedisOptions, RedisStore},
+        redis::RedisStore,
     },
 };
 use tracing_subscriber::EnvFilter;
@@ -115,13 +115,23 @@ async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EX_USAGE);
         }
     };
-    let store = match &args.redis_url {
-        Some(url) => {
-            let options = RedisOptions {
-                call_timeout: Duration::from_millis(args.store_timeout_ms),
-            };
-            RedisStore::connect(url, options).await.map(Store::Redis)
+    let topology = match args.redis_topology() {
+        Ok(topology) => topology,
+        Err(e) => {
+            tracing::error!("bad configuration: {e}");
+            return ExitCode::from(EX_USAGE);
         }
+    };
+    if topology.is_none() && policies.highest_durability() > 0 {
+        tracing::error!(
+            "bad configuration: a policy sets durability_replicas, which needs Redis with replicas"
+        );
+        return ExitCode::from(EX_USAGE);
+    }
+    let store = match &topology {
+        Some(topology) => RedisStore::connect_to(topology, args.redis_options())
+            .await
+            .map(Store::Redis),
         None => EmbeddedStore::open(&args.data_dir, system_clock()).map(Store::Embedded),
     };
     let store = match store {
@@ -150,7 +160,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .map(|a| a.to_string())
         .unwrap_or_default();
     println!("listening on {addr}");
-    tracing::info!(%addr, store = if args.redis_url.is_some() { "redis" } else { "embedded" }, "oncegate serving");
+    let store_name = topology.as_ref().map_or("embedded", |t| t.name());
+    tracing::info!(%addr, store = store_name, durability_replicas = args.durability_replicas, "oncegate serving");
     let options = ServerOptions {
         drain_timeout: Duration::from_secs(args.drain_seconds),
         ..ServerOptions::default()
