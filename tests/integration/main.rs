@@ -3,6 +3,7 @@
 
 mod cli;
 mod conformance;
+mod durability;
 mod failures;
 mod races;
 mod rows;

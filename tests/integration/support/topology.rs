@@ -39,7 +39,6 @@ pub fn info(port: u16, section: &str) -> String {
 /// A Redis Cluster: `masters` masters, each with `replicas` replicas.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
-    pub masters: usize,
 }
 
 impl RedisCluster {
@@ -91,12 +90,12 @@ impl RedisCluster {
             for node in &nodes {
                 wait_until("replicas are in sync", Duration::from_secs(20), || {
                     let i = info(node.port, "replication");
-                    i.contains("role:master") && i.contains(&format!("connected_slaves:{replicas}"))
+                    i.contains("role:master") && i.matches("state=online").count() == replicas
                         || i.contains("master_link_status:up")
                 });
             }
         }
-        Self { nodes, masters }
+        Self { nodes }
     }
 
     /// `127.0.0.1:port` of every node, for `--redis-cluster-nodes`.
