@@ -4,6 +4,7 @@
 mod cli;
 mod conformance;
 mod durability;
+mod failover;
 mod failures;
 mod races;
 mod rows;

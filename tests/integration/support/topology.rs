@@ -132,7 +132,8 @@ pub struct SentinelSet {
     /// Data nodes; index 0 is the first master (after a failover, ask [`SentinelSet::master_port`]).
     pub servers: Vec<RedisServer>,
     pub sentinel_ports: Vec<u16>,
-    sentinels: Vec<Process>,
+    /// Held for their drop, which kills them.
+    _sentinels: Vec<Process>,
     _dir: TempDir,
 }
 
@@ -182,7 +183,7 @@ impl SentinelSet {
         Self {
             servers,
             sentinel_ports,
-            sentinels,
+            _sentinels: sentinels,
             _dir: dir,
         }
     }
@@ -215,13 +216,6 @@ impl SentinelSet {
             .iter_mut()
             .find(|s| s.port == port)
             .expect("a data node of this deployment")
-    }
-
-    /// Stops every sentinel (the data nodes stay).
-    pub fn stop_sentinels(&mut self) {
-        for s in &mut self.sentinels {
-            s.kill();
-        }
     }
 }
 
