@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-rust test-python bench clean
+.PHONY: run test deps lint fmt-check clippy lint-proto test-rust test-python test-deploy-k8s bench clean
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
 run:
@@ -14,7 +14,7 @@ run:
 
 ## Every test: formatting, lints, the proto lint, Rust unit and integration tests (real Redis
 ## processes started by the tests), and the Python client's tests against a real gate.
-test: deps lint test-rust test-python
+test: deps lint test-rust test-python test-deploy-k8s
 
 ## Installs redis-server on a fresh Debian machine when it is missing.
 deps:
@@ -49,6 +49,18 @@ test-python: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q clients/python/tests
 
+## Every Kubernetes manifest under deploy/, rendered (kubectl kustomize, when kubectl exists) and
+## validated offline against the Kubernetes schemas (kubernetes-validate from PyPI, own venv).
+DEPLOY_VENV := .venv-deploy
+
+$(DEPLOY_VENV)/.installed:
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install -q 'kubernetes-validate==1.37.0'
+	touch $@
+
+test-deploy-k8s: $(DEPLOY_VENV)/.installed
+	deploy/validate.sh $(CURDIR)/$(DEPLOY_VENV)/bin/kubernetes-validate
+
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV) oncegate-data
+	rm -rf $(VENV) $(DEPLOY_VENV) oncegate-data
