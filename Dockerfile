@@ -7,9 +7,8 @@
 # --- build: the Rust toolchain; protox compiles the proto in build.rs (no protoc needed).
 FROM rust:1.95-slim-bookworm AS build
 WORKDIR /src
-COPY Cargo.toml Cargo.lock build.rs ./
-COPY proto ./proto
-COPY src ./src
+# The whole context (see .dockerignore): every target Cargo.toml declares must be present.
+COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked --bin oncegate \
