@@ -295,3 +295,41 @@ impl<C: ConnectionLike + Send> ConnectionLike for WaitAfterScript<'_, C> {
         self.inner.get_db()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn calls_that_wait_never_share_lane_zero() {
+        let lanes = Lanes::new(vec![0, 1, 2, 3]);
+        assert_eq!(lanes.pick(false), 0);
+        let waiting: Vec<_> = (0..6).map(|_| lanes.pick(true)).collect();
+        assert_eq!(waiting, [1, 2, 3, 1, 2, 3]);
+        assert_eq!(Lanes::new(vec![7]).pick(true), 7, "one lane serves both");
+    }
+
+    #[test]
+    fn only_script_calls_get_a_wait() {
+        assert!(is_script_call(redis::cmd("EVALSHA").arg("abc").arg(1)));
+        assert!(is_script_call(redis::cmd("eval").arg("return 1").arg(0)));
+        assert!(!is_script_call(redis::cmd("SCRIPT").arg("LOAD").arg("x")));
+        assert!(!is_script_call(&redis::cmd("PING")));
+    }
+
+    #[test]
+    fn host_port_becomes_a_url_and_gets_the_configured_credentials() {
+        let options = RedisOptions {
+            password: Some("s3cret".into()),
+            username: Some("gate".into()),
+            ..RedisOptions::default()
+        };
+        let info = node_info("10.0.0.1:6380", &options).unwrap();
+        assert_eq!(info.addr().to_string(), "10.0.0.1:6380");
+        assert_eq!(info.redis_settings().password(), Some("s3cret"));
+        assert_eq!(info.redis_settings().username(), Some("gate"));
+        // A URL with its own password keeps it.
+        let info = node_info("redis://:own@10.0.0.1:6380", &options).unwrap();
+        assert_eq!(info.redis_settings().password(), Some("own"));
+    }
+}
