@@ -129,9 +129,16 @@ async fn serve(args: ServeArgs) -> ExitCode {
         return ExitCode::from(EX_USAGE);
     }
     let store = match &topology {
-        Some(topology) => RedisStore::connect_to(topology, args.redis_options())
-            .await
-            .map(Store::Redis),
+        Some(topology) => {
+            let mut options = args.redis_options();
+            if args.durability_replicas == 0 && policies.highest_durability() == 0 {
+                // Nothing ever waits for replicas: no connections reserved for WAIT.
+                options.wait_lanes = 0;
+            }
+            RedisStore::connect_to(topology, options)
+                .await
+                .map(Store::Redis)
+        }
         None => EmbeddedStore::open(&args.data_dir, system_clock()).map(Store::Embedded),
     };
     let store = match store {

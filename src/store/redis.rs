@@ -61,7 +61,8 @@ pub struct RedisOptions {
     pub durability_replicas: u32,
     /// How long `WAIT` lets the replicas take (below `call_timeout`); past it, too few confirmed.
     pub durability_timeout: Duration,
-    /// Connections reserved for calls that wait for replicas (each `WAIT` blocks its connection).
+    /// Connections reserved for calls that wait for replicas (each `WAIT` blocks its connection);
+    /// 0 when no durability level is configured anywhere.
     pub wait_lanes: usize,
     /// Sentinel: how often the master's `ROLE` and the sentinels' answer are checked.
     pub sentinel_check_interval: Duration,

@@ -107,9 +107,10 @@ impl<C: Clone> Lanes<C> {
     }
 }
 
-/// How many lanes to open: one for calls that do not wait, plus the waiting ones.
+/// How many lanes to open: one for calls that do not wait, plus the waiting ones (with none, a
+/// call that waits shares lane 0).
 pub(super) fn lane_count(options: &RedisOptions) -> usize {
-    1 + options.wait_lanes.max(1)
+    1 + options.wait_lanes
 }
 
 /// `WAIT replicas timeout`, sent right behind a state-changing script.
