@@ -162,6 +162,10 @@ struct Report {
     /// Longest gap between two acknowledged operations (the unavailability window).
     longest_gap: Duration,
     failover_took: Duration,
+    /// Bytes of the replication stream the best replica had not acknowledged just before the kill.
+    /// An upper bound of the window: replicas acknowledge once a second unless a WAIT asks, so at
+    /// level 0 most of it had already arrived.
+    lag_at_kill: i64,
 }
 
 /// Streams grants and completes, SIGKILLs the master mid-stream, waits for Sentinel to promote a
@@ -178,6 +182,7 @@ async fn failover_under_load(level: u32) -> Report {
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
 
+    let lag_at_kill = replication_lag(old_master);
     let killed_at = Instant::now();
     set.lock().unwrap().server(old_master).stop();
     let promoted = {
@@ -231,7 +236,9 @@ async fn failover_under_load(level: u32) -> Report {
         grant_gone: seen.grant_gone,
         longest_gap: longest_gap(&seen.acked_at, killed_at),
         failover_took,
+        lag_at_kill,
     };
+    let mut present = None;
     for key in seen.grants.keys() {
         let (w, i) = parse_key(key);
         let view = client
@@ -249,6 +256,8 @@ async fn failover_under_load(level: u32) -> Report {
             .into_inner();
         if view.state() == pb::ActionState::Absent {
             report.grants_lost += 1;
+        } else {
+            present = Some(key.clone());
         }
         if let Some(receipt) = seen.completes.get(key)
             && view.completion.as_ref().map(|c| &c.receipt) != Some(receipt)
@@ -270,8 +279,8 @@ async fn failover_under_load(level: u32) -> Report {
         }
     }
     // The audit ran on the promoted master: the records are really there.
-    let some_key = seen.completes.keys().next().expect("some completes");
-    let redis_key = ActionKey::new("agent", "run", some_key.clone()).redis_key();
+    let some_key = present.expect("some record survived");
+    let redis_key = ActionKey::new("agent", "run", some_key).redis_key();
     let exists: i64 = query(promoted, redis::cmd("EXISTS").arg(&redis_key)).unwrap();
     assert_eq!(exists, 1, "the audited records live on the new master");
     drop(gate);
@@ -287,7 +296,7 @@ impl Report {
              {} calls failed closed and were retried, failover took {:?} (Sentinel), longest gap \
              without an acknowledgement {:?}; after it: {} keys re-granted to a worker, {} granted again \
              to an auditor, {} acknowledged grants and {} acknowledged completes missing, {} completes \
-             found their grant gone",
+             found their grant gone; unacknowledged replication stream at the kill {} bytes (upper bound)",
             self.grants,
             self.completes,
             self.unavailable,
@@ -297,9 +306,30 @@ impl Report {
             self.granted_again,
             self.grants_lost,
             self.completes_lost,
-            self.grant_gone
+            self.grant_gone,
+            self.lag_at_kill
         )
     }
+}
+
+/// `master_repl_offset` minus the best replica's acknowledged offset, from `INFO replication`.
+fn replication_lag(master: u16) -> i64 {
+    let info = crate::support::topology::info(master, "replication");
+    let field = |line: &str, name: &str| {
+        line.split([',', ':'])
+            .find_map(|kv| kv.strip_prefix(name)?.parse::<i64>().ok())
+    };
+    let master_offset = info
+        .lines()
+        .find_map(|l| l.strip_prefix("master_repl_offset:")?.trim().parse().ok())
+        .unwrap_or(0);
+    let best = info
+        .lines()
+        .filter(|l| l.starts_with("slave"))
+        .filter_map(|l| field(l, "offset="))
+        .max()
+        .unwrap_or(0);
+    master_offset - best
 }
 
 fn parse_key(key: &str) -> (usize, usize) {
