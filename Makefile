@@ -6,15 +6,16 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-rust test-python example-python bench clean
+.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python example-python bench clean
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
 run:
 	$(CARGO) run --release --locked -- serve
 
-## Every test: formatting, lints, the proto lint, the Prometheus rules, Rust unit and integration
-## tests (real Redis processes started by the tests), and the Python client's tests against a real gate.
-test: deps lint test-deploy test-rust test-python
+## Every test: formatting, lints, the proto lint, the Prometheus rules, the Kubernetes manifests,
+## Rust unit and integration tests (real Redis processes, Cluster and Sentinel deployments started by
+## the tests), and the Python client's tests against a real gate.
+test: deps lint test-deploy test-deploy-k8s test-rust test-python
 
 ## Installs redis-server and promtool (Debian's prometheus package) when they are missing.
 deps:
@@ -65,6 +66,18 @@ example-python: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate
 
+## Every Kubernetes manifest under deploy/, rendered (kubectl kustomize, when kubectl exists) and
+## validated offline against the Kubernetes schemas (kubernetes-validate from PyPI, own venv).
+DEPLOY_VENV := .venv-deploy
+
+$(DEPLOY_VENV)/.installed:
+	$(PYTHON) -m venv $(DEPLOY_VENV)
+	$(DEPLOY_VENV)/bin/pip install -q 'kubernetes-validate==1.37.0'
+	touch $@
+
+test-deploy-k8s: $(DEPLOY_VENV)/.installed
+	deploy/validate.sh $(CURDIR)/$(DEPLOY_VENV)/bin/kubernetes-validate
+
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV) oncegate-data
+	rm -rf $(VENV) $(DEPLOY_VENV) oncegate-data

@@ -1,9 +1,11 @@
 //! The command line: `oncegate serve` and `oncegate fingerprint`. Every flag has an environment
 //! fallback and shows in `--help`, which is the reference.
 
-use std::{net::SocketAddr, path::PathBuf};
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::store::redis::{RedisOptions, Topology};
 
 /// oncegate: perform each side-effecting action of an AI agent at most once.
 ///
@@ -21,7 +23,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gate's gRPC server.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Print the fingerprint the gate computes for an action, offline.
     Fingerprint(FingerprintArgs),
 }
@@ -43,10 +45,53 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCEGATE_LISTEN", default_value = "127.0.0.1:50051")]
     pub listen: SocketAddr,
 
-    /// Redis URL (redis://[user:pass@]host:port[/db], rediss:// for TLS). Without it the gate uses
-    /// the embedded store under --data-dir.
+    /// Redis URL (redis://[user:pass@]host:port[/db], rediss:// for TLS) of a standalone Redis.
+    /// Without it (and without --redis-cluster-nodes or --redis-sentinels) the gate uses the
+    /// embedded store under --data-dir.
     #[arg(long, env = "ONCEGATE_REDIS_URL")]
     pub redis_url: Option<String>,
+
+    /// Redis Cluster seed nodes, comma-separated host:port (or redis:// URLs); the gate discovers
+    /// the rest. Excludes --redis-url and --redis-sentinels.
+    #[arg(long, env = "ONCEGATE_REDIS_CLUSTER_NODES", value_delimiter = ',')]
+    pub redis_cluster_nodes: Vec<String>,
+
+    /// Redis Sentinel addresses, comma-separated host:port (or redis:// URLs with the sentinels'
+    /// own credentials); needs --redis-sentinel-master. Excludes --redis-url and
+    /// --redis-cluster-nodes.
+    #[arg(long, env = "ONCEGATE_REDIS_SENTINELS", value_delimiter = ',')]
+    pub redis_sentinels: Vec<String>,
+
+    /// The name Sentinel knows the master by (`sentinel monitor <name> ...`).
+    #[arg(long, env = "ONCEGATE_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
+
+    /// Username for the Redis data nodes (Cluster nodes, the Sentinel-managed master, or the
+    /// --redis-url server), unless their URL names one.
+    #[arg(long, env = "ONCEGATE_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+
+    /// Password for the Redis data nodes, unless their URL names one. Prefer the environment
+    /// variable (from a Secret) to the flag, which shows in process lists.
+    #[arg(long, env = "ONCEGATE_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+
+    /// Durability level: replicas that must confirm every state change (Redis WAIT) before it is
+    /// acknowledged. When fewer confirm, a grant is not handed out and a Complete returns
+    /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas.
+    #[arg(long, env = "ONCEGATE_DURABILITY_REPLICAS", default_value_t = 0)]
+    pub durability_replicas: u32,
+
+    /// How long WAIT lets the replicas take, in milliseconds; must be below --store-timeout-ms.
+    #[arg(long, env = "ONCEGATE_DURABILITY_TIMEOUT_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub durability_timeout_ms: u64,
+
+    /// Sentinel only: how often the master's ROLE and the sentinels' answer are re-checked, in
+    /// milliseconds (failover events are followed at once; this catches missed ones).
+    #[arg(long, env = "ONCEGATE_REDIS_SENTINEL_CHECK_MS", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub redis_sentinel_check_ms: u64,
 
     /// Directory of the embedded store's file (created if missing). Ignored with --redis-url.
     #[arg(long, env = "ONCEGATE_DATA_DIR", default_value = "oncegate-data")]
@@ -114,4 +159,67 @@ pub struct FingerprintArgs {
     /// The policies file, so the action's key fields apply exactly as on the server.
     #[arg(long, env = "ONCEGATE_CONFIG")]
     pub config: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// The Redis deployment to use, `None` for the embedded store. Exactly one of --redis-url,
+    /// --redis-cluster-nodes and --redis-sentinels may be set; the error names the settings.
+    pub fn redis_topology(&self) -> Result<Option<Topology>, String> {
+        let set = [
+            self.redis_url.is_some(),
+            !self.redis_cluster_nodes.is_empty(),
+            !self.redis_sentinels.is_empty(),
+        ];
+        if set.iter().filter(|s| **s).count() > 1 {
+            return Err("set only one of --redis-url, --redis-cluster-nodes and --redis-sentinels \
+                        (ONCEGATE_REDIS_URL, ONCEGATE_REDIS_CLUSTER_NODES, ONCEGATE_REDIS_SENTINELS)"
+                .into());
+        }
+        let blank = |list: &[String]| list.iter().any(|n| n.trim().is_empty());
+        if blank(&self.redis_cluster_nodes) || blank(&self.redis_sentinels) {
+            return Err(
+                "--redis-cluster-nodes / --redis-sentinels: empty address in the list".into(),
+            );
+        }
+        if self.redis_sentinels.is_empty() != self.redis_sentinel_master.is_none() {
+            return Err("--redis-sentinels and --redis-sentinel-master go together".into());
+        }
+        let topology = if let Some(url) = &self.redis_url {
+            Topology::Standalone { url: url.clone() }
+        } else if !self.redis_cluster_nodes.is_empty() {
+            Topology::Cluster {
+                nodes: self.redis_cluster_nodes.clone(),
+            }
+        } else if let Some(master) = &self.redis_sentinel_master {
+            Topology::Sentinel {
+                sentinels: self.redis_sentinels.clone(),
+                master: master.clone(),
+            }
+        } else {
+            if self.durability_replicas > 0 {
+                return Err(
+                    "--durability-replicas needs Redis with replicas; the embedded store has none"
+                        .into(),
+                );
+            }
+            return Ok(None);
+        };
+        if self.durability_timeout_ms >= self.store_timeout_ms {
+            return Err("--durability-timeout-ms must be below --store-timeout-ms".into());
+        }
+        Ok(Some(topology))
+    }
+
+    /// The Redis connection settings these flags describe.
+    pub fn redis_options(&self) -> RedisOptions {
+        RedisOptions {
+            call_timeout: Duration::from_millis(self.store_timeout_ms),
+            durability_replicas: self.durability_replicas,
+            durability_timeout: Duration::from_millis(self.durability_timeout_ms),
+            sentinel_check_interval: Duration::from_millis(self.redis_sentinel_check_ms),
+            username: self.redis_username.clone(),
+            password: self.redis_password.clone(),
+            ..RedisOptions::default()
+        }
+    }
 }

@@ -40,6 +40,9 @@ pub struct TokenAnswer {
     pub fingerprint: String,
     pub provider_key: String,
     pub outcome: TokenOutcome,
+    /// Replicas that confirmed the grant before it was handed out (Redis `WAIT`; 0 without a
+    /// durability level).
+    pub replicas_acknowledged: u32,
 }
 
 /// The gate over one store. Cheap to clone.
@@ -89,9 +92,17 @@ impl Gate {
             Err(e) => return Err(self.invalid_attempt(&call.action, e)),
         };
         telemetry::record_action(&key.agent_id, &key.run_id, Some(&call.action), &key.key);
-        let reply = self
-            .timed("request_token", self.store.request_token(&key, &request))
+        let durability = self
+            .policies
+            .for_action(&call.action)
+            .map_or(0, |p| p.durability_replicas);
+        let acked = self
+            .timed(
+                "request_token",
+                self.store.request_token_durable(&key, &request, durability),
+            )
             .await?;
+        let reply = acked.reply;
         if let Some(decision) = token_decision(&reply.result) {
             self.metrics
                 .attempt(self.policy_name(&call.action), decision);
@@ -103,6 +114,7 @@ impl Gate {
             key,
             fingerprint: request.fingerprint,
             outcome,
+            replicas_acknowledged: acked.replicas,
         })
     }
 
@@ -220,9 +232,14 @@ impl Gate {
                 ),
             ));
         }
+        let durability = self.policies.highest_durability();
         let reply = self
-            .timed("complete", self.store.complete(key, token, receipt))
-            .await?;
+            .timed(
+                "complete",
+                self.store.complete_durable(key, token, receipt, durability),
+            )
+            .await?
+            .reply;
         match &reply.result {
             Ok(done) => {
                 if done.recorded {
@@ -264,9 +281,14 @@ impl Gate {
         self.check_ref(key)?;
         self.check_token(token)?;
         telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
+        let durability = self.policies.highest_durability();
         let reply = self
-            .timed("release", self.store.release(key, token))
-            .await?;
+            .timed(
+                "release",
+                self.store.release_durable(key, token, durability),
+            )
+            .await?
+            .reply;
         match &reply.result {
             Ok(fencing) => {
                 self.metrics.release(reason);
@@ -303,9 +325,14 @@ impl Gate {
             }
             Some(ms) => ms,
         };
+        let durability = self.policies.highest_durability();
         let reply = self
-            .timed("extend_lease", self.store.extend_lease(key, token, ttl))
-            .await?;
+            .timed(
+                "extend_lease",
+                self.store.extend_lease_durable(key, token, ttl, durability),
+            )
+            .await?
+            .reply;
         match &reply.result {
             Ok(_) => telemetry::record_decision("extended"),
             Err(refusal) => audit_refusal("extend_lease", key, refusal),

@@ -3,7 +3,8 @@
 //! Reading order (see ARCHITECTURE.md):
 //! - [`fingerprint`]: params → key fields → RFC 8785 → SHA-256 → `v1-…`. No IO.
 //! - [`ledger`]: the action state machine, `(record, request, now) → (reply, write)`. No IO.
-//! - [`store`]: the Store contract and its two members, embedded (redb) and Redis (Lua).
+//! - [`store`]: the Store contract and its two members, embedded (redb) and Redis (Lua; standalone,
+//!   Cluster or Sentinel).
 //! - [`policy`]: the action policies file (key fields, lease, retention, expiry policy).
 //! - [`gate`]: validation, fingerprinting and policy around one store call. No gRPC types.
 //! - [`error`]: the domain errors and their one translation to `tonic::Status`.

@@ -14,7 +14,7 @@ use oncegate::{
     store::{
         Store,
         embedded::{EmbeddedStore, system_clock},
-        redis::{RedisOptions, RedisStore},
+        redis::RedisStore,
     },
     telemetry,
 };
@@ -52,7 +52,7 @@ fn main() -> ExitCode {
             // Inside the runtime: an OTLP exporter's channel lives on it.
             let _runtime = runtime.enter();
             let _telemetry = telemetry::init(args.log_format, args.otlp_endpoint());
-            runtime.block_on(serve(args))
+            runtime.block_on(serve(*args))
         }
     }
 }
@@ -111,12 +111,29 @@ async fn serve(args: ServeArgs) -> ExitCode {
         tracing::error!("bad configuration: --metrics-other-action-label: {e}");
         return ExitCode::from(EX_USAGE);
     }
-    let store = match &args.redis_url {
-        Some(url) => {
-            let options = RedisOptions {
-                call_timeout: Duration::from_millis(args.store_timeout_ms),
-            };
-            RedisStore::connect(url, options).await.map(Store::Redis)
+    let topology = match args.redis_topology() {
+        Ok(topology) => topology,
+        Err(e) => {
+            tracing::error!("bad configuration: {e}");
+            return ExitCode::from(EX_USAGE);
+        }
+    };
+    if topology.is_none() && policies.highest_durability() > 0 {
+        tracing::error!(
+            "bad configuration: a policy sets durability_replicas, which needs Redis with replicas"
+        );
+        return ExitCode::from(EX_USAGE);
+    }
+    let store = match &topology {
+        Some(topology) => {
+            let mut options = args.redis_options();
+            if args.durability_replicas == 0 && policies.highest_durability() == 0 {
+                // Nothing ever waits for replicas: no connections reserved for WAIT.
+                options.wait_lanes = 0;
+            }
+            RedisStore::connect_to(topology, options)
+                .await
+                .map(Store::Redis)
         }
         None => EmbeddedStore::open(&args.data_dir, system_clock()).map(Store::Embedded),
     };
@@ -169,7 +186,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .map(|a| a.to_string())
         .unwrap_or_default();
     println!("listening on {addr}");
-    tracing::info!(%addr, store = if args.redis_url.is_some() { "redis" } else { "embedded" }, "oncegate serving");
+    let store_name = topology.as_ref().map_or("embedded", |t| t.name());
+    tracing::info!(%addr, store = store_name, durability_replicas = args.durability_replicas, "oncegate serving");
     let options = ServerOptions {
         drain_timeout: Duration::from_secs(args.drain_seconds),
         ..ServerOptions::default()

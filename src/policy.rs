@@ -34,6 +34,7 @@ struct PolicyTable {
     retention_seconds: Option<f64>,
     sliding: Option<bool>,
     on_expiry: Option<OnExpiry>,
+    durability_replicas: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -56,6 +57,9 @@ pub struct ActionPolicy {
     pub retention: Millis,
     pub sliding: bool,
     pub on_expiry: OnExpiry,
+    /// Replicas that must confirm this action's grants (Redis `WAIT`); the deployment's
+    /// `--durability-replicas` applies when it is higher. 0: this policy asks for none.
+    pub durability_replicas: u32,
 }
 
 /// Input limits (SPEC.md "Defaults").
@@ -112,6 +116,7 @@ fn builtin_defaults() -> ActionPolicy {
         retention: 24 * 3600 * 1000,
         sliding: true,
         on_expiry: OnExpiry::Reconcile,
+        durability_replicas: 0,
     }
 }
 
@@ -200,6 +205,16 @@ impl Policies {
         (!self.strict).then_some(&self.defaults)
     }
 
+    /// The highest durability level any policy asks for: Complete, Release and ExtendLease name no
+    /// action, so they wait for this many replicas (or the deployment's level, if higher).
+    pub fn highest_durability(&self) -> u32 {
+        self.exact
+            .values()
+            .chain(self.prefixes.iter().map(|(_, p)| p))
+            .map(|p| p.durability_replicas)
+            .fold(self.defaults.durability_replicas, u32::max)
+    }
+
     /// The names of every configured policy (bounded, for metric labels).
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.exact
@@ -256,6 +271,9 @@ fn resolve(
             .unwrap_or(base.retention),
         sliding: table.sliding.unwrap_or(base.sliding),
         on_expiry: table.on_expiry.unwrap_or(base.on_expiry),
+        durability_replicas: table
+            .durability_replicas
+            .unwrap_or(base.durability_replicas),
     })
 }
 
@@ -311,6 +329,20 @@ mod tests {
         let other = p.for_action("email.send").unwrap();
         assert_eq!(other.name, None);
         assert_eq!(other.key_fields, KeyFields::All);
+    }
+
+    #[test]
+    fn durability_is_inherited_and_the_highest_is_known() {
+        let p = Policies::parse(
+            "[defaults]\ndurability_replicas = 1\n[actions.\"pay.*\"]\ndurability_replicas = 2\n[actions.\"log\"]\ndurability_replicas = 0\n[actions.\"x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(p.for_action("pay.eu").unwrap().durability_replicas, 2);
+        assert_eq!(p.for_action("log").unwrap().durability_replicas, 0);
+        assert_eq!(p.for_action("x").unwrap().durability_replicas, 1);
+        assert_eq!(p.for_action("other").unwrap().durability_replicas, 1);
+        assert_eq!(p.highest_durability(), 2);
+        assert_eq!(Policies::default().highest_durability(), 0);
     }
 
     #[test]

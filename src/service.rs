@@ -114,6 +114,7 @@ impl ActionGateService for GateService {
                     fencing: grant.fencing,
                     lease_expires_at: Some(timestamp(grant.lease_expires_at)),
                     provider_key: answer.provider_key,
+                    replicas_acknowledged: answer.replicas_acknowledged,
                 });
             }
             TokenOutcome::AlreadyCompleted(done) => {

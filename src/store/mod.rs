@@ -33,6 +33,17 @@ pub struct Reply<T> {
     pub result: Result<T, Refusal>,
 }
 
+/// A state change and how many replicas confirmed it before it was acknowledged (Redis `WAIT`).
+/// A store only returns it when at least the asked number confirmed; otherwise the call fails
+/// closed with [`StoreError::Unavailable`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acked<T> {
+    /// The step's reply.
+    pub reply: Reply<T>,
+    /// Replicas that confirmed the change; 0 when none was asked for or the store has none.
+    pub replicas: u32,
+}
+
 /// Why a store call failed. Client mistakes are never store errors: they are [`Refusal`]s.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -59,7 +70,7 @@ pub struct Durability {
 pub enum Store {
     /// The durable single-node file store (redb), the default.
     Embedded(embedded::EmbeddedStore),
-    /// Redis standalone (Lua scripts, one round trip per step).
+    /// Redis: standalone, Cluster or Sentinel (Lua scripts, one round trip per step).
     Redis(redis::RedisStore),
 }
 
@@ -107,6 +118,85 @@ impl Store {
         dispatch!(self, s => s.extend_lease(key, token, ttl).await)
     }
 
+    /// [`Store::request_token`] that waits for `replicas` replicas (or the deployment's level, if
+    /// higher) before a grant is handed out; fails closed when fewer confirm.
+    pub async fn request_token_durable(
+        &self,
+        key: &ActionKey,
+        req: &TokenRequest,
+        replicas: u32,
+    ) -> Result<Acked<TokenOutcome>, StoreError> {
+        match self {
+            Store::Embedded(s) => {
+                unreplicated(replicas)?;
+                Ok(Acked {
+                    reply: s.request_token(key, req).await?,
+                    replicas: 0,
+                })
+            }
+            Store::Redis(s) => s.request_token_durable(key, req, replicas).await,
+        }
+    }
+
+    /// [`Store::complete`] that waits for replicas the same way.
+    pub async fn complete_durable(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        receipt: &[u8],
+        replicas: u32,
+    ) -> Result<Acked<CompleteOutcome>, StoreError> {
+        match self {
+            Store::Embedded(s) => {
+                unreplicated(replicas)?;
+                Ok(Acked {
+                    reply: s.complete(key, token, receipt).await?,
+                    replicas: 0,
+                })
+            }
+            Store::Redis(s) => s.complete_durable(key, token, receipt, replicas).await,
+        }
+    }
+
+    /// [`Store::release`] that waits for replicas the same way.
+    pub async fn release_durable(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        replicas: u32,
+    ) -> Result<Acked<u64>, StoreError> {
+        match self {
+            Store::Embedded(s) => {
+                unreplicated(replicas)?;
+                Ok(Acked {
+                    reply: s.release(key, token).await?,
+                    replicas: 0,
+                })
+            }
+            Store::Redis(s) => s.release_durable(key, token, replicas).await,
+        }
+    }
+
+    /// [`Store::extend_lease`] that waits for replicas the same way.
+    pub async fn extend_lease_durable(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        ttl: Millis,
+        replicas: u32,
+    ) -> Result<Acked<Millis>, StoreError> {
+        match self {
+            Store::Embedded(s) => {
+                unreplicated(replicas)?;
+                Ok(Acked {
+                    reply: s.extend_lease(key, token, ttl).await?,
+                    replicas: 0,
+                })
+            }
+            Store::Redis(s) => s.extend_lease_durable(key, token, ttl, replicas).await,
+        }
+    }
+
     /// Read an action as it stands.
     pub async fn get(&self, key: &ActionKey) -> Result<Reply<ActionView>, StoreError> {
         dispatch!(self, s => s.get(key).await)
@@ -121,4 +211,16 @@ impl Store {
     pub async fn durability(&self) -> Result<Durability, StoreError> {
         dispatch!(self, s => s.durability().await)
     }
+}
+
+/// The embedded store has no replicas: a durability level above 0 cannot be met, so the call
+/// fails closed before anything is written (start-up refuses that configuration; this is the
+/// last line).
+fn unreplicated(replicas: u32) -> Result<(), StoreError> {
+    if replicas > 0 {
+        return Err(StoreError::Unavailable(format!(
+            "durability level {replicas} needs Redis replicas; the embedded store has none"
+        )));
+    }
+    Ok(())
 }

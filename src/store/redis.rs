@@ -2,14 +2,22 @@
 //! and writing are one atomic step across any number of gate replicas. The scripts under
 //! `redis/` mirror [`crate::ledger`]; the conformance suite holds them to it.
 //!
-//! Owns: the connection (a multiplexed, self-reconnecting `ConnectionManager`), the per-call
-//! deadline, and decoding script replies (in [`decode`], the one place). Does not decide anything.
+//! Owns: the per-call deadline, the durability level (`WAIT` after state changes, checked here),
+//! and decoding script replies (in [`decode`], the one place). Does not decide anything. The
+//! connection to standalone, Cluster or Sentinel deployments is [`connection`]'s.
+
+mod connection;
+mod sentinel;
 
 use std::{sync::Arc, time::Duration};
 
-use redis::{Script, Value, aio::ConnectionManager};
+use redis::{Script, Value};
 
-use super::{ActionKey, Durability, Reply, StoreError};
+pub use connection::Topology;
+use connection::{Conn, Wait};
+pub use sentinel::FAILOVER_PAUSE;
+
+use super::{Acked, ActionKey, Durability, Reply, StoreError};
 use crate::fingerprint;
 use crate::ledger::{
     ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Refusal, Source,
@@ -25,6 +33,8 @@ struct Scripts {
     release: Script,
     extend_lease: Script,
     get: Script,
+    /// Not a transition: a no-op write that lets `WAIT` cover an earlier write (see the file).
+    sync: Script,
 }
 
 impl Scripts {
@@ -36,6 +46,7 @@ impl Scripts {
             release: with_prelude(include_str!("redis/release.lua")),
             extend_lease: with_prelude(include_str!("redis/extend_lease.lua")),
             get: with_prelude(include_str!("redis/get.lua")),
+            sync: Script::new(include_str!("redis/sync.lua")),
         }
     }
 }
@@ -45,12 +56,32 @@ impl Scripts {
 pub struct RedisOptions {
     /// Deadline for one store call, connection included; past it the call fails closed.
     pub call_timeout: Duration,
+    /// The deployment's durability level: every state change waits (`WAIT`) for at least this
+    /// many replicas before it is acknowledged; a policy may ask for more. 0: no waiting.
+    pub durability_replicas: u32,
+    /// How long `WAIT` lets the replicas take (below `call_timeout`); past it, too few confirmed.
+    pub durability_timeout: Duration,
+    /// Connections reserved for calls that wait for replicas (each `WAIT` blocks its connection);
+    /// 0 when no durability level is configured anywhere.
+    pub wait_lanes: usize,
+    /// Sentinel: how often the master's `ROLE` and the sentinels' answer are checked.
+    pub sentinel_check_interval: Duration,
+    /// Username for the data nodes, unless their URL names one.
+    pub username: Option<String>,
+    /// Password for the data nodes, unless their URL names one.
+    pub password: Option<String>,
 }
 
 impl Default for RedisOptions {
     fn default() -> Self {
         Self {
             call_timeout: Duration::from_secs(2),
+            durability_replicas: 0,
+            durability_timeout: Duration::from_secs(1),
+            wait_lanes: 4,
+            sentinel_check_interval: Duration::from_secs(1),
+            username: None,
+            password: None,
         }
     }
 }
@@ -58,28 +89,32 @@ impl Default for RedisOptions {
 /// A cheap, cloneable handle on one Redis deployment.
 #[derive(Clone)]
 pub struct RedisStore {
-    conn: ConnectionManager,
+    conn: Conn,
     scripts: Arc<Scripts>,
     options: RedisOptions,
 }
 
 impl RedisStore {
-    /// Connects to `url` (`redis://`, `rediss://`, `unix://`). Fails when Redis cannot be reached
-    /// within the call timeout; once connected, the handle reconnects by itself.
+    /// Connects to the standalone Redis at `url` (`redis://`, `rediss://`, `unix://`).
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.call_timeout))
-            .set_response_timeout(Some(options.call_timeout))
-            .set_number_of_retries(1);
-        let conn = tokio::time::timeout(
-            options.call_timeout,
-            ConnectionManager::new_with_config(client, config),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable("timed out connecting to Redis".into()))?
-        .map_err(unavailable)?;
+        Self::connect_to(&Topology::Standalone { url: url.into() }, options).await
+    }
+
+    /// Connects to `topology`. Fails when Redis cannot be reached within the call timeout; once
+    /// connected, the handle reconnects (and, with Sentinel, follows failovers) by itself.
+    pub async fn connect_to(
+        topology: &Topology,
+        options: RedisOptions,
+    ) -> Result<Self, StoreError> {
+        let conn = tokio::time::timeout(options.call_timeout, Conn::connect(topology, &options))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "timed out connecting to Redis ({})",
+                    topology.name()
+                ))
+            })?
+            .map_err(unavailable)?;
         Ok(Self {
             conn,
             scripts: Arc::new(Scripts::load()),
@@ -87,34 +122,78 @@ impl RedisStore {
         })
     }
 
+    /// The `WAIT` a state change needs: the deployment's level or the policy's, whichever is higher.
+    fn wait_for(&self, replicas: u32) -> Option<Wait> {
+        let replicas = replicas.max(self.options.durability_replicas);
+        (replicas > 0).then_some(Wait {
+            replicas,
+            timeout: self.options.durability_timeout,
+        })
+    }
+
+    async fn run_raw(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Value, u32), StoreError> {
+        let mut invocation = script.key(key.redis_key());
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, wait))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable("Redis did not answer within the call timeout".into())
+            })?
+            .map_err(classify)
+    }
+
     async fn run(
         &self,
         script: &Script,
         key: &ActionKey,
         args: &[&[u8]],
-    ) -> Result<(Millis, Decoded), StoreError> {
-        let mut invocation = script.key(key.redis_key());
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let mut conn = self.conn.clone();
-        let value: Value = tokio::time::timeout(
-            self.options.call_timeout,
-            invocation.invoke_async(&mut conn),
-        )
-        .await
-        .map_err(|_| {
-            StoreError::Unavailable("Redis did not answer within the call timeout".into())
-        })?
-        .map_err(classify)?;
-        decode(value)
+        wait: Option<Wait>,
+    ) -> Result<(Millis, Decoded, u32), StoreError> {
+        let (value, acknowledged) = self.run_raw(script, key, args, wait).await?;
+        let (now, decoded) = decode(value)?;
+        Ok((now, decoded, acknowledged))
     }
 
+    /// For a reply that hands out or confirms an earlier write (a re-delivered grant, a repeated
+    /// Complete): a no-op write plus `WAIT`, so the count covers that earlier write too.
+    async fn sync(
+        &self,
+        key: &ActionKey,
+        wait: Option<Wait>,
+        acknowledged: u32,
+    ) -> Result<u32, StoreError> {
+        if wait.is_none() {
+            return Ok(acknowledged);
+        }
+        Ok(self.run_raw(&self.scripts.sync, key, &[], wait).await?.1)
+    }
+
+    /// RequestToken at the deployment's durability level.
     pub async fn request_token(
         &self,
         key: &ActionKey,
         req: &TokenRequest,
     ) -> Result<Reply<TokenOutcome>, StoreError> {
+        Ok(self.request_token_durable(key, req, 0).await?.reply)
+    }
+
+    /// RequestToken; a grant is handed out only once `replicas` replicas (or the deployment's
+    /// level, if higher) confirmed it. Otherwise UNAVAILABLE: the record stays AUTHORIZED until
+    /// its lease ends, and nobody holds its token.
+    pub async fn request_token_durable(
+        &self,
+        key: &ActionKey,
+        req: &TokenRequest,
+        replicas: u32,
+    ) -> Result<Acked<TokenOutcome>, StoreError> {
         let (lease, retention) = (req.lease.to_string(), req.retention.to_string());
         let on_expiry = match req.on_expiry {
             OnExpiry::Reconcile => "reconcile",
@@ -130,9 +209,18 @@ impl RedisStore {
             if req.sliding { b"1" } else { b"0" },
             on_expiry.as_bytes(),
         ];
-        let (now, decoded) = self.run(&self.scripts.request_token, key, &args).await?;
+        let wait = self.wait_for(replicas);
+        let (now, decoded, mut acknowledged) = self
+            .run(&self.scripts.request_token, key, &args, wait)
+            .await?;
         let result = match decoded {
-            Decoded::Granted(grant, kind) => Ok(TokenOutcome::Granted(grant, kind)),
+            Decoded::Granted(grant, kind) => {
+                if kind == GrantKind::Redelivered {
+                    acknowledged = self.sync(key, wait, acknowledged).await?;
+                }
+                confirmed(wait, acknowledged, "grant")?;
+                Ok(TokenOutcome::Granted(grant, kind))
+            }
             Decoded::Completed { completion, .. } => Ok(TokenOutcome::AlreadyCompleted(completion)),
             Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
                 differing: fingerprint::differing_fields(&stored, &req.digests),
@@ -140,70 +228,140 @@ impl RedisStore {
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("request_token", &other)),
         };
-        Ok(Reply { now, result })
+        Ok(Acked {
+            reply: Reply { now, result },
+            replicas: acknowledged,
+        })
     }
 
+    /// Complete at the deployment's durability level.
     pub async fn complete(
         &self,
         key: &ActionKey,
         token: &str,
         receipt: &[u8],
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
-        let (now, decoded) = self
-            .run(&self.scripts.complete, key, &[token.as_bytes(), receipt])
+        Ok(self.complete_durable(key, token, receipt, 0).await?.reply)
+    }
+
+    /// Complete; acknowledged only once enough replicas confirmed the completion (a repeated
+    /// Complete checks the stored one), else UNAVAILABLE so that the worker retries it.
+    pub async fn complete_durable(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        receipt: &[u8],
+        replicas: u32,
+    ) -> Result<Acked<CompleteOutcome>, StoreError> {
+        let wait = self.wait_for(replicas);
+        let (now, decoded, mut acknowledged) = self
+            .run(
+                &self.scripts.complete,
+                key,
+                &[token.as_bytes(), receipt],
+                wait,
+            )
             .await?;
         let result = match decoded {
             Decoded::Completed {
                 completion,
                 recorded,
                 double_execution,
-            } => Ok(CompleteOutcome {
-                completion,
-                recorded,
-                double_execution,
-            }),
+            } => {
+                if !recorded {
+                    acknowledged = self.sync(key, wait, acknowledged).await?;
+                }
+                confirmed(wait, acknowledged, "completion")?;
+                Ok(CompleteOutcome {
+                    completion,
+                    recorded,
+                    double_execution,
+                })
+            }
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("complete", &other)),
         };
-        Ok(Reply { now, result })
+        Ok(Acked {
+            reply: Reply { now, result },
+            replicas: acknowledged,
+        })
     }
 
+    /// Release at the deployment's durability level.
     pub async fn release(&self, key: &ActionKey, token: &str) -> Result<Reply<u64>, StoreError> {
-        let (now, decoded) = self
-            .run(&self.scripts.release, key, &[token.as_bytes()])
+        Ok(self.release_durable(key, token, 0).await?.reply)
+    }
+
+    /// Release, acknowledged once enough replicas confirmed it.
+    pub async fn release_durable(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        replicas: u32,
+    ) -> Result<Acked<u64>, StoreError> {
+        let wait = self.wait_for(replicas);
+        let (now, decoded, acknowledged) = self
+            .run(&self.scripts.release, key, &[token.as_bytes()], wait)
             .await?;
         let result = match decoded {
-            Decoded::Released(fencing) => Ok(fencing),
+            Decoded::Released(fencing) => {
+                confirmed(wait, acknowledged, "release")?;
+                Ok(fencing)
+            }
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("release", &other)),
         };
-        Ok(Reply { now, result })
+        Ok(Acked {
+            reply: Reply { now, result },
+            replicas: acknowledged,
+        })
     }
 
+    /// ExtendLease at the deployment's durability level.
     pub async fn extend_lease(
         &self,
         key: &ActionKey,
         token: &str,
         ttl: Millis,
     ) -> Result<Reply<Millis>, StoreError> {
+        Ok(self.extend_lease_durable(key, token, ttl, 0).await?.reply)
+    }
+
+    /// ExtendLease, acknowledged once enough replicas confirmed it (a lost extension would let
+    /// the lease end early on the new master after a failover).
+    pub async fn extend_lease_durable(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        ttl: Millis,
+        replicas: u32,
+    ) -> Result<Acked<Millis>, StoreError> {
+        let wait = self.wait_for(replicas);
         let ttl = ttl.to_string();
-        let (now, decoded) = self
+        let (now, decoded, acknowledged) = self
             .run(
                 &self.scripts.extend_lease,
                 key,
                 &[token.as_bytes(), ttl.as_bytes()],
+                wait,
             )
             .await?;
         let result = match decoded {
-            Decoded::Extended(at) => Ok(at),
+            Decoded::Extended(at) => {
+                confirmed(wait, acknowledged, "lease extension")?;
+                Ok(at)
+            }
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("extend_lease", &other)),
         };
-        Ok(Reply { now, result })
+        Ok(Acked {
+            reply: Reply { now, result },
+            replicas: acknowledged,
+        })
     }
 
     pub async fn get(&self, key: &ActionKey) -> Result<Reply<ActionView>, StoreError> {
-        let (now, decoded) = self.run(&self.scripts.get, key, &[]).await?;
+        let (now, decoded, _) = self.run(&self.scripts.get, key, &[], None).await?;
         match decoded {
             Decoded::View(view) => Ok(Reply {
                 now,
@@ -214,10 +372,9 @@ impl RedisStore {
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let mut conn = self.conn.clone();
         tokio::time::timeout(
             self.options.call_timeout,
-            redis::cmd("PING").query_async::<String>(&mut conn),
+            self.conn.query(&redis::cmd("PING")),
         )
         .await
         .map_err(|_| StoreError::Unavailable("Redis did not answer PING in time".into()))?
@@ -227,14 +384,17 @@ impl RedisStore {
 
     /// Reads `appendonly` and `save`; a managed Redis that refuses CONFIG is reported as unknown.
     pub async fn durability(&self) -> Result<Durability, StoreError> {
-        let mut conn = self.conn.clone();
-        let config: Result<Vec<String>, _> = redis::cmd("CONFIG")
-            .arg("GET")
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET")
             .arg("appendonly")
             .arg("appendfsync")
-            .arg("save")
-            .query_async(&mut conn)
-            .await;
+            .arg("save");
+        let config: Result<Vec<String>, _> =
+            tokio::time::timeout(self.options.call_timeout, self.conn.query(&get))
+                .await
+                .map_err(|_| ())
+                .and_then(|r| r.map_err(|_| ()))
+                .and_then(|v| redis::from_redis_value(v).map_err(|_| ()));
         let Ok(pairs) = config else {
             return Ok(Durability {
                 persistent: false,
@@ -259,6 +419,18 @@ impl RedisStore {
             persistent: aof || !save.is_empty(),
             summary,
         })
+    }
+}
+
+/// Fails closed when fewer replicas than asked confirmed a state change.
+fn confirmed(wait: Option<Wait>, acknowledged: u32, what: &str) -> Result<(), StoreError> {
+    match wait {
+        Some(wait) if acknowledged < wait.replicas => Err(StoreError::Unavailable(format!(
+            "only {acknowledged} of {} replicas confirmed the {what} within {} ms; not acknowledged",
+            wait.replicas,
+            wait.timeout.as_millis()
+        ))),
+        _ => Ok(()),
     }
 }
 

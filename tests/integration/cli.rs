@@ -117,3 +117,82 @@ fn help_documents_every_flag_with_its_environment_variable() {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
 }
+
+#[test]
+fn redis_topology_is_validated_once_and_exits_64() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().to_str().unwrap();
+    let policy = write_file(
+        dir.path(),
+        "p.toml",
+        "[actions.\"pay\"]\ndurability_replicas = 1\n",
+    );
+    for (args, needle) in [
+        (
+            vec![
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--redis-cluster-nodes",
+                "127.0.0.1:2",
+            ],
+            "only one of",
+        ),
+        (
+            vec!["--redis-sentinels", "127.0.0.1:26379"],
+            "--redis-sentinel-master",
+        ),
+        (vec!["--redis-sentinel-master", "m"], "go together"),
+        (vec!["--durability-replicas", "1"], "needs Redis"),
+        (
+            vec!["--config", policy.to_str().unwrap()],
+            "durability_replicas",
+        ),
+        (
+            vec![
+                "--redis-url",
+                "redis://127.0.0.1:1",
+                "--durability-timeout-ms",
+                "3000",
+            ],
+            "below --store-timeout-ms",
+        ),
+    ] {
+        let mut all = vec!["serve", "--listen", "127.0.0.1:0", "--data-dir", data];
+        all.extend(args.iter().copied());
+        let out = oncegate(&all);
+        assert_eq!(out.status.code(), Some(64), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+    // The environment counts like the flags.
+    let out = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", data])
+        .env("ONCEGATE_REDIS_URL", "redis://127.0.0.1:1")
+        .env("ONCEGATE_REDIS_SENTINELS", "127.0.0.1:26379")
+        .env("ONCEGATE_REDIS_SENTINEL_MASTER", "m")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[test]
+fn help_documents_the_topology_and_durability_flags() {
+    let out = oncegate(&["serve", "--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--redis-cluster-nodes",
+        "ONCEGATE_REDIS_CLUSTER_NODES",
+        "--redis-sentinels",
+        "ONCEGATE_REDIS_SENTINELS",
+        "--redis-sentinel-master",
+        "ONCEGATE_REDIS_SENTINEL_MASTER",
+        "--redis-username",
+        "--redis-password",
+        "--durability-replicas",
+        "ONCEGATE_DURABILITY_REPLICAS",
+        "--durability-timeout-ms",
+        "--redis-sentinel-check-ms",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from --help");
+    }
+}

@@ -156,3 +156,13 @@ async fn embedded_random_sequences_match_the_model() {
 async fn redis_random_sequences_match_the_model() {
     random_sequences_match_the_model(Kind::Redis).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_random_sequences_match_the_model() {
+    random_sequences_match_the_model(Kind::Cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_random_sequences_match_the_model() {
+    random_sequences_match_the_model(Kind::Sentinel).await;
+}

@@ -5,6 +5,8 @@ mod cli;
 mod client;
 mod conformance;
 mod deploy;
+mod durability;
+mod failover;
 mod failures;
 mod metrics;
 mod races;

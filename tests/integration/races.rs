@@ -1,79 +1,103 @@
-//! Concurrency: many real clients racing for the same action, across two gate processes sharing
-//! one Redis, and many distinct actions at once. Outcomes are counted, not timed.
+//! Concurrency: many real clients racing for the same actions, across several gate processes
+//! sharing one Redis deployment (standalone, Cluster, Sentinel), and many distinct actions at once.
+//! Outcomes are counted, not timed.
 
 use std::collections::HashSet;
 
 use oncegate::pb;
 use tonic::Code;
 
-use crate::support::{GateProcess, Kind, RedisServer, TestGate, connect, reason, token_request};
+use crate::support::{GateProcess, Kind, TestGate, backend, connect, reason, token_request};
 
 const RACERS: usize = 120;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn racers_across_two_gate_processes_get_exactly_one_grant() {
-    let redis = RedisServer::start();
-    let url = redis.url();
-    let gates = [
-        GateProcess::spawn(&["--redis-url", &url]),
-        GateProcess::spawn(&["--redis-url", &url]),
-    ];
-    let req = token_request(
-        "agent",
-        "run",
-        "payments.transfer",
-        r#"{"amount":10,"to":"x"}"#,
-    );
+/// `racers` clients per key race for `keys` actions across `gates` gate processes sharing one
+/// Redis deployment: exactly one grant per key; after its Complete, every racer gets the receipt.
+async fn racers_across_gate_processes(kind: Kind, gates: usize, keys: usize, racers: usize) {
+    let backend = backend(kind).await;
+    let args = backend.gate_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let gates: Vec<GateProcess> = (0..gates).map(|_| GateProcess::spawn(&args)).collect();
+    let request = |key: usize| {
+        token_request(
+            "agent",
+            "run",
+            "payments.transfer",
+            &format!(r#"{{"amount":10,"to":"x","invoice":{key}}}"#),
+        )
+    };
 
     let mut tasks = Vec::new();
-    for i in 0..RACERS {
-        // Each racer has its own connection, alternating between the two gates.
-        let addr = gates[i % 2].addr.clone();
-        let req = req.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut client = connect(&addr).await;
-            client.request_token(req).await
-        }));
+    for key in 0..keys {
+        for i in 0..racers {
+            // Each racer has its own connection, the racers of one key spread over every gate.
+            let addr = gates[(key + i) % gates.len()].addr.clone();
+            let req = request(key);
+            tasks.push(tokio::spawn(async move {
+                let mut client = connect(&addr).await;
+                (key, client.request_token(req).await)
+            }));
+        }
     }
-    let mut grants = Vec::new();
+    let mut grants: Vec<Vec<pb::RequestTokenResponse>> = vec![Vec::new(); keys];
     for task in tasks {
         match task.await.unwrap() {
-            Ok(resp) => grants.push(resp.into_inner()),
-            Err(status) => {
+            (key, Ok(resp)) => grants[key].push(resp.into_inner()),
+            (_, Err(status)) => {
                 assert_eq!(status.code(), Code::Aborted, "{status:?}");
                 assert_eq!(reason(&status), "IDEMPOTENCY_IN_PROGRESS");
             }
         }
     }
-    assert_eq!(grants.len(), 1, "exactly one racer is granted");
-    let granted = &grants[0];
-    assert_eq!(granted.decision(), pb::Decision::Granted);
-    let action = granted.action.clone().unwrap();
-    let token = granted.grant.as_ref().unwrap().token.clone();
-
     let mut client = connect(&gates[0].addr).await;
-    client
-        .complete(pb::CompleteRequest {
-            action: Some(action),
-            token,
-            receipt: b"receipt-1".to_vec(),
-        })
-        .await
-        .unwrap();
+    for (key, granted) in grants.iter().enumerate() {
+        assert_eq!(granted.len(), 1, "key {key}: exactly one racer is granted");
+        let granted = &granted[0];
+        assert_eq!(granted.decision(), pb::Decision::Granted);
+        client
+            .complete(pb::CompleteRequest {
+                action: granted.action.clone(),
+                token: granted.grant.as_ref().unwrap().token.clone(),
+                receipt: format!("receipt-{key}").into_bytes(),
+            })
+            .await
+            .unwrap();
+    }
 
     let mut tasks = Vec::new();
-    for i in 0..RACERS {
-        let addr = gates[i % 2].addr.clone();
-        let req = req.clone();
-        tasks.push(tokio::spawn(async move {
-            connect(&addr).await.request_token(req).await
-        }));
+    for key in 0..keys {
+        for i in 0..racers {
+            let addr = gates[(key + i) % gates.len()].addr.clone();
+            let req = request(key);
+            tasks.push(tokio::spawn(async move {
+                (key, connect(&addr).await.request_token(req).await)
+            }));
+        }
     }
     for task in tasks {
-        let resp = task.await.unwrap().unwrap().into_inner();
+        let (key, resp) = task.await.unwrap();
+        let resp = resp.unwrap().into_inner();
         assert_eq!(resp.decision(), pb::Decision::AlreadyCompleted);
-        assert_eq!(resp.completion.unwrap().receipt, b"receipt-1");
+        assert_eq!(
+            resp.completion.unwrap().receipt,
+            format!("receipt-{key}").into_bytes()
+        );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racers_across_two_gate_processes_get_exactly_one_grant() {
+    racers_across_gate_processes(Kind::Redis, 2, 1, RACERS).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_racers_across_three_gate_processes_get_one_grant_per_key() {
+    racers_across_gate_processes(Kind::Cluster, 3, 12, 30).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_racers_across_two_gate_processes_get_exactly_one_grant() {
+    racers_across_gate_processes(Kind::Sentinel, 2, 1, RACERS).await;
 }
 
 async fn distinct_actions_all_granted(kind: Kind, actions: usize) {
@@ -103,6 +127,16 @@ async fn distinct_actions_all_granted(kind: Kind, actions: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_500_distinct_actions_get_500_distinct_tokens() {
     distinct_actions_all_granted(Kind::Redis, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn cluster_500_distinct_actions_get_500_distinct_tokens() {
+    distinct_actions_all_granted(Kind::Cluster, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sentinel_500_distinct_actions_get_500_distinct_tokens() {
+    distinct_actions_all_granted(Kind::Sentinel, 500).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -1,4 +1,5 @@
-//! Every row of SPEC.md's state and error tables, through real gRPC, on both stores.
+//! Every row of SPEC.md's state and error tables, through real gRPC, on both stores (Redis as
+//! standalone, Cluster and Sentinel).
 
 use std::time::Duration;
 
@@ -429,6 +430,26 @@ macro_rules! rows {
                 #[tokio::test]
                 async fn $name() {
                     let gate = TestGate::start_with(Kind::Redis, policies()).await;
+                    super::$name(&mut gate.client().await).await;
+                }
+            )*
+        }
+        mod cluster {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let gate = TestGate::start_with(Kind::Cluster, policies()).await;
+                    super::$name(&mut gate.client().await).await;
+                }
+            )*
+        }
+        mod sentinel {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    let gate = TestGate::start_with(Kind::Sentinel, policies()).await;
                     super::$name(&mut gate.client().await).await;
                 }
             )*

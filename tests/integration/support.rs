@@ -1,5 +1,8 @@
 //! Test support: real `redis-server` processes on free loopback ports, gates in-process on
-//! `127.0.0.1:0` or as real `oncegate` processes, and helpers to read rich gRPC errors.
+//! `127.0.0.1:0` or as real `oncegate` processes, and helpers to read rich gRPC errors. Cluster
+//! and Sentinel deployments are in [`topology`].
+
+pub mod topology;
 
 use std::{
     io::{BufRead, BufReader, Read, Write},
@@ -18,7 +21,7 @@ use oncegate::{
     store::{
         Store,
         embedded::{EmbeddedStore, system_clock},
-        redis::{RedisOptions, RedisStore},
+        redis::{RedisOptions, RedisStore, Topology},
     },
 };
 use tempfile::TempDir;
@@ -48,6 +51,12 @@ impl RedisServer {
         Self::start_with(&["--save", "", "--appendonly", "no"])
     }
 
+    /// Settings every test server gets: replicas sync at once instead of after the default
+    /// 5 s diskless-sync delay.
+    fn common_args() -> [&'static str; 2] {
+        ["--repl-diskless-sync-delay", "0"]
+    }
+
     /// A Redis with extra command-line settings.
     pub fn start_with(extra: &[&str]) -> Self {
         let mut server = Self {
@@ -70,6 +79,7 @@ impl RedisServer {
                 "--dir",
             ])
             .arg(self.dir.path())
+            .args(Self::common_args())
             .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -126,40 +136,107 @@ fn wait_for_redis(port: u16) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Embedded,
+    /// Standalone Redis.
     Redis,
+    /// A Redis Cluster of three masters.
+    Cluster,
+    /// A Sentinel-managed master with one replica and three sentinels.
+    Sentinel,
 }
 
 /// A store and whatever keeps it alive.
 pub struct Backend {
     pub store: Store,
     pub redis: Option<RedisServer>,
+    pub cluster: Option<topology::RedisCluster>,
+    pub sentinel: Option<topology::SentinelSet>,
     /// Keeps the embedded store's directory alive.
     pub _dir: Option<TempDir>,
 }
 
+impl Backend {
+    /// The `oncegate serve` flags that reach this backend's Redis.
+    pub fn gate_args(&self) -> Vec<String> {
+        if let Some(redis) = &self.redis {
+            vec!["--redis-url".into(), redis.url()]
+        } else if let Some(cluster) = &self.cluster {
+            vec!["--redis-cluster-nodes".into(), cluster.addrs().join(",")]
+        } else if let Some(sentinel) = &self.sentinel {
+            vec![
+                "--redis-sentinels".into(),
+                sentinel.addrs().join(","),
+                "--redis-sentinel-master".into(),
+                topology::MASTER_NAME.into(),
+                "--redis-sentinel-check-ms".into(),
+                "200".into(),
+            ]
+        } else {
+            panic!("the embedded store has no address")
+        }
+    }
+}
+
+/// Redis options for tests: fast Sentinel checks, otherwise the defaults.
+pub fn test_options() -> RedisOptions {
+    RedisOptions {
+        sentinel_check_interval: Duration::from_millis(200),
+        ..RedisOptions::default()
+    }
+}
+
 /// A fresh, empty store of `kind`.
 pub async fn backend(kind: Kind) -> Backend {
-    match kind {
+    backend_with(kind, test_options()).await
+}
+
+/// A fresh, empty store of `kind` with these Redis options.
+pub async fn backend_with(kind: Kind, options: RedisOptions) -> Backend {
+    let (mut redis, mut cluster, mut sentinel) = (None, None, None);
+    let topology = match kind {
         Kind::Embedded => {
             let dir = TempDir::new().unwrap();
             let store = EmbeddedStore::open(dir.path(), system_clock()).unwrap();
-            Backend {
+            return Backend {
                 store: Store::Embedded(store),
-                redis: None,
+                redis,
+                cluster,
+                sentinel,
                 _dir: Some(dir),
-            }
+            };
         }
         Kind::Redis => {
-            let redis = RedisServer::start();
-            let store = RedisStore::connect(&redis.url(), RedisOptions::default())
+            let server = RedisServer::start();
+            let url = server.url();
+            redis = Some(server);
+            Topology::Standalone { url }
+        }
+        Kind::Cluster => {
+            let started = tokio::task::spawn_blocking(|| topology::RedisCluster::start(3, 0))
                 .await
                 .unwrap();
-            Backend {
-                store: Store::Redis(store),
-                redis: Some(redis),
-                _dir: None,
+            let nodes = started.addrs();
+            cluster = Some(started);
+            Topology::Cluster { nodes }
+        }
+        Kind::Sentinel => {
+            let started = tokio::task::spawn_blocking(|| topology::SentinelSet::start(1, false))
+                .await
+                .unwrap();
+            let sentinels = started.addrs();
+            sentinel = Some(started);
+            Topology::Sentinel {
+                sentinels,
+                master: topology::MASTER_NAME.into(),
             }
         }
+    };
+    let store = RedisStore::connect_to(&topology, options).await.unwrap();
+    Backend {
+        store: Store::Redis(store),
+        redis,
+        cluster,
+        sentinel,
+        _dir: None,
     }
 }
 
