@@ -293,5 +293,7 @@ pub fn refusal_name(refusal: &Refusal) -> &'static str {
         Refusal::TokenUnknown => "token_unknown",
         Refusal::CompletedByOther { .. } => "completed_by_other",
         Refusal::AlreadyCompleted => "already_completed",
+        Refusal::RequestRequired => "request_required",
+        Refusal::NotExpired { .. } => "not_expired",
     }
 }

@@ -63,7 +63,8 @@ fn action_ref(key: &ActionKey) -> pb::ActionRef {
     }
 }
 
-fn completion(done: ledger::Completion) -> pb::Completion {
+/// A stored completion on the wire.
+pub fn completion(done: ledger::Completion) -> pb::Completion {
     pb::Completion {
         receipt: done.receipt,
         completed_at: Some(timestamp(done.completed_at)),
@@ -73,6 +74,8 @@ fn completion(done: ledger::Completion) -> pb::Completion {
             ledger::Source::Worker => pb::CompletionSource::Worker,
             ledger::Source::Operator => pb::CompletionSource::Operator,
         } as i32,
+        note: done.note,
+        operator: done.operator,
     }
 }
 

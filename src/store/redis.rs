@@ -9,12 +9,14 @@ use std::{sync::Arc, time::Duration};
 
 use redis::{Script, Value, aio::ConnectionManager};
 
-use super::{ActionKey, Durability, Reply, StoreError};
+use super::{ActionKey, Durability, ListCursor, Page, Reply, StoreError};
 use crate::fingerprint;
 use crate::ledger::{
-    ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Refusal, Source,
-    State, TokenOutcome, TokenRequest,
+    ActionView, CompleteOutcome, Completion, ExternalCompletion, Grant, GrantKind, Millis,
+    OnExpiry, Refusal, Resolution, Resolved, Source, State, TokenOutcome, TokenRequest,
 };
+
+mod listing;
 
 const PRELUDE: &str = include_str!("redis/prelude.lua");
 
@@ -25,6 +27,9 @@ struct Scripts {
     release: Script,
     extend_lease: Script,
     get: Script,
+    record_external: Script,
+    resolve_expired: Script,
+    unresolved: Script,
 }
 
 impl Scripts {
@@ -36,6 +41,9 @@ impl Scripts {
             release: with_prelude(include_str!("redis/release.lua")),
             extend_lease: with_prelude(include_str!("redis/extend_lease.lua")),
             get: with_prelude(include_str!("redis/get.lua")),
+            record_external: with_prelude(include_str!("redis/record_external.lua")),
+            resolve_expired: with_prelude(include_str!("redis/resolve_expired.lua")),
+            unresolved: with_prelude(include_str!("redis/unresolved.lua")),
         }
     }
 }
@@ -61,6 +69,8 @@ pub struct RedisStore {
     conn: ConnectionManager,
     scripts: Arc<Scripts>,
     options: RedisOptions,
+    /// Agents this process already added to the `og:agents` hint set.
+    agents_seen: Arc<listing::SeenAgents>,
 }
 
 impl RedisStore {
@@ -84,9 +94,11 @@ impl RedisStore {
             conn,
             scripts: Arc::new(Scripts::load()),
             options,
+            agents_seen: Arc::default(),
         })
     }
 
+    /// Runs a per-action script: KEYS = [record, the agent's lease index], ARGV = [member, args…].
     async fn run(
         &self,
         script: &Script,
@@ -94,9 +106,18 @@ impl RedisStore {
         args: &[&[u8]],
     ) -> Result<(Millis, Decoded), StoreError> {
         let mut invocation = script.key(key.redis_key());
+        invocation.key(key.redis_index_key()).arg(key.encode());
         for arg in args {
             invocation.arg(*arg);
         }
+        self.invoke(invocation).await
+    }
+
+    /// Invokes a prepared script with the call deadline and decodes its reply.
+    async fn invoke(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<(Millis, Decoded), StoreError> {
         let mut conn = self.conn.clone();
         let value: Value = tokio::time::timeout(
             self.options.call_timeout,
@@ -131,6 +152,9 @@ impl RedisStore {
             on_expiry.as_bytes(),
         ];
         let (now, decoded) = self.run(&self.scripts.request_token, key, &args).await?;
+        if matches!(decoded, Decoded::Granted(_, GrantKind::New)) {
+            self.remember_agent(&key.agent_id).await;
+        }
         let result = match decoded {
             Decoded::Granted(grant, kind) => Ok(TokenOutcome::Granted(grant, kind)),
             Decoded::Completed { completion, .. } => Ok(TokenOutcome::AlreadyCompleted(completion)),
@@ -211,6 +235,87 @@ impl RedisStore {
             }),
             other => Err(unexpected("get", &other)),
         }
+    }
+
+    pub async fn record_external(
+        &self,
+        key: &ActionKey,
+        ext: &ExternalCompletion,
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
+        let (fp, digests, retention, sliding) = match &ext.request {
+            Some(r) => (
+                r.fingerprint.as_str(),
+                r.digests.as_str(),
+                r.retention.to_string(),
+                r.sliding,
+            ),
+            None => ("", "", "0".to_owned(), false),
+        };
+        let args: [&[u8]; 8] = [
+            &ext.receipt,
+            ext.note.as_bytes(),
+            ext.operator.as_bytes(),
+            if ext.request.is_some() { b"1" } else { b"0" },
+            fp.as_bytes(),
+            digests.as_bytes(),
+            retention.as_bytes(),
+            if sliding { b"1" } else { b"0" },
+        ];
+        let (now, decoded) = self.run(&self.scripts.record_external, key, &args).await?;
+        let result = match decoded {
+            Decoded::Completed {
+                completion,
+                recorded,
+                double_execution,
+            } => Ok(CompleteOutcome {
+                completion,
+                recorded,
+                double_execution,
+            }),
+            Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
+                differing: fingerprint::differing_fields(&stored, digests),
+            }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("record_external", &other)),
+        };
+        Ok(Reply { now, result })
+    }
+
+    pub async fn resolve_expired(
+        &self,
+        key: &ActionKey,
+        resolution: &Resolution,
+    ) -> Result<Reply<Resolved>, StoreError> {
+        let args: [&[u8]; 4] = match resolution {
+            Resolution::Completed {
+                receipt,
+                note,
+                operator,
+            } => [
+                b"completed",
+                receipt,
+                note.as_bytes(),
+                operator.as_bytes(),
+            ],
+            Resolution::Failed => [b"failed", b"", b"", b""],
+        };
+        let (now, decoded) = self.run(&self.scripts.resolve_expired, key, &args).await?;
+        let result = match decoded {
+            Decoded::Completed { completion, .. } => Ok(Resolved::Completed(completion)),
+            Decoded::Released(fencing) => Ok(Resolved::Released { fencing }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("resolve_expired", &other)),
+        };
+        Ok(Reply { now, result })
+    }
+
+    pub async fn list_unresolved(
+        &self,
+        agent_id: Option<&str>,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<Page>, StoreError> {
+        listing::list(self, agent_id, after, limit).await
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
@@ -304,6 +409,8 @@ enum Decoded {
     Extended(Millis),
     View(ActionView),
     Refused(Refusal),
+    /// unresolved.lua: one entry per member checked.
+    Checked(Vec<listing::Checked>),
 }
 
 fn unexpected(op: &str, decoded: &Decoded) -> StoreError {
@@ -391,6 +498,39 @@ fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             fencing: fields.uint()?,
             completed_at: fields.int()?,
         }),
+        "request_required" => Decoded::Refused(Refusal::RequestRequired),
+        "not_expired" => Decoded::Refused(Refusal::NotExpired {
+            state: match fields.int()? {
+                1 => State::Absent,
+                2 => State::Authorized,
+                n => return Err(StoreError::Corrupt(format!("unknown state {n}"))),
+            },
+        }),
+        "unresolved" => {
+            let n = fields.uint()?;
+            let mut checked = Vec::with_capacity(n.min(1024) as usize);
+            for _ in 0..n {
+                let status = fields.int()?;
+                let fencing = fields.uint()?;
+                let fingerprint = fields.string()?;
+                let lease_expires_at = fields.int()?;
+                let holder = fields.string()?;
+                checked.push(match status {
+                    0 => listing::Checked::Stale,
+                    1 => listing::Checked::Unresolved(ActionView {
+                        state: State::Expired,
+                        fencing,
+                        fingerprint,
+                        lease_expires_at: Some(lease_expires_at),
+                        completion: None,
+                        holder,
+                    }),
+                    2 => listing::Checked::Live,
+                    n => return Err(StoreError::Corrupt(format!("unknown list status {n}"))),
+                });
+            }
+            Decoded::Checked(checked)
+        }
         other => {
             return Err(StoreError::Corrupt(format!(
                 "unknown script reply tag {other:?}"
@@ -457,12 +597,16 @@ impl Fields {
             2 => Source::Operator,
             _ => Source::Worker,
         };
+        let note = self.string()?;
+        let operator = self.string()?;
         Ok(Completion {
             receipt,
             completed_at,
             fencing,
             token,
             source,
+            note,
+            operator,
         })
     }
 }
