@@ -192,6 +192,8 @@ pub enum Refusal {
 }
 
 /// What the store must persist after a step.
+// A step's write is built once and moved into the store: boxing the record would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
     /// Nothing changes.
@@ -562,7 +564,9 @@ pub enum Resolution {
 pub enum Resolved {
     Completed(Completion),
     /// Released; the fencing number of the expired grant.
-    Released { fencing: u64 },
+    Released {
+        fencing: u64,
+    },
 }
 
 /// A completion recorded by an operator, with the live token (if any) moved to `older` so that

@@ -344,7 +344,10 @@ fn external_completion_of_an_absent_action_needs_its_request_and_is_replayed() {
         Err(Refusal::RequestRequired)
     );
     let mut rec = None;
-    let done = run(&mut rec, |r| record_external(r, &external(b"r", Some(hash("f"))), 5)).unwrap();
+    let done = run(&mut rec, |r| {
+        record_external(r, &external(b"r", Some(hash("f"))), 5)
+    })
+    .unwrap();
     assert!(done.recorded && !done.double_execution);
     assert_eq!(done.completion.source, Source::Operator);
     assert_eq!(done.completion.token, "");
@@ -353,7 +356,10 @@ fn external_completion_of_an_absent_action_needs_its_request_and_is_replayed() {
     assert_eq!(rec.as_ref().unwrap().expires_at, 5 + RETENTION);
     // A worker asking later is told it already happened, with the operator's receipt.
     let replay = request_token(rec.as_ref(), &req("f", "", "t1", OnExpiry::Reconcile), 6).reply;
-    assert_eq!(replay, Ok(TokenOutcome::AlreadyCompleted(done.completion.clone())));
+    assert_eq!(
+        replay,
+        Ok(TokenOutcome::AlreadyCompleted(done.completion.clone()))
+    );
     // A different request under the same key is refused, as for any record.
     assert!(matches!(
         request_token(rec.as_ref(), &req("g", "", "t1", OnExpiry::Reconcile), 6).reply,
@@ -380,14 +386,26 @@ fn external_completion_under_a_live_lease_tells_the_holder_completed_by_other() 
             record_external(rec.as_ref(), &external(b"r", Some(hash("other"))), at).reply,
             Err(Refusal::KeyReused { .. })
         ));
-        let done = run(&mut rec, |r| record_external(r, &external(b"r", Some(hash("f"))), at)).unwrap();
-        assert_eq!(done.completion.fencing, 1, "the completion belongs to the live grant");
+        let done = run(&mut rec, |r| {
+            record_external(r, &external(b"r", Some(hash("f"))), at)
+        })
+        .unwrap();
+        assert_eq!(
+            done.completion.fencing, 1,
+            "the completion belongs to the live grant"
+        );
         assert_eq!(view(rec.as_ref(), at).state, State::Completed);
         assert_eq!(
             complete(rec.as_ref(), &g.token, b"worker", at + 1).reply,
-            Err(Refusal::CompletedByOther { fencing: 1, completed_at: at })
+            Err(Refusal::CompletedByOther {
+                fencing: 1,
+                completed_at: at
+            })
         );
-        assert_eq!(release(rec.as_ref(), &g.token, at + 1).reply, Err(Refusal::AlreadyCompleted));
+        assert_eq!(
+            release(rec.as_ref(), &g.token, at + 1).reply,
+            Err(Refusal::AlreadyCompleted)
+        );
     }
 }
 
@@ -403,7 +421,10 @@ fn external_completion_after_release_keeps_the_fencing_and_after_a_worker_is_ref
         Err(Refusal::RequestRequired),
         "a released action is absent"
     );
-    let done = run(&mut rec, |r| record_external(r, &external(b"r", Some(hash("f2"))), 2)).unwrap();
+    let done = run(&mut rec, |r| {
+        record_external(r, &external(b"r", Some(hash("f2"))), 2)
+    })
+    .unwrap();
     assert_eq!(done.completion.fencing, 1);
 
     let mut rec = None;
@@ -421,7 +442,9 @@ fn external_completion_after_release_keeps_the_fencing_and_after_a_worker_is_ref
 fn resolve_expired_only_settles_expired_leases() {
     assert_eq!(
         resolve_expired(None, &Resolution::Failed, 0).reply,
-        Err(Refusal::NotExpired { state: State::Absent })
+        Err(Refusal::NotExpired {
+            state: State::Absent
+        })
     );
     let mut rec = None;
     let g = granted(run(&mut rec, |_| {
@@ -431,12 +454,18 @@ fn resolve_expired_only_settles_expired_leases() {
     assert!(!is_unresolved(rec.as_ref(), LEASE - 1));
     assert_eq!(
         resolve_expired(rec.as_ref(), &Resolution::Failed, LEASE - 1).reply,
-        Err(Refusal::NotExpired { state: State::Authorized })
+        Err(Refusal::NotExpired {
+            state: State::Authorized
+        })
     );
     // Failed: released with the fencing kept; the next grant gets a higher number.
     let mut failed = rec.clone();
     assert_eq!(
-        run(&mut failed, |r| resolve_expired(r, &Resolution::Failed, LEASE)),
+        run(&mut failed, |r| resolve_expired(
+            r,
+            &Resolution::Failed,
+            LEASE
+        )),
         Ok(Resolved::Released { fencing: 1 })
     );
     assert!(!is_unresolved(failed.as_ref(), LEASE));
@@ -451,15 +480,21 @@ fn resolve_expired_only_settles_expired_leases() {
     );
     // Completed: an operator completion; the expired holder hears COMPLETED_BY_OTHER.
     let mut done = rec.clone();
-    let Ok(Resolved::Completed(completion)) =
-        run(&mut done, |r| resolve_expired(r, &resolved_completed(b"p"), LEASE))
-    else {
+    let Ok(Resolved::Completed(completion)) = run(&mut done, |r| {
+        resolve_expired(r, &resolved_completed(b"p"), LEASE)
+    }) else {
         panic!("expected a completion");
     };
-    assert_eq!((completion.source, completion.fencing), (Source::Operator, 1));
+    assert_eq!(
+        (completion.source, completion.fencing),
+        (Source::Operator, 1)
+    );
     assert_eq!(
         complete(done.as_ref(), &g.token, b"late", LEASE + 2).reply,
-        Err(Refusal::CompletedByOther { fencing: 1, completed_at: LEASE })
+        Err(Refusal::CompletedByOther {
+            fencing: 1,
+            completed_at: LEASE
+        })
     );
     assert_eq!(
         resolve_expired(done.as_ref(), &Resolution::Failed, LEASE + 3).reply,

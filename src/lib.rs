@@ -8,10 +8,16 @@
 //! - [`gate`]: validation, fingerprinting and policy around one store call. No gRPC types.
 //! - [`error`]: the domain errors and their one translation to `tonic::Status`.
 //! - [`service`]: the generated gRPC trait, proto ↔ domain, nothing else.
+//! - [`auth`]: principals, credentials (API key hash, client certificate), scopes, rate limits.
+//! - [`tls`]: the listener's TLS settings and client-certificate identities.
+//! - [`admin`]: the operator API (`GateAdminService`).
 //! - [`server`]: listener, health, reflection, graceful drain.
 //! - [`cli`]: the command line and its configuration.
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod admin_cli;
+pub mod auth;
 pub mod cli;
 pub mod error;
 pub mod fingerprint;
@@ -22,3 +28,4 @@ pub mod policy;
 pub mod server;
 pub mod service;
 pub mod store;
+pub mod tls;

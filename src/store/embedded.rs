@@ -341,10 +341,7 @@ fn apply(op: Op, current: Option<&Record>, now: Millis) -> (Write, Pending) {
         Op::Resolve(resolution, tx) => {
             finish(ledger::resolve_expired(current, &resolution, now), now, tx)
         }
-        Op::List(_, tx) => (
-            Write::Nothing,
-            Box::new(move || drop(tx)),
-        ),
+        Op::List(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
         Op::Ping(tx) => (
             Write::Nothing,
             Box::new(move || {

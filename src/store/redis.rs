@@ -291,12 +291,7 @@ impl RedisStore {
                 receipt,
                 note,
                 operator,
-            } => [
-                b"completed",
-                receipt,
-                note.as_bytes(),
-                operator.as_bytes(),
-            ],
+            } => [b"completed", receipt, note.as_bytes(), operator.as_bytes()],
             Resolution::Failed => [b"failed", b"", b"", b""],
         };
         let (now, decoded) = self.run(&self.scripts.resolve_expired, key, &args).await?;

@@ -189,7 +189,11 @@ async fn actor(store: Store, seed: u64, ops: usize) {
                     .into_iter()
                     .collect();
                 let listed: Vec<_> = page.items.into_iter().map(|u| (u.key, u.view)).collect();
-                assert_eq!(listed, expected, "list_unresolved diverged at {}", reply.now);
+                assert_eq!(
+                    listed, expected,
+                    "list_unresolved diverged at {}",
+                    reply.now
+                );
                 assert_eq!(page.next, None);
             }
             _ => tokio::time::sleep(std::time::Duration::from_millis(rng.below(60))).await,

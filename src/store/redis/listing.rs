@@ -59,7 +59,9 @@ impl RedisStore {
                 }
                 seen.insert(agent_id.to_owned());
             }
-            Err(e) => tracing::warn!(error = %e, "could not add the agent to the og:agents hint set"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not add the agent to the og:agents hint set")
+            }
         }
     }
 
@@ -163,7 +165,10 @@ impl Walk<'_> {
             }
             let mut cmd = redis::cmd("ZRANGEBYSCORE");
             cmd.arg(&index)
-                .arg(from.as_ref().map_or("-inf".to_owned(), |(l, _)| l.to_string()))
+                .arg(
+                    from.as_ref()
+                        .map_or("-inf".to_owned(), |(l, _)| l.to_string()),
+                )
                 .arg("+inf")
                 .arg("WITHSCORES")
                 .arg("LIMIT")
@@ -204,7 +209,9 @@ impl Walk<'_> {
                 return Err(super::unexpected("unresolved", &decoded));
             };
             if checked.len() != fresh.len() {
-                return Err(StoreError::Corrupt("unresolved.lua answered a short list".into()));
+                return Err(StoreError::Corrupt(
+                    "unresolved.lua answered a short list".into(),
+                ));
             }
             for ((member, score, key), checked) in fresh.into_iter().zip(checked) {
                 if matches!(checked, Checked::Live) {
@@ -220,4 +227,3 @@ impl Walk<'_> {
         }
     }
 }
-
