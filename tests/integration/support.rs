@@ -182,13 +182,23 @@ impl TestGate {
 
     /// Serves an existing backend.
     pub async fn serve(backend: Backend, policies: Policies) -> Self {
+        Self::serve_with_options(backend, policies, ServerOptions::default()).await
+    }
+
+    /// Serves an existing backend with server options (TLS, message size); the health interval
+    /// is always short.
+    pub async fn serve_with_options(
+        backend: Backend,
+        policies: Policies,
+        options: ServerOptions,
+    ) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let gate = Gate::new(backend.store.clone(), policies);
         let options = ServerOptions {
             health_interval: Duration::from_millis(100),
-            ..ServerOptions::default()
+            ..options
         };
         tokio::spawn(server::run(listener, gate, options, async {
             let _ = stopped.await;
