@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-rust test-python bench clean
+.PHONY: run test deps lint fmt-check clippy lint-proto test-rust test-python bench clean fuzz
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
 run:
@@ -48,6 +48,18 @@ test-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q clients/python/tests
+
+## Fuzz each target (fuzz/fuzz_targets) for FUZZ_SECONDS with cargo-fuzz (libFuzzer). Stable
+## Rust with RUSTC_BOOTSTRAP=1; cargo-fuzz is installed from crates.io when missing. Property tests
+## over the same code run in `make test` (tests/integration/properties.rs).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := params request credentials
+fuzz:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	@for target in $(FUZZ_TARGETS); do \
+	  echo "fuzzing $$target for $(FUZZ_SECONDS) s"; \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 clean:
 	$(CARGO) clean

@@ -6,6 +6,7 @@ mod cli;
 mod conformance;
 mod failures;
 mod pki;
+mod properties;
 mod races;
 mod rows;
 mod security;
