@@ -10,7 +10,7 @@
 //! - [`service`]: the generated gRPC trait, proto ↔ domain, nothing else.
 //! - [`auth`]: principals, credentials (API key hash, client certificate), scopes, rate limits.
 //! - [`tls`]: the listener's TLS settings and client-certificate identities.
-//! - [`admin`]: the operator API (`GateAdminService`).
+//! - [`admin`]: the operator API (`GateAdminService`); [`admin_cli`]: `oncegate admin …`.
 //! - [`server`]: listener, health, reflection, graceful drain.
 //! - [`cli`]: the command line and its configuration.
 #![forbid(unsafe_code)]

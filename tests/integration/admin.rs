@@ -465,6 +465,39 @@ fn hash_key_prints_the_sha256_of_stdin() {
     assert_eq!(hash_key("abc"), expected);
 }
 
+#[test]
+fn help_documents_the_security_flags_with_their_environment_variables() {
+    let out = oncegate().args(["serve", "--help"]).output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--tls-cert",
+        "ONCEGATE_TLS_CERT",
+        "--tls-key",
+        "ONCEGATE_TLS_KEY",
+        "--tls-client-ca",
+        "ONCEGATE_TLS_CLIENT_CA",
+        "--insecure",
+        "--max-message-bytes",
+        "ONCEGATE_MAX_MESSAGE_BYTES",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from serve --help");
+    }
+    let out = oncegate().args(["admin", "--help"]).output().unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for word in [
+        "--server",
+        "--api-key",
+        "ONCEGATE_API_KEY",
+        "--ca",
+        "--cert",
+        "--json",
+        "list-unresolved",
+        "resolve",
+    ] {
+        assert!(help.contains(word), "{word} missing from admin --help");
+    }
+}
+
 /// A real `oncegate serve` process with its stderr (the log) kept in a file.
 struct Served {
     child: std::process::Child,
