@@ -46,7 +46,16 @@ impl ActionKey {
         let mut parts = Vec::with_capacity(3);
         for _ in 0..3 {
             let colon = rest.iter().position(|b| *b == b':')?;
-            let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+            let digits = &rest[..colon];
+            // Only the canonical spelling of the length (found by fuzzing: `00:` and `+1:` would
+            // decode too, giving one key two encodings).
+            if digits.is_empty()
+                || !digits.iter().all(u8::is_ascii_digit)
+                || (digits.len() > 1 && digits[0] == b'0')
+            {
+                return None;
+            }
+            let len: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
             let start = colon + 1;
             let part = rest.get(start..start + len)?;
             parts.push(String::from_utf8(part.to_vec()).ok()?);
@@ -139,6 +148,9 @@ mod tests {
             assert_eq!(ActionKey::decode(&key.encode()), Some(key));
         }
         assert_eq!(ActionKey::decode(b"1:a1:b"), None);
+        assert_eq!(ActionKey::decode(b"00:00:1:B"), None, "non-canonical lengths");
+        assert_eq!(ActionKey::decode(b"+1:a1:b1:c"), None);
+        assert_eq!(ActionKey::decode(b"0:0:1:B"), Some(ActionKey::new("", "", "B")));
         assert_eq!(ActionKey::decode(b"1:a1:b1:cx"), None);
     }
 
