@@ -29,7 +29,10 @@ fuzz_target!(|data: &[u8]| {
         },
     )
     .expect("canonical params parse again");
-    assert_eq!(fingerprint::fingerprint("pay", "", &fingerprint::select(&again, &KeyFields::All)), fp);
+    assert_eq!(
+        fingerprint::fingerprint("pay", "", &fingerprint::select(&again, &KeyFields::All)),
+        fp
+    );
 
     // Pointer selection over the first member names, and digests that agree with themselves.
     let pointers: Vec<String> = params

@@ -34,9 +34,11 @@ fn policies() -> &'static Policies {
 fuzz_target!(|data: &[u8]| {
     if let Ok(req) = pb::RequestTokenRequest::decode(data) {
         let scope = req.scope.unwrap_or_default();
-        let lease = req
-            .lease_ttl
-            .map(|d| d.seconds.saturating_mul(1000).saturating_add(i64::from(d.nanos) / 1_000_000));
+        let lease = req.lease_ttl.map(|d| {
+            d.seconds
+                .saturating_mul(1000)
+                .saturating_add(i64::from(d.nanos) / 1_000_000)
+        });
         let call = TokenCall {
             agent_id: scope.agent_id.clone(),
             run_id: scope.run_id.clone(),

@@ -148,9 +148,16 @@ mod tests {
             assert_eq!(ActionKey::decode(&key.encode()), Some(key));
         }
         assert_eq!(ActionKey::decode(b"1:a1:b"), None);
-        assert_eq!(ActionKey::decode(b"00:00:1:B"), None, "non-canonical lengths");
+        assert_eq!(
+            ActionKey::decode(b"00:00:1:B"),
+            None,
+            "non-canonical lengths"
+        );
         assert_eq!(ActionKey::decode(b"+1:a1:b1:c"), None);
-        assert_eq!(ActionKey::decode(b"0:0:1:B"), Some(ActionKey::new("", "", "B")));
+        assert_eq!(
+            ActionKey::decode(b"0:0:1:B"),
+            Some(ActionKey::new("", "", "B"))
+        );
         assert_eq!(ActionKey::decode(b"1:a1:b1:cx"), None);
     }
 

@@ -18,7 +18,7 @@ fn json_value() -> impl Strategy<Value = Value> {
         Just(Value::Null),
         any::<bool>().prop_map(Value::Bool),
         (-(1i64 << 53)..=(1i64 << 53)).prop_map(Value::from),
-        (-1.0e15f64..1.0e15).prop_map(|f| Value::from(f)),
+        (-1.0e15f64..1.0e15).prop_map(Value::from),
         "[a-zA-Z0-9 é€\\\\\"/~\u{1}]{0,8}".prop_map(Value::String),
     ];
     leaf.prop_recursive(4, 32, 4, |inner| {
