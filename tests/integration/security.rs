@@ -510,3 +510,46 @@ async fn rate_limit_answers_resource_exhausted_with_retry_info() {
             .unwrap();
     }
 }
+
+#[tokio::test]
+async fn oversized_messages_are_refused_before_the_service() {
+    let options = ServerOptions {
+        max_message_bytes: 4096,
+        ..ServerOptions::default()
+    };
+    let gate =
+        TestGate::serve_with_options(backend(Kind::Embedded).await, Policies::default(), options)
+            .await;
+    let mut client = gate.client().await;
+    let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(8192));
+    let status = client
+        .request_token(token_request("a", "r", "x", &big))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    // A request within the bound is served.
+    client
+        .request_token(token_request("a", "r", "x", r#"{"a":1}"#))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn embedded_store_calls_have_a_deadline() {
+    let dir = tempfile::TempDir::new().unwrap();
+    // A clock that takes half a second: the writer is as slow as a stuck disk.
+    let slow: oncegate::store::embedded::Clock = std::sync::Arc::new(|| {
+        std::thread::sleep(Duration::from_millis(500));
+        1_700_000_000_000
+    });
+    let store = oncegate::store::embedded::EmbeddedStore::open(dir.path(), slow)
+        .unwrap()
+        .with_call_timeout(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    let result = store.get(&ActionKey::new("a", "r", "k")).await;
+    assert!(
+        matches!(result, Err(oncegate::store::StoreError::Unavailable(_))),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(400));
+}
