@@ -49,7 +49,7 @@ test-python: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q clients/python/tests
 
-## Fuzz each target (fuzz/fuzz_targets) for FUZZ_SECONDS with cargo-fuzz (libFuzzer). Stable
+## Fuzz each target (fuzz/fuzz_targets, seeds in fuzz/seeds) for FUZZ_SECONDS with cargo-fuzz. Stable
 ## Rust with RUSTC_BOOTSTRAP=1; cargo-fuzz is installed from crates.io when missing. Property tests
 ## over the same code run in `make test` (tests/integration/properties.rs).
 FUZZ_SECONDS ?= 60
@@ -58,7 +58,9 @@ fuzz:
 	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
 	@for target in $(FUZZ_TARGETS); do \
 	  echo "fuzzing $$target for $(FUZZ_SECONDS) s"; \
-	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	  mkdir -p fuzz/corpus/$$target; \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$target fuzz/corpus/$$target fuzz/seeds/$$target \
+	    -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
 clean:
