@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python example-python bench clean
+.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python example-python bench clean fuzz
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
 run:
@@ -77,6 +77,20 @@ $(DEPLOY_VENV)/.installed:
 
 test-deploy-k8s: $(DEPLOY_VENV)/.installed
 	deploy/validate.sh $(CURDIR)/$(DEPLOY_VENV)/bin/kubernetes-validate
+
+## Fuzz each target (fuzz/fuzz_targets, seeds in fuzz/seeds) for FUZZ_SECONDS with cargo-fuzz. Stable
+## Rust with RUSTC_BOOTSTRAP=1; cargo-fuzz is installed from crates.io when missing. Property tests
+## over the same code run in `make test` (tests/integration/properties.rs).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := params request credentials
+fuzz:
+	@command -v cargo-fuzz >/dev/null 2>&1 || $(CARGO) install cargo-fuzz --locked
+	@for target in $(FUZZ_TARGETS); do \
+	  echo "fuzzing $$target for $(FUZZ_SECONDS) s"; \
+	  mkdir -p fuzz/corpus/$$target; \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run $$target fuzz/corpus/$$target fuzz/seeds/$$target \
+	    -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
 
 clean:
 	$(CARGO) clean

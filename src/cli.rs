@@ -1,5 +1,6 @@
-//! The command line: `oncegate serve` and `oncegate fingerprint`. Every flag has an environment
-//! fallback and shows in `--help`, which is the reference.
+//! The command line: `oncegate serve`, `oncegate fingerprint`, `oncegate hash-key` and
+//! `oncegate admin …` (in [`crate::admin_cli`]). Every serve flag has an environment fallback and
+//! shows in `--help`, which is the reference.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -26,6 +27,10 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Print the fingerprint the gate computes for an action, offline.
     Fingerprint(FingerprintArgs),
+    /// Read an API key on standard input and print its SHA-256 (for `api_key_sha256`).
+    HashKey,
+    /// The operator API against a running gate: get, complete, resolve, list-unresolved.
+    Admin(Box<crate::admin_cli::AdminArgs>),
 }
 
 /// How log lines are written.
@@ -113,6 +118,30 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
     #[arg(long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = 20)]
     pub drain_seconds: u64,
+
+    /// Largest accepted gRPC request message, in bytes.
+    #[arg(long, env = "ONCEGATE_MAX_MESSAGE_BYTES", default_value_t = 256 * 1024,
+          value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
+    pub max_message_bytes: u64,
+
+    /// PEM certificate chain of the listener: serve TLS (with --tls-key).
+    #[arg(long, env = "ONCEGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "ONCEGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle for client certificates: mutual TLS (needs --tls-cert). Principals with a
+    /// cert_identity authenticate with such a certificate; without principals, every caller must
+    /// present one.
+    #[arg(long, env = "ONCEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve a non-loopback address without principals or client certificates, open to anyone
+    /// who can reach it. Without it such a start is refused (exit 64).
+    #[arg(long, env = "ONCEGATE_INSECURE")]
+    pub insecure: bool,
 
     /// Address of the Prometheus endpoint (`GET /metrics`, plain HTTP), e.g. 0.0.0.0:9464. Off
     /// when unset. Keep it off the public network: the series name the configured actions.

@@ -9,7 +9,11 @@ use std::{collections::HashMap, time::Duration};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::{ledger::Refusal, service::timestamp, store::StoreError};
+use crate::{
+    ledger::{Refusal, State},
+    service::timestamp,
+    store::StoreError,
+};
 
 /// The ErrorInfo domain of every oncegate error.
 pub const DOMAIN: &str = "oncegate";
@@ -26,6 +30,15 @@ pub enum GateError {
     /// The store could not be used; nothing was granted.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// No credential, or one that no principal holds.
+    #[error("unauthenticated")]
+    Unauthenticated,
+    /// The principal may not act on this scope, or call this RPC.
+    #[error("principal {principal:?} may not do this")]
+    ForbiddenScope { principal: String },
+    /// The principal's rate limit is spent; it may call again after `retry_after`.
+    #[error("rate limited for {retry_after:?}")]
+    RateLimited { retry_after: Duration },
 }
 
 impl GateError {
@@ -48,8 +61,13 @@ impl GateError {
                 Refusal::TokenUnknown => "TOKEN_UNKNOWN",
                 Refusal::CompletedByOther { .. } => "COMPLETED_BY_OTHER",
                 Refusal::AlreadyCompleted => "ALREADY_COMPLETED",
+                Refusal::RequestRequired => "INVALID_REQUEST",
+                Refusal::NotExpired { .. } => "LEASE_NOT_EXPIRED",
             },
             Self::Invalid { .. } => "INVALID_REQUEST",
+            Self::Unauthenticated => "UNAUTHENTICATED",
+            Self::ForbiddenScope { .. } => "FORBIDDEN_SCOPE",
+            Self::RateLimited { .. } => "RATE_LIMITED",
             Self::Store(StoreError::Unavailable(_)) => "STORE_UNAVAILABLE",
             Self::Store(StoreError::Corrupt(_)) => "INTERNAL",
         }
@@ -132,8 +150,29 @@ impl From<GateError> for Status {
                 }
                 Refusal::AlreadyCompleted => (
                     Code::FailedPrecondition,
-                    "the action is completed; it cannot be released or extended".to_owned(),
+                    "the action is completed; it cannot be released, extended or completed by an operator"
+                        .to_owned(),
                 ),
+                Refusal::RequestRequired => {
+                    let field = "params_json";
+                    let description = "the action has no record: give action_name and params_json so that its request hash can be stored";
+                    metadata.insert("field".to_owned(), field.to_owned());
+                    details.add_bad_request_violation(field, description);
+                    (Code::InvalidArgument, format!("invalid {field}: {description}"))
+                }
+                Refusal::NotExpired { state } => {
+                    let state = match state {
+                        State::Absent => "ABSENT",
+                        State::Authorized => "AUTHORIZED",
+                        State::Completed => "COMPLETED",
+                        State::Expired => "EXPIRED",
+                    };
+                    metadata.insert("state".to_owned(), state.to_owned());
+                    (
+                        Code::FailedPrecondition,
+                        format!("the action is {state}, not an expired lease; there is nothing to resolve"),
+                    )
+                }
             },
             GateError::Invalid { field, description } => {
                 metadata.insert("field".to_owned(), field.clone());
@@ -153,6 +192,27 @@ impl From<GateError> for Status {
             GateError::Store(StoreError::Corrupt(source)) => {
                 tracing::error!(error = %source, "store returned something unreadable");
                 (Code::Internal, "internal store error".to_owned())
+            }
+            GateError::Unauthenticated => (
+                Code::Unauthenticated,
+                "a credential is required: `authorization: Bearer <api key>` or a client certificate"
+                    .to_owned(),
+            ),
+            GateError::ForbiddenScope { principal } => {
+                metadata.insert("principal".to_owned(), principal.clone());
+                (
+                    Code::PermissionDenied,
+                    format!("principal {principal:?} may not act on this scope or call this RPC"),
+                )
+            }
+            GateError::RateLimited { retry_after } => {
+                let ms = retry_after.as_millis().max(1);
+                metadata.insert("retry_after_ms".to_owned(), ms.to_string());
+                details.set_retry_info(Some(*retry_after));
+                (
+                    Code::ResourceExhausted,
+                    format!("rate limit reached; retry in {ms} ms"),
+                )
             }
         };
         details.set_error_info(reason, DOMAIN, metadata);

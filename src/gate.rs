@@ -11,7 +11,7 @@ use crate::{
     fingerprint::{self, ParamsError, ParamsLimits},
     ledger::{ActionView, CompleteOutcome, GrantKind, Millis, Refusal, TokenOutcome, TokenRequest},
     metrics::{Decision, DoubleExecution, Metrics},
-    policy::Policies,
+    policy::{Limits, Policies},
     store::{ActionKey, Store, StoreError},
     telemetry,
 };
@@ -87,14 +87,19 @@ impl Gate {
     /// RequestToken: validate, fingerprint with the action's key fields, then one atomic store step.
     /// Every call is counted in `oncegate_attempts_total`, by decision, unless the store failed.
     pub async fn request_token(&self, call: TokenCall) -> Result<TokenAnswer, GateError> {
-        let (key, request) = match self.prepare_token(&call) {
+        let action = call.action.clone();
+        let Prepared {
+            key,
+            fingerprint: _,
+            request,
+        } = match prepare_token(&self.policies, call, new_token()) {
             Ok(prepared) => prepared,
-            Err(e) => return Err(self.invalid_attempt(&call.action, e)),
+            Err(e) => return Err(self.invalid_attempt(&action, e)),
         };
-        telemetry::record_action(&key.agent_id, &key.run_id, Some(&call.action), &key.key);
+        telemetry::record_action(&key.agent_id, &key.run_id, Some(&action), &key.key);
         let durability = self
             .policies
-            .for_action(&call.action)
+            .for_action(&action)
             .map_or(0, |p| p.durability_replicas);
         let acked = self
             .timed(
@@ -104,10 +109,9 @@ impl Gate {
             .await?;
         let reply = acked.reply;
         if let Some(decision) = token_decision(&reply.result) {
-            self.metrics
-                .attempt(self.policy_name(&call.action), decision);
+            self.metrics.attempt(self.policy_name(&action), decision);
         }
-        audit_token(&key, &call.action, &reply.result);
+        audit_token(&key, &action, &reply.result);
         let outcome = reply.result.map_err(GateError::Refused)?;
         Ok(TokenAnswer {
             provider_key: key.provider_key(),
@@ -149,67 +153,6 @@ impl Gate {
             telemetry::record_decision("store_error");
         }
         result
-    }
-
-    /// Validates a RequestToken and builds the store request.
-    fn prepare_token(&self, call: &TokenCall) -> Result<(ActionKey, TokenRequest), GateError> {
-        let limits = self.policies.limits;
-        self.check_scope(&call.agent_id, &call.run_id)?;
-        self.check_id("action", &call.action, true)?;
-        self.check_id("intent_id", &call.intent_id, false)?;
-        self.check_id("idempotency_key", &call.idempotency_key, false)?;
-        self.check_id("holder", &call.holder, false)?;
-        let policy = self.policies.for_action(&call.action).ok_or_else(|| {
-            GateError::invalid(
-                "action",
-                "no policy names this action and the gate is strict",
-            )
-        })?;
-        let lease = match call.lease {
-            None => policy.lease,
-            Some(ms) if ms <= 0 => return Err(GateError::invalid("lease_ttl", "must be positive")),
-            Some(ms) if ms > limits.max_lease => {
-                return Err(GateError::invalid(
-                    "lease_ttl",
-                    format!("must be at most {} s", limits.max_lease / 1000),
-                ));
-            }
-            Some(ms) => ms,
-        };
-        let params_limits = ParamsLimits {
-            max_bytes: limits.max_params_bytes,
-            max_depth: limits.max_params_depth,
-        };
-        let params =
-            fingerprint::parse_params(&call.params_json, params_limits).map_err(params_error)?;
-        let selection = fingerprint::select(&params, &policy.key_fields);
-        let fp = fingerprint::fingerprint(&call.action, &call.intent_id, &selection);
-        let keyed = !call.idempotency_key.is_empty();
-        let key = ActionKey::new(
-            call.agent_id.as_str(),
-            call.run_id.as_str(),
-            if keyed {
-                call.idempotency_key.clone()
-            } else {
-                fp.clone()
-            },
-        );
-        let request = TokenRequest {
-            fingerprint: fp,
-            // Only an idempotency key can meet a different request; a fingerprint key cannot.
-            digests: if keyed {
-                fingerprint::field_digests(&call.action, &call.intent_id, &selection)
-            } else {
-                String::new()
-            },
-            holder: call.holder.clone(),
-            new_token: new_token(),
-            lease,
-            retention: policy.retention,
-            sliding: policy.sliding,
-            on_expiry: policy.on_expiry,
-        };
-        Ok((key, request))
     }
 
     /// Complete: record the outcome of an attempt.
@@ -260,13 +203,15 @@ impl Gate {
                 tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
                     decision, fencing = done.completion.fencing, "complete");
             }
-            Err(refusal) => {
-                if matches!(refusal, Refusal::CompletedByOther { .. }) {
-                    self.metrics
-                        .double_execution(DoubleExecution::CompletedByOther);
-                }
-                audit_refusal("complete", key, refusal)
+            Err(refusal @ Refusal::CompletedByOther { fencing, .. }) => {
+                // The holder ran an action someone else (a newer token or an operator) completed.
+                self.metrics
+                    .double_execution(DoubleExecution::CompletedByOther);
+                tracing::warn!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
+                    fencing, "double execution: the action was completed by another token or an operator");
+                audit_refusal("complete", key, refusal);
             }
+            Err(refusal) => audit_refusal("complete", key, refusal),
         }
         reply.result.map_err(GateError::Refused)
     }
@@ -349,25 +294,11 @@ impl Gate {
     }
 
     fn check_id(&self, field: &str, value: &str, required: bool) -> Result<(), GateError> {
-        let max = self.policies.limits.max_id_bytes;
-        if required && value.is_empty() {
-            return Err(GateError::invalid(field, "must not be empty"));
-        }
-        if value.len() > max {
-            return Err(GateError::invalid(
-                field,
-                format!("is {} bytes, more than the limit of {max}", value.len()),
-            ));
-        }
-        Ok(())
+        check_id(&self.policies.limits, field, value, required)
     }
 
-    fn check_scope(&self, agent_id: &str, run_id: &str) -> Result<(), GateError> {
-        self.check_id("scope.agent_id", agent_id, true)?;
-        self.check_id("scope.run_id", run_id, true)
-    }
-
-    fn check_ref(&self, key: &ActionKey) -> Result<(), GateError> {
+    /// Validates an action reference (ids present and within the limits).
+    pub fn check_ref(&self, key: &ActionKey) -> Result<(), GateError> {
         self.check_id("action.scope.agent_id", &key.agent_id, true)?;
         self.check_id("action.scope.run_id", &key.run_id, true)?;
         self.check_id("action.key", &key.key, true)
@@ -376,6 +307,106 @@ impl Gate {
     fn check_token(&self, token: &str) -> Result<(), GateError> {
         self.check_id("token", token, true)
     }
+}
+
+/// A validated, fingerprinted RequestToken, ready for the store.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub key: ActionKey,
+    pub fingerprint: String,
+    pub request: TokenRequest,
+}
+
+/// Validates a RequestToken against the limits and policies and computes its key and request
+/// hash; `new_token` is handed out if the store grants. Pure: the fuzz targets and property tests
+/// drive it directly.
+pub fn prepare_token(
+    policies: &Policies,
+    call: TokenCall,
+    new_token: String,
+) -> Result<Prepared, GateError> {
+    let limits = &policies.limits;
+    check_id(limits, "scope.agent_id", &call.agent_id, true)?;
+    check_id(limits, "scope.run_id", &call.run_id, true)?;
+    check_id(limits, "action", &call.action, true)?;
+    check_id(limits, "intent_id", &call.intent_id, false)?;
+    check_id(limits, "idempotency_key", &call.idempotency_key, false)?;
+    check_id(limits, "holder", &call.holder, false)?;
+    let policy = policies.for_action(&call.action).ok_or_else(|| {
+        GateError::invalid(
+            "action",
+            "no policy names this action and the gate is strict",
+        )
+    })?;
+    let lease = match call.lease {
+        None => policy.lease,
+        Some(ms) if ms <= 0 => return Err(GateError::invalid("lease_ttl", "must be positive")),
+        Some(ms) if ms > limits.max_lease => {
+            return Err(GateError::invalid(
+                "lease_ttl",
+                format!("must be at most {} s", limits.max_lease / 1000),
+            ));
+        }
+        Some(ms) => ms,
+    };
+    let params_limits = ParamsLimits {
+        max_bytes: limits.max_params_bytes,
+        max_depth: limits.max_params_depth,
+    };
+    let params =
+        fingerprint::parse_params(&call.params_json, params_limits).map_err(params_error)?;
+    let selection = fingerprint::select(&params, &policy.key_fields);
+    let fp = fingerprint::fingerprint(&call.action, &call.intent_id, &selection);
+    let keyed = !call.idempotency_key.is_empty();
+    let key = ActionKey::new(
+        call.agent_id,
+        call.run_id,
+        if keyed {
+            call.idempotency_key
+        } else {
+            fp.clone()
+        },
+    );
+    let request = TokenRequest {
+        fingerprint: fp.clone(),
+        // Only an idempotency key can meet a different request; a fingerprint key cannot.
+        digests: if keyed {
+            fingerprint::field_digests(&call.action, &call.intent_id, &selection)
+        } else {
+            String::new()
+        },
+        holder: call.holder,
+        new_token,
+        lease,
+        retention: policy.retention,
+        sliding: policy.sliding,
+        on_expiry: policy.on_expiry,
+    };
+    Ok(Prepared {
+        key,
+        fingerprint: fp,
+        request,
+    })
+}
+
+/// An id is within `max_id_bytes`, and present when `required`.
+pub fn check_id(
+    limits: &Limits,
+    field: &str,
+    value: &str,
+    required: bool,
+) -> Result<(), GateError> {
+    let max = limits.max_id_bytes;
+    if required && value.is_empty() {
+        return Err(GateError::invalid(field, "must not be empty"));
+    }
+    if value.len() > max {
+        return Err(GateError::invalid(
+            field,
+            format!("is {} bytes, more than the limit of {max}", value.len()),
+        ));
+    }
+    Ok(())
 }
 
 /// A fresh one-shot token: a UUIDv4 carries 122 random bits from the OS generator.
@@ -414,7 +445,9 @@ fn token_decision(result: &Result<TokenOutcome, Refusal>) -> Option<Decision> {
             Refusal::TokenMismatch
             | Refusal::TokenUnknown
             | Refusal::CompletedByOther { .. }
-            | Refusal::AlreadyCompleted,
+            | Refusal::AlreadyCompleted
+            | Refusal::RequestRequired
+            | Refusal::NotExpired { .. },
         ) => return None,
     })
 }
@@ -435,5 +468,7 @@ pub fn refusal_name(refusal: &Refusal) -> &'static str {
         Refusal::TokenUnknown => "token_unknown",
         Refusal::CompletedByOther { .. } => "completed_by_other",
         Refusal::AlreadyCompleted => "already_completed",
+        Refusal::RequestRequired => "request_required",
+        Refusal::NotExpired { .. } => "not_expired",
     }
 }

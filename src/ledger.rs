@@ -73,6 +73,12 @@ pub struct Completion {
     /// The completing token; empty for operator completions.
     pub token: String,
     pub source: Source,
+    /// The operator's note (operator completions only; empty otherwise).
+    #[serde(default)]
+    pub note: String,
+    /// The name of the operator principal that recorded it (operator completions only).
+    #[serde(default)]
+    pub operator: String,
 }
 
 /// What to do when a lease ends without Complete or Release.
@@ -176,11 +182,18 @@ pub enum Refusal {
     TokenUnknown,
     /// Another token (or an operator) completed the action.
     CompletedByOther { fencing: u64, completed_at: Millis },
-    /// Release or ExtendLease of a completed action.
+    /// Release or ExtendLease of a completed action (or an operator completion of one).
     AlreadyCompleted,
+    /// An operator completion of an action without a record must say what the action was, so
+    /// that its request hash can be stored.
+    RequestRequired,
+    /// ResolveExpired of an action whose lease has not ended unresolved (absent or live).
+    NotExpired { state: State },
 }
 
 /// What the store must persist after a step.
+// A step's write is built once and moved into the store: boxing the record would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Write {
     /// Nothing changes.
@@ -385,6 +398,8 @@ fn record_completion(
         fencing,
         token: token.to_owned(),
         source: Source::Worker,
+        note: String::new(),
+        operator: String::new(),
     };
     let older = rec
         .older
@@ -507,6 +522,202 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
         completion,
         holder,
     }
+}
+
+/// What an operator completion stores when the action has no record yet: the request hash (and
+/// field digests) a later RequestToken must match, and the action policy's retention.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestHash {
+    pub fingerprint: String,
+    pub digests: String,
+    pub retention: Millis,
+    pub sliding: bool,
+}
+
+/// An operator's record of an action done by hand, outside any agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalCompletion {
+    pub receipt: Vec<u8>,
+    pub note: String,
+    /// The operator principal's name.
+    pub operator: String,
+    /// Required when the action has no record; checked against the stored hash otherwise.
+    pub request: Option<RequestHash>,
+}
+
+/// How an operator settles an expired lease after reconciling with the provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolution {
+    /// The effect happened: record it, as an operator completion.
+    Completed {
+        receipt: Vec<u8>,
+        note: String,
+        operator: String,
+    },
+    /// The effect definitely did not happen: release (fencing kept), so the action can be granted
+    /// again with a higher fencing number.
+    Failed,
+}
+
+/// A successful ResolveExpired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    Completed(Completion),
+    /// Released; the fencing number of the expired grant.
+    Released {
+        fencing: u64,
+    },
+}
+
+/// A completion recorded by an operator, with the live token (if any) moved to `older` so that
+/// its holder's later Complete hears COMPLETED_BY_OTHER: the action may then have run twice.
+fn operator_completion(
+    rec: &Record,
+    receipt: &[u8],
+    note: &str,
+    operator: &str,
+    now: Millis,
+) -> (Completion, Record) {
+    let completion = Completion {
+        receipt: receipt.to_vec(),
+        completed_at: now,
+        fencing: rec.fencing,
+        token: String::new(),
+        source: Source::Operator,
+        note: note.to_owned(),
+        operator: operator.to_owned(),
+    };
+    let mut older = rec.older.clone();
+    if let Phase::Authorized { token, .. } = &rec.phase {
+        older.push(TokenGrant {
+            token: token.clone(),
+            fencing: rec.fencing,
+        });
+    }
+    let record = Record {
+        expires_at: now + rec.retention,
+        older,
+        phase: Phase::Completed(completion.clone()),
+        ..rec.clone()
+    };
+    (completion, record)
+}
+
+/// RecordExternalCompletion: an operator marks an action completed (done by hand). Works on an
+/// absent action (with the request hash), a live or expired lease (the holder later hears
+/// COMPLETED_BY_OTHER); repeating the same operator completion is a no-op; an action already
+/// completed otherwise is refused.
+pub fn record_external(
+    record: Option<&Record>,
+    ext: &ExternalCompletion,
+    now: Millis,
+) -> Step<CompleteOutcome> {
+    let record = live(record, now);
+    if let (Some(rec), Some(req)) = (record, &ext.request)
+        && !matches!(rec.phase, Phase::Released { .. })
+        && rec.fingerprint != req.fingerprint
+    {
+        let differing = fingerprint::differing_fields(&rec.digests, &req.digests);
+        return Step::refuse(Refusal::KeyReused { differing });
+    }
+    let Some(rec) = record.filter(|r| !matches!(r.phase, Phase::Released { .. })) else {
+        let Some(req) = &ext.request else {
+            return Step::refuse(Refusal::RequestRequired);
+        };
+        let base = Record {
+            fencing: record.map_or(0, |r| r.fencing),
+            fingerprint: req.fingerprint.clone(),
+            digests: req.digests.clone(),
+            retention: req.retention,
+            sliding: req.sliding,
+            expires_at: now + req.retention,
+            older: Vec::new(),
+            phase: Phase::Released {
+                token: String::new(),
+            },
+        };
+        let (completion, record) =
+            operator_completion(&base, &ext.receipt, &ext.note, &ext.operator, now);
+        let outcome = CompleteOutcome {
+            completion,
+            recorded: true,
+            double_execution: false,
+        };
+        return Step::reply(outcome, Write::Put(record));
+    };
+    match &rec.phase {
+        Phase::Completed(done)
+            if done.source == Source::Operator
+                && done.receipt == ext.receipt
+                && done.operator == ext.operator =>
+        {
+            let outcome = CompleteOutcome {
+                completion: done.clone(),
+                recorded: false,
+                double_execution: false,
+            };
+            Step::reply(outcome, Write::Nothing)
+        }
+        Phase::Completed(_) => Step::refuse(Refusal::AlreadyCompleted),
+        _ => {
+            let (completion, record) =
+                operator_completion(rec, &ext.receipt, &ext.note, &ext.operator, now);
+            let outcome = CompleteOutcome {
+                completion,
+                recorded: true,
+                double_execution: false,
+            };
+            Step::reply(outcome, Write::Put(record))
+        }
+    }
+}
+
+/// ResolveExpired: settles an action whose lease ended without Complete or Release, as completed
+/// (an operator completion) or failed (released, fencing kept). Anything else is refused.
+pub fn resolve_expired(
+    record: Option<&Record>,
+    resolution: &Resolution,
+    now: Millis,
+) -> Step<Resolved> {
+    let current = view(record, now);
+    let rec = match (live(record, now), current.state) {
+        (Some(rec), State::Expired) => rec,
+        (_, State::Completed) => return Step::refuse(Refusal::AlreadyCompleted),
+        (_, state) => return Step::refuse(Refusal::NotExpired { state }),
+    };
+    let Phase::Authorized { token, .. } = &rec.phase else {
+        unreachable!("an expired record is authorized");
+    };
+    match resolution {
+        Resolution::Completed {
+            receipt,
+            note,
+            operator,
+        } => {
+            let (completion, record) = operator_completion(rec, receipt, note, operator, now);
+            Step::reply(Resolved::Completed(completion), Write::Put(record))
+        }
+        Resolution::Failed => {
+            let record = Record {
+                expires_at: now + rec.retention,
+                phase: Phase::Released {
+                    token: token.clone(),
+                },
+                ..rec.clone()
+            };
+            Step::reply(
+                Resolved::Released {
+                    fencing: rec.fencing,
+                },
+                Write::Put(record),
+            )
+        }
+    }
+}
+
+/// Whether a record is an unresolved expired lease at `now` (what ListUnresolved lists).
+pub fn is_unresolved(record: Option<&Record>, now: Millis) -> bool {
+    view(record, now).state == State::Expired
 }
 
 #[cfg(test)]

@@ -9,6 +9,9 @@
 //! - [`gate`]: validation, fingerprinting and policy around one store call. No gRPC types.
 //! - [`error`]: the domain errors and their one translation to `tonic::Status`.
 //! - [`service`]: the generated gRPC trait, proto ↔ domain, nothing else.
+//! - [`auth`]: principals, credentials (API key hash, client certificate), scopes, rate limits.
+//! - [`tls`]: the listener's TLS settings and client-certificate identities.
+//! - [`admin`]: the operator API (`GateAdminService`); [`admin_cli`]: `oncegate admin …`.
 //! - [`server`]: listener, health, reflection, graceful drain.
 //! - [`metrics`]: the Prometheus handles (attempts by decision, DAR, latency) and `/metrics`.
 //! - [`telemetry`]: logs, one span per RPC (W3C `traceparent`), OTLP export behind `otel`.
@@ -16,6 +19,9 @@
 //! - [`client`]: a typed Rust client and the guard that runs an action at most once.
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod admin_cli;
+pub mod auth;
 pub mod cli;
 pub mod client;
 pub mod error;
@@ -29,3 +35,4 @@ pub mod server;
 pub mod service;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

@@ -5,6 +5,7 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 
 use clap::Parser;
 use oncegate::{
+    admin_cli, auth,
     cli::{Cli, Command, FingerprintArgs, ServeArgs},
     fingerprint,
     gate::Gate,
@@ -17,6 +18,7 @@ use oncegate::{
         redis::RedisStore,
     },
     telemetry,
+    tls::{self, Exposure},
 };
 use prometheus_client::registry::Registry;
 
@@ -41,6 +43,14 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Fingerprint(args) => fingerprint_command(&args),
+        Command::HashKey => hash_key_command(),
+        Command::Admin(args) => match tokio::runtime::Runtime::new() {
+            Ok(runtime) => runtime.block_on(admin_cli::run(*args)),
+            Err(e) => {
+                eprintln!("oncegate: cannot start the async runtime: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(runtime) => runtime,
@@ -99,6 +109,62 @@ fn fingerprint_command(args: &FingerprintArgs) -> ExitCode {
     }
 }
 
+/// `oncegate hash-key`: the SHA-256 of the key on standard input (one trailing newline ignored).
+fn hash_key_command() -> ExitCode {
+    let mut key = String::new();
+    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut key) {
+        eprintln!("oncegate: cannot read the key from standard input: {e}");
+        return ExitCode::from(EX_DATAERR);
+    }
+    let key = key
+        .strip_suffix('\n')
+        .map(|k| k.strip_suffix('\r').unwrap_or(k))
+        .unwrap_or(&key);
+    if key.is_empty() {
+        eprintln!("oncegate: the key on standard input is empty");
+        return ExitCode::from(EX_DATAERR);
+    }
+    println!("{}", auth::hash_key(key));
+    ExitCode::SUCCESS
+}
+
+/// The listener's TLS settings and the secure-by-default check; `Err` means exit 64.
+fn listener_security(
+    args: &ServeArgs,
+    policies: &Policies,
+) -> Result<Option<tls::TlsSettings>, ExitCode> {
+    let no_principals = policies.principals.is_empty();
+    let settings = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            match tls::load(cert, key, args.tls_client_ca.as_deref(), no_principals) {
+                Ok(settings) => Some(settings),
+                Err(e) => {
+                    tracing::error!("bad configuration: {e}");
+                    return Err(ExitCode::from(EX_USAGE));
+                }
+            }
+        }
+        _ => None,
+    };
+    match tls::judge_listener(
+        &args.listen,
+        !no_principals,
+        settings.as_ref(),
+        args.insecure,
+    ) {
+        Exposure::Fine => {}
+        Exposure::Warn(message) => tracing::warn!("{message}"),
+        Exposure::Refuse(message) => {
+            tracing::error!("{message}");
+            return Err(ExitCode::from(EX_USAGE));
+        }
+    }
+    if no_principals {
+        tracing::info!("no principals configured: every caller may act for every agent");
+    }
+    Ok(settings)
+}
+
 async fn serve(args: ServeArgs) -> ExitCode {
     let policies = match load_policies(args.config.as_deref()) {
         Ok(p) => p,
@@ -106,6 +172,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
             tracing::error!("bad configuration: {e}");
             return ExitCode::from(EX_USAGE);
         }
+    };
+    let tls = match listener_security(&args, &policies) {
+        Ok(tls) => tls,
+        Err(code) => return code,
     };
     if let Err(e) = Metrics::check_other_action_label(&args.metrics_other_action_label, &policies) {
         tracing::error!("bad configuration: --metrics-other-action-label: {e}");
@@ -135,7 +205,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
                 .await
                 .map(Store::Redis)
         }
-        None => EmbeddedStore::open(&args.data_dir, system_clock()).map(Store::Embedded),
+        None => EmbeddedStore::open(&args.data_dir, system_clock()).map(|s| {
+            Store::Embedded(s.with_call_timeout(Duration::from_millis(args.store_timeout_ms)))
+        }),
     };
     let store = match store {
         Ok(store) => store,
@@ -190,6 +262,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
     tracing::info!(%addr, store = store_name, durability_replicas = args.durability_replicas, "oncegate serving");
     let options = ServerOptions {
         drain_timeout: Duration::from_secs(args.drain_seconds),
+        max_message_bytes: args.max_message_bytes as usize,
+        tls,
         ..ServerOptions::default()
     };
     match server::run(

@@ -2,13 +2,19 @@
 //!
 //! The server, not each client, decides which params are key fields, so every client in every
 //! language fingerprints the same way. Owns: the file format, defaults, limits, and the lookup of
-//! an action's policy (exact name first, then the longest matching `prefix*` pattern).
+//! an action's policy (exact name first, then the longest matching `prefix*` pattern). The
+//! `[[principals]]` entries of the same file are validated by [`crate::auth`].
 
 use std::{collections::HashMap, path::Path};
 
 use serde::Deserialize;
 
-use crate::{fingerprint::KeyFields, ledger::Millis, ledger::OnExpiry};
+use crate::{
+    auth::{PrincipalConfig, Principals},
+    fingerprint::KeyFields,
+    ledger::Millis,
+    ledger::OnExpiry,
+};
 
 /// The policy file, as written.
 #[derive(Debug, Default, Deserialize)]
@@ -22,6 +28,8 @@ struct File {
     limits: LimitsTable,
     #[serde(default)]
     actions: HashMap<String, PolicyTable>,
+    #[serde(default)]
+    principals: Vec<PrincipalConfig>,
 }
 
 /// `[defaults]` and each `[actions."<name>"]`; unset entries fall back to `[defaults]`, then to the
@@ -94,6 +102,8 @@ pub struct Policies {
     exact: HashMap<String, ActionPolicy>,
     /// `(prefix, policy)`, longest prefix first.
     prefixes: Vec<(String, ActionPolicy)>,
+    /// Who may call the gate (`[[principals]]`); empty means an open gate.
+    pub principals: Principals,
 }
 
 impl Default for Policies {
@@ -104,6 +114,7 @@ impl Default for Policies {
             defaults: builtin_defaults(),
             exact: HashMap::new(),
             prefixes: Vec::new(),
+            principals: Principals::default(),
         }
     }
 }
@@ -164,6 +175,7 @@ impl Policies {
             defaults,
             exact: HashMap::new(),
             prefixes: Vec::new(),
+            principals: Principals::from_config(&file.principals).map_err(PolicyError)?,
         };
         for (name, table) in &file.actions {
             let policy = resolve(Some(name), table, &policies.defaults)?;

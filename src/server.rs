@@ -1,15 +1,19 @@
-//! Runs the gRPC server on a listener it is given: the gate service, gRPC health (overall and per
-//! service, the latter following the store), reflection (v1 and v1alpha), bounded messages, and a
+//! Runs the gRPC server on a listener it is given: the gate service and the operator API behind
+//! the authenticator, gRPC health (overall and per service, the latter following the store) and
+//! reflection (v1 and v1alpha) without credentials, TLS when configured, bounded messages, and a
 //! graceful drain with a deadline when `shutdown` resolves.
 
 use std::{future::Future, time::Duration};
 
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
+use tonic::{service::interceptor::InterceptedService, transport::Server};
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-use crate::{gate::Gate, pb, service::GateService, telemetry::layer::RpcLayer};
+use crate::{
+    admin::AdminService, auth::Authenticator, gate::Gate, pb, service::GateService,
+    telemetry::layer::RpcLayer, tls::TlsSettings,
+};
 
 /// Name of the gate service in the health service (readiness follows the store under this name).
 pub const SERVICE_NAME: &str = "oncegate.v1.ActionGateService";
@@ -23,6 +27,8 @@ pub struct ServerOptions {
     pub max_message_bytes: usize,
     /// How often the store is probed for the health service.
     pub health_interval: Duration,
+    /// TLS (and mutual TLS) of the listener; plaintext when `None`.
+    pub tls: Option<TlsSettings>,
 }
 
 impl Default for ServerOptions {
@@ -31,6 +37,7 @@ impl Default for ServerOptions {
             drain_timeout: Duration::from_secs(20),
             max_message_bytes: 256 * 1024,
             health_interval: Duration::from_secs(1),
+            tls: None,
         }
     }
 }
@@ -76,17 +83,33 @@ pub async fn run(
         .build_v1alpha()?;
 
     let rpc_layer = RpcLayer::new(gate.metrics().clone());
-    let service =
-        pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(gate))
-            .max_decoding_message_size(options.max_message_bytes);
+    // Both gate services sit behind the one authenticator; health and reflection stay open.
+    let auth = Authenticator::new(gate.policies().principals.clone());
+    let service = InterceptedService::new(
+        pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(
+            gate.clone(),
+        ))
+        .max_decoding_message_size(options.max_message_bytes),
+        auth.clone(),
+    );
+    let admin = InterceptedService::new(
+        pb::gate_admin_service_server::GateAdminServiceServer::new(AdminService::new(gate))
+            .max_decoding_message_size(options.max_message_bytes),
+        auth,
+    );
 
+    let mut builder = Server::builder();
+    if let Some(tls) = &options.tls {
+        builder = builder.tls_config(tls.config.clone())?;
+    }
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = Server::builder()
+    let server = builder
         .layer(rpc_layer)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service)
+        .add_service(admin)
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
             let _ = stop_rx.await;
         });

@@ -1,8 +1,12 @@
 //! The generated `ActionGateService` trait: proto ↔ domain conversions and nothing else.
 
+use std::sync::Arc;
+
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use crate::{
+    auth::{self, Principal},
     error::GateError,
     gate::{Gate, TokenCall},
     ledger::{self, Millis, TokenOutcome},
@@ -21,6 +25,17 @@ impl GateService {
     pub fn new(gate: Gate) -> Self {
         Self { gate }
     }
+}
+
+/// The span every audit event of one call runs in: it names the principal, on the audit target so
+/// that routing `oncegate::audit` alone keeps it.
+pub fn audit_span(principal: &Principal) -> tracing::Span {
+    tracing::info_span!(target: crate::gate::AUDIT, "call", principal = %principal.name)
+}
+
+/// The caller, and the check that it may act for `agent_id` (before any store call).
+fn authorized(principal: &Arc<Principal>, agent_id: &str) -> Result<(), GateError> {
+    principal.authorize(agent_id, false)
 }
 
 /// Store milliseconds as a protobuf Timestamp.
@@ -45,7 +60,8 @@ fn duration_ms(field: &str, d: Option<prost_types::Duration>) -> Result<Option<M
     Ok(Some(ms))
 }
 
-fn action_key(action: Option<pb::ActionRef>) -> Result<ActionKey, GateError> {
+/// The action a request names; INVALID_REQUEST when it names none.
+pub fn action_key(action: Option<pb::ActionRef>) -> Result<ActionKey, GateError> {
     let action = action.ok_or_else(|| GateError::invalid("action", "is required"))?;
     let scope = action
         .scope
@@ -53,7 +69,8 @@ fn action_key(action: Option<pb::ActionRef>) -> Result<ActionKey, GateError> {
     Ok(ActionKey::new(scope.agent_id, scope.run_id, action.key))
 }
 
-fn action_ref(key: &ActionKey) -> pb::ActionRef {
+/// An action key on the wire.
+pub fn action_ref(key: &ActionKey) -> pb::ActionRef {
     pb::ActionRef {
         scope: Some(pb::Scope {
             agent_id: key.agent_id.clone(),
@@ -63,7 +80,8 @@ fn action_ref(key: &ActionKey) -> pb::ActionRef {
     }
 }
 
-fn completion(done: ledger::Completion) -> pb::Completion {
+/// A stored completion on the wire.
+pub fn completion(done: ledger::Completion) -> pb::Completion {
     pb::Completion {
         receipt: done.receipt,
         completed_at: Some(timestamp(done.completed_at)),
@@ -73,6 +91,8 @@ fn completion(done: ledger::Completion) -> pb::Completion {
             ledger::Source::Worker => pb::CompletionSource::Worker,
             ledger::Source::Operator => pb::CompletionSource::Operator,
         } as i32,
+        note: done.note,
+        operator: done.operator,
     }
 }
 
@@ -82,12 +102,14 @@ impl ActionGateService for GateService {
         &self,
         request: Request<pb::RequestTokenRequest>,
     ) -> Result<Response<pb::RequestTokenResponse>, Status> {
+        let principal = auth::principal(&request)?;
         let req = request.into_inner();
         // A request that cannot even be converted is still an attempt: counted as `invalid`.
         let invalid = |e: GateError| self.gate.invalid_attempt(&req.action, e);
         let scope = req
             .scope
             .ok_or_else(|| invalid(GateError::invalid("scope", "is required")))?;
+        authorized(&principal, &scope.agent_id)?;
         let lease = duration_ms("lease_ttl", req.lease_ttl).map_err(invalid)?;
         let call = TokenCall {
             agent_id: scope.agent_id,
@@ -99,7 +121,11 @@ impl ActionGateService for GateService {
             holder: req.holder,
             lease,
         };
-        let answer = self.gate.request_token(call).await?;
+        let answer = self
+            .gate
+            .request_token(call)
+            .instrument(audit_span(&principal))
+            .await?;
         let mut response = pb::RequestTokenResponse {
             action: Some(action_ref(&answer.key)),
             fingerprint: answer.fingerprint,
@@ -129,9 +155,15 @@ impl ActionGateService for GateService {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteResponse>, Status> {
+        let principal = auth::principal(&request)?;
         let req = request.into_inner();
         let key = action_key(req.action)?;
-        let done = self.gate.complete(&key, &req.token, &req.receipt).await?;
+        authorized(&principal, &key.agent_id)?;
+        let done = self
+            .gate
+            .complete(&key, &req.token, &req.receipt)
+            .instrument(audit_span(&principal))
+            .await?;
         Ok(Response::new(pb::CompleteResponse {
             completion: Some(completion(done.completion)),
         }))
@@ -141,8 +173,10 @@ impl ActionGateService for GateService {
         &self,
         request: Request<pb::ReleaseRequest>,
     ) -> Result<Response<pb::ReleaseResponse>, Status> {
+        let principal = auth::principal(&request)?;
         let req = request.into_inner();
         let key = action_key(req.action)?;
+        authorized(&principal, &key.agent_id)?;
         let reason = match pb::ReleaseReason::try_from(req.reason) {
             Ok(pb::ReleaseReason::DefiniteFailure) => "definite_failure",
             Ok(pb::ReleaseReason::NotAttempted) => "not_attempted",
@@ -154,7 +188,11 @@ impl ActionGateService for GateService {
                 .into());
             }
         };
-        let fencing = self.gate.release(&key, &req.token, reason).await?;
+        let fencing = self
+            .gate
+            .release(&key, &req.token, reason)
+            .instrument(audit_span(&principal))
+            .await?;
         Ok(Response::new(pb::ReleaseResponse { fencing }))
     }
 
@@ -162,10 +200,16 @@ impl ActionGateService for GateService {
         &self,
         request: Request<pb::ExtendLeaseRequest>,
     ) -> Result<Response<pb::ExtendLeaseResponse>, Status> {
+        let principal = auth::principal(&request)?;
         let req = request.into_inner();
         let key = action_key(req.action)?;
+        authorized(&principal, &key.agent_id)?;
         let ttl = duration_ms("ttl", req.ttl)?;
-        let at = self.gate.extend_lease(&key, &req.token, ttl).await?;
+        let at = self
+            .gate
+            .extend_lease(&key, &req.token, ttl)
+            .instrument(audit_span(&principal))
+            .await?;
         Ok(Response::new(pb::ExtendLeaseResponse {
             lease_expires_at: Some(timestamp(at)),
         }))
@@ -175,21 +219,28 @@ impl ActionGateService for GateService {
         &self,
         request: Request<pb::GetActionRequest>,
     ) -> Result<Response<pb::GetActionResponse>, Status> {
+        let principal = auth::principal(&request)?;
         let key = action_key(request.into_inner().action)?;
+        authorized(&principal, &key.agent_id)?;
         let view = self.gate.get(&key).await?;
-        let state = match view.state {
-            ledger::State::Absent => pb::ActionState::Absent,
-            ledger::State::Authorized => pb::ActionState::Authorized,
-            ledger::State::Completed => pb::ActionState::Completed,
-            ledger::State::Expired => pb::ActionState::Expired,
-        };
-        Ok(Response::new(pb::GetActionResponse {
-            state: state as i32,
-            fencing: view.fencing,
-            fingerprint: view.fingerprint,
-            lease_expires_at: view.lease_expires_at.map(timestamp),
-            completion: view.completion.map(completion),
-            holder: view.holder,
-        }))
+        Ok(Response::new(action_view(view)))
+    }
+}
+
+/// A record view on the wire.
+pub fn action_view(view: ledger::ActionView) -> pb::GetActionResponse {
+    let state = match view.state {
+        ledger::State::Absent => pb::ActionState::Absent,
+        ledger::State::Authorized => pb::ActionState::Authorized,
+        ledger::State::Completed => pb::ActionState::Completed,
+        ledger::State::Expired => pb::ActionState::Expired,
+    };
+    pb::GetActionResponse {
+        state: state as i32,
+        fencing: view.fencing,
+        fingerprint: view.fingerprint,
+        lease_expires_at: view.lease_expires_at.map(timestamp),
+        completion: view.completion.map(completion),
+        holder: view.holder,
     }
 }

@@ -76,7 +76,7 @@ fn is_lower_hex(s: &str) -> bool {
 
 /// Puts what the gate knows about the action on the current RPC span (a no-op outside one).
 pub fn record_action(agent_id: &str, run_id: &str, action: Option<&str>, key: &str) {
-    let span = Span::current();
+    let span = rpc_span();
     span.record("agent_id", agent_id);
     span.record("run_id", run_id);
     if let Some(action) = action {
@@ -89,7 +89,25 @@ pub fn record_action(agent_id: &str, run_id: &str, action: Option<&str>, key: &s
 
 /// Puts the gate's decision on the current RPC span (a no-op outside one).
 pub fn record_decision(decision: &str) {
-    Span::current().record("decision", decision);
+    rpc_span().record("decision", decision);
+}
+
+tokio::task_local! {
+    /// The span of the RPC being polled, so the gate can record on it even from inside a child
+    /// span (the audit span that names the principal).
+    static CURRENT_RPC: Span;
+}
+
+/// Runs `f` (one poll of an RPC) with `span` as the RPC span.
+pub(crate) fn with_rpc_span<R>(span: &Span, f: impl FnOnce() -> R) -> R {
+    CURRENT_RPC.sync_scope(span.clone(), f)
+}
+
+/// The current RPC's span, or the current span outside one.
+fn rpc_span() -> Span {
+    CURRENT_RPC
+        .try_with(Span::clone)
+        .unwrap_or_else(|_| Span::current())
 }
 
 /// Keeps the tracing pipeline alive; dropping it flushes the OTLP exporter, if any.

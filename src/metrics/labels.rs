@@ -103,7 +103,7 @@ pub const STORE_OPERATIONS: [&str; 5] = [
 ];
 
 /// The release reasons a client can give (anything else is counted as `other`).
-pub const RELEASE_REASONS: [&str; 2] = ["definite_failure", "not_attempted"];
+pub const RELEASE_REASONS: [&str; 3] = ["definite_failure", "not_attempted", "resolved_failed"];
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct AttemptLabels {

@@ -46,7 +46,16 @@ impl ActionKey {
         let mut parts = Vec::with_capacity(3);
         for _ in 0..3 {
             let colon = rest.iter().position(|b| *b == b':')?;
-            let len: usize = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+            let digits = &rest[..colon];
+            // Only the canonical spelling of the length (found by fuzzing: `00:` and `+1:` would
+            // decode too, giving one key two encodings).
+            if digits.is_empty()
+                || !digits.iter().all(u8::is_ascii_digit)
+                || (digits.len() > 1 && digits[0] == b'0')
+            {
+                return None;
+            }
+            let len: usize = std::str::from_utf8(digits).ok()?.parse().ok()?;
             let start = colon + 1;
             let part = rest.get(start..start + len)?;
             parts.push(String::from_utf8(part.to_vec()).ok()?);
@@ -65,16 +74,24 @@ impl ActionKey {
         })
     }
 
-    /// The Redis key of the record: `og:{<digest>}`. The braces make the 192-bit digest of the
-    /// encoded action key the Cluster hash tag, so every key of one action lands on one slot and
-    /// actions spread evenly over slots; no client bytes reach the key, so `{`/`}` in ids cannot
-    /// break the tag.
+    /// The Redis key of the record: `og:{<agent digest>}:<action digest>`. The braces make a
+    /// digest of the agent id the Cluster hash tag, so one agent's records and its lease index
+    /// ([`ActionKey::redis_index_key`]) share a slot and a script can update both atomically; the
+    /// action digest (192 bits of SHA-256 of the encoded action key) names the record. No client
+    /// bytes reach the key, so `{`/`}` in ids cannot break the tag.
     pub fn redis_key(&self) -> String {
         let digest = Sha256::digest(self.encode());
         format!(
-            "og:{{{}}}",
+            "{}:{}",
+            agent_tag(&self.agent_id),
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..24])
         )
+    }
+
+    /// The Redis key of the agent's lease index: a sorted set scored by lease expiry whose members
+    /// are [`ActionKey::encode`] of the agent's authorized actions (see `src/store/redis/`).
+    pub fn redis_index_key(&self) -> String {
+        redis_index_key(&self.agent_id)
     }
 
     /// A stable key for the downstream provider's own idempotency check: the same for every
@@ -86,6 +103,27 @@ impl ActionKey {
         format!("og-{}", hex::encode(&hasher.finalize()[..20]))
     }
 }
+
+/// `og:{<base64url(SHA-256("agent\0" ++ agent_id))[..16 bytes]>}`: the hash-tagged prefix of
+/// every Redis key of one agent.
+fn agent_tag(agent_id: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"agent\0");
+    hasher.update(agent_id.as_bytes());
+    format!(
+        "og:{{{}}}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&hasher.finalize()[..16])
+    )
+}
+
+/// The Redis key of one agent's lease index, `og:{<agent digest>}:leases`.
+pub fn redis_index_key(agent_id: &str) -> String {
+    format!("{}:leases", agent_tag(agent_id))
+}
+
+/// The Redis set of agent ids that were ever granted a token: a hint for listing across agents
+/// (kept outside the per-agent slots, so it is updated after the grant, not inside its script).
+pub const REDIS_AGENTS_KEY: &str = "og:agents";
 
 #[cfg(test)]
 mod tests {
@@ -110,6 +148,16 @@ mod tests {
             assert_eq!(ActionKey::decode(&key.encode()), Some(key));
         }
         assert_eq!(ActionKey::decode(b"1:a1:b"), None);
+        assert_eq!(
+            ActionKey::decode(b"00:00:1:B"),
+            None,
+            "non-canonical lengths"
+        );
+        assert_eq!(ActionKey::decode(b"+1:a1:b1:c"), None);
+        assert_eq!(
+            ActionKey::decode(b"0:0:1:B"),
+            Some(ActionKey::new("", "", "B"))
+        );
         assert_eq!(ActionKey::decode(b"1:a1:b1:cx"), None);
     }
 
@@ -117,8 +165,23 @@ mod tests {
     fn redis_key_has_one_hash_tag_and_no_client_bytes() {
         let key = ActionKey::new("{evil}", "r}", "k{");
         let redis_key = key.redis_key();
-        assert!(redis_key.starts_with("og:{") && redis_key.ends_with('}'));
+        assert!(redis_key.starts_with("og:{"));
         assert_eq!(redis_key.matches('{').count(), 1);
-        assert_eq!(redis_key.len(), 4 + 32 + 1);
+        assert_eq!(redis_key.matches('}').count(), 1);
+        assert_eq!(redis_key.len(), 4 + 22 + 2 + 32);
+        assert!(!redis_key.contains("evil"));
+    }
+
+    #[test]
+    fn one_agent_shares_a_hash_tag_and_agents_do_not() {
+        let tag = |k: &str| k[k.find('{').unwrap()..=k.find('}').unwrap()].to_owned();
+        let a = ActionKey::new("billing", "r1", "k1");
+        let b = ActionKey::new("billing", "r2", "k2");
+        let c = ActionKey::new("billing2", "r1", "k1");
+        assert_eq!(tag(&a.redis_key()), tag(&b.redis_key()));
+        assert_eq!(tag(&a.redis_key()), tag(&a.redis_index_key()));
+        assert_ne!(a.redis_key(), b.redis_key());
+        assert_ne!(tag(&a.redis_key()), tag(&c.redis_key()));
+        assert!(a.redis_index_key().ends_with(":leases"));
     }
 }

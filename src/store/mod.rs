@@ -18,11 +18,16 @@
 
 pub mod embedded;
 pub mod key;
+pub mod list;
 pub mod redis;
 
 pub use key::ActionKey;
+pub use list::{ListCursor, Page, Unresolved};
 
-use crate::ledger::{ActionView, CompleteOutcome, Millis, Refusal, TokenOutcome, TokenRequest};
+use crate::ledger::{
+    ActionView, CompleteOutcome, ExternalCompletion, Millis, Refusal, Resolution, Resolved,
+    TokenOutcome, TokenRequest,
+};
 
 /// The result of one state-machine step, with the store time it was taken at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,6 +205,38 @@ impl Store {
     /// Read an action as it stands.
     pub async fn get(&self, key: &ActionKey) -> Result<Reply<ActionView>, StoreError> {
         dispatch!(self, s => s.get(key).await)
+    }
+
+    /// An operator's completion of an action done by hand (see [`crate::ledger::record_external`]).
+    pub async fn record_external(
+        &self,
+        key: &ActionKey,
+        ext: &ExternalCompletion,
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
+        dispatch!(self, s => s.record_external(key, ext).await)
+    }
+
+    /// An operator's settlement of an expired lease (see [`crate::ledger::resolve_expired`]).
+    pub async fn resolve_expired(
+        &self,
+        key: &ActionKey,
+        resolution: &Resolution,
+    ) -> Result<Reply<Resolved>, StoreError> {
+        dispatch!(self, s => s.resolve_expired(key, resolution).await)
+    }
+
+    /// Up to `limit` unresolved actions (lease ended, neither completed nor released) after
+    /// `after`, of one agent or of every agent, judged at the store's `now`. Not a snapshot: each
+    /// entry is checked against its record when read, and an entry may be absent from a page
+    /// when it changes meanwhile. A page may hold fewer than `limit` entries and still have a
+    /// next cursor.
+    pub async fn list_unresolved(
+        &self,
+        agent_id: Option<&str>,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<Page>, StoreError> {
+        dispatch!(self, s => s.list_unresolved(agent_id, after, limit).await)
     }
 
     /// Checks that the store answers (health, readiness).

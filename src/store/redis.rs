@@ -17,12 +17,14 @@ pub use connection::Topology;
 use connection::{Conn, Wait};
 pub use sentinel::FAILOVER_PAUSE;
 
-use super::{Acked, ActionKey, Durability, Reply, StoreError};
+use super::{Acked, ActionKey, Durability, ListCursor, Page, Reply, StoreError};
 use crate::fingerprint;
 use crate::ledger::{
-    ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Refusal, Source,
-    State, TokenOutcome, TokenRequest,
+    ActionView, CompleteOutcome, Completion, ExternalCompletion, Grant, GrantKind, Millis,
+    OnExpiry, Refusal, Resolution, Resolved, Source, State, TokenOutcome, TokenRequest,
 };
+
+mod listing;
 
 const PRELUDE: &str = include_str!("redis/prelude.lua");
 
@@ -35,6 +37,9 @@ struct Scripts {
     get: Script,
     /// Not a transition: a no-op write that lets `WAIT` cover an earlier write (see the file).
     sync: Script,
+    record_external: Script,
+    resolve_expired: Script,
+    unresolved: Script,
 }
 
 impl Scripts {
@@ -47,6 +52,9 @@ impl Scripts {
             extend_lease: with_prelude(include_str!("redis/extend_lease.lua")),
             get: with_prelude(include_str!("redis/get.lua")),
             sync: Script::new(include_str!("redis/sync.lua")),
+            record_external: with_prelude(include_str!("redis/record_external.lua")),
+            resolve_expired: with_prelude(include_str!("redis/resolve_expired.lua")),
+            unresolved: with_prelude(include_str!("redis/unresolved.lua")),
         }
     }
 }
@@ -92,6 +100,8 @@ pub struct RedisStore {
     conn: Conn,
     scripts: Arc<Scripts>,
     options: RedisOptions,
+    /// Agents this process already added to the `og:agents` hint set.
+    agents_seen: Arc<listing::SeenAgents>,
 }
 
 impl RedisStore {
@@ -119,6 +129,7 @@ impl RedisStore {
             conn,
             scripts: Arc::new(Scripts::load()),
             options,
+            agents_seen: Arc::default(),
         })
     }
 
@@ -131,6 +142,8 @@ impl RedisStore {
         })
     }
 
+    /// Runs a per-action script: KEYS = [record, the agent's lease index], ARGV = [member, args…],
+    /// followed by `WAIT` on the same connection when `wait` asks for it.
     async fn run_raw(
         &self,
         script: &Script,
@@ -139,6 +152,7 @@ impl RedisStore {
         wait: Option<Wait>,
     ) -> Result<(Value, u32), StoreError> {
         let mut invocation = script.key(key.redis_key());
+        invocation.key(key.redis_index_key()).arg(key.encode());
         for arg in args {
             invocation.arg(*arg);
         }
@@ -160,6 +174,22 @@ impl RedisStore {
         let (value, acknowledged) = self.run_raw(script, key, args, wait).await?;
         let (now, decoded) = decode(value)?;
         Ok((now, decoded, acknowledged))
+    }
+
+    /// Invokes a prepared script (not a per-action one) with the call deadline and decodes its
+    /// reply.
+    async fn invoke(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<(Millis, Decoded), StoreError> {
+        let (value, _) =
+            tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, None))
+                .await
+                .map_err(|_| {
+                    StoreError::Unavailable("Redis did not answer within the call timeout".into())
+                })?
+                .map_err(classify)?;
+        decode(value)
     }
 
     /// For a reply that hands out or confirms an earlier write (a re-delivered grant, a repeated
@@ -213,6 +243,9 @@ impl RedisStore {
         let (now, decoded, mut acknowledged) = self
             .run(&self.scripts.request_token, key, &args, wait)
             .await?;
+        if matches!(decoded, Decoded::Granted(_, GrantKind::New)) {
+            self.remember_agent(&key.agent_id).await;
+        }
         let result = match decoded {
             Decoded::Granted(grant, kind) => {
                 if kind == GrantKind::Redelivered {
@@ -371,6 +404,95 @@ impl RedisStore {
         }
     }
 
+    pub async fn record_external(
+        &self,
+        key: &ActionKey,
+        ext: &ExternalCompletion,
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
+        let (fp, digests, retention, sliding) = match &ext.request {
+            Some(r) => (
+                r.fingerprint.as_str(),
+                r.digests.as_str(),
+                r.retention.to_string(),
+                r.sliding,
+            ),
+            None => ("", "", "0".to_owned(), false),
+        };
+        let args: [&[u8]; 8] = [
+            &ext.receipt,
+            ext.note.as_bytes(),
+            ext.operator.as_bytes(),
+            if ext.request.is_some() { b"1" } else { b"0" },
+            fp.as_bytes(),
+            digests.as_bytes(),
+            retention.as_bytes(),
+            if sliding { b"1" } else { b"0" },
+        ];
+        // An operator's write is held to the deployment's durability level like a Complete.
+        let wait = self.wait_for(0);
+        let (now, decoded, acknowledged) = self
+            .run(&self.scripts.record_external, key, &args, wait)
+            .await?;
+        if matches!(decoded, Decoded::Completed { recorded: true, .. }) {
+            confirmed(wait, acknowledged, "operator completion")?;
+        }
+        let result = match decoded {
+            Decoded::Completed {
+                completion,
+                recorded,
+                double_execution,
+            } => Ok(CompleteOutcome {
+                completion,
+                recorded,
+                double_execution,
+            }),
+            Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
+                differing: fingerprint::differing_fields(&stored, digests),
+            }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("record_external", &other)),
+        };
+        Ok(Reply { now, result })
+    }
+
+    pub async fn resolve_expired(
+        &self,
+        key: &ActionKey,
+        resolution: &Resolution,
+    ) -> Result<Reply<Resolved>, StoreError> {
+        let args: [&[u8]; 4] = match resolution {
+            Resolution::Completed {
+                receipt,
+                note,
+                operator,
+            } => [b"completed", receipt, note.as_bytes(), operator.as_bytes()],
+            Resolution::Failed => [b"failed", b"", b"", b""],
+        };
+        let wait = self.wait_for(0);
+        let (now, decoded, acknowledged) = self
+            .run(&self.scripts.resolve_expired, key, &args, wait)
+            .await?;
+        if !matches!(decoded, Decoded::Refused(_)) {
+            confirmed(wait, acknowledged, "resolution")?;
+        }
+        let result = match decoded {
+            Decoded::Completed { completion, .. } => Ok(Resolved::Completed(completion)),
+            Decoded::Released(fencing) => Ok(Resolved::Released { fencing }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("resolve_expired", &other)),
+        };
+        Ok(Reply { now, result })
+    }
+
+    pub async fn list_unresolved(
+        &self,
+        agent_id: Option<&str>,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<Page>, StoreError> {
+        listing::list(self, agent_id, after, limit).await
+    }
+
     pub async fn ping(&self) -> Result<(), StoreError> {
         tokio::time::timeout(
             self.options.call_timeout,
@@ -476,6 +598,8 @@ enum Decoded {
     Extended(Millis),
     View(ActionView),
     Refused(Refusal),
+    /// unresolved.lua: one entry per member checked.
+    Checked(Vec<listing::Checked>),
 }
 
 fn unexpected(op: &str, decoded: &Decoded) -> StoreError {
@@ -563,6 +687,39 @@ fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             fencing: fields.uint()?,
             completed_at: fields.int()?,
         }),
+        "request_required" => Decoded::Refused(Refusal::RequestRequired),
+        "not_expired" => Decoded::Refused(Refusal::NotExpired {
+            state: match fields.int()? {
+                1 => State::Absent,
+                2 => State::Authorized,
+                n => return Err(StoreError::Corrupt(format!("unknown state {n}"))),
+            },
+        }),
+        "unresolved" => {
+            let n = fields.uint()?;
+            let mut checked = Vec::with_capacity(n.min(1024) as usize);
+            for _ in 0..n {
+                let status = fields.int()?;
+                let fencing = fields.uint()?;
+                let fingerprint = fields.string()?;
+                let lease_expires_at = fields.int()?;
+                let holder = fields.string()?;
+                checked.push(match status {
+                    0 => listing::Checked::Stale,
+                    1 => listing::Checked::Unresolved(ActionView {
+                        state: State::Expired,
+                        fencing,
+                        fingerprint,
+                        lease_expires_at: Some(lease_expires_at),
+                        completion: None,
+                        holder,
+                    }),
+                    2 => listing::Checked::Live,
+                    n => return Err(StoreError::Corrupt(format!("unknown list status {n}"))),
+                });
+            }
+            Decoded::Checked(checked)
+        }
         other => {
             return Err(StoreError::Corrupt(format!(
                 "unknown script reply tag {other:?}"
@@ -629,12 +786,16 @@ impl Fields {
             2 => Source::Operator,
             _ => Source::Worker,
         };
+        let note = self.string()?;
+        let operator = self.string()?;
         Ok(Completion {
             receipt,
             completed_at,
             fencing,
             token,
             source,
+            note,
+            operator,
         })
     }
 }

@@ -163,7 +163,7 @@ where
         };
         let result = {
             let _entered = observed.span.enter();
-            match this.inner.poll(cx) {
+            match super::with_rpc_span(&observed.span, || this.inner.poll(cx)) {
                 Poll::Pending => return Poll::Pending,
                 Poll::Ready(result) => result,
             }

@@ -5,7 +5,10 @@
 
 use oncegate::{
     fingerprint::{self, KeyFields, ParamsLimits},
-    ledger::{self, Millis, OnExpiry, Record, Step, TokenRequest, Write},
+    ledger::{
+        self, ExternalCompletion, Millis, OnExpiry, Record, RequestHash, Resolution, Step,
+        TokenRequest, Write,
+    },
     store::{ActionKey, Reply, Store},
 };
 
@@ -61,7 +64,7 @@ async fn actor(store: Store, seed: u64, ops: usize) {
         let pick = |rng: &mut Rng, tokens: &Vec<String>| {
             tokens[rng.below(tokens.len() as u64) as usize].clone()
         };
-        match rng.below(10) {
+        match rng.below(13) {
             0..=3 => {
                 let variant = rng.below(2) as usize;
                 let req = TokenRequest {
@@ -131,6 +134,67 @@ async fn actor(store: Store, seed: u64, ops: usize) {
                     Ok(ledger::view(model.as_ref(), reply.now)),
                     "get diverged"
                 );
+            }
+            9 => {
+                let variant = rng.below(2) as usize;
+                let ext = ExternalCompletion {
+                    receipt: [&b"by hand"[..], b"phone"][rng.below(2) as usize].to_vec(),
+                    note: "ticket-1".into(),
+                    operator: ["ops", "ops2"][rng.below(2) as usize].into(),
+                    request: (rng.below(3) > 0).then(|| RequestHash {
+                        fingerprint: format!("fp-{variant}"),
+                        digests: digests(params[variant]),
+                        retention: [150, 60_000][rng.below(2) as usize],
+                        sliding: rng.below(2) == 0,
+                    }),
+                };
+                let reply = store.record_external(&key, &ext).await.unwrap();
+                check(
+                    &mut model,
+                    reply,
+                    |r, now| ledger::record_external(r, &ext, now),
+                    "record_external",
+                )
+                .ok();
+            }
+            10 => {
+                let resolution = if rng.below(2) == 0 {
+                    Resolution::Failed
+                } else {
+                    Resolution::Completed {
+                        receipt: format!("resolved-{i}").into_bytes(),
+                        note: "reconciled".into(),
+                        operator: "ops".into(),
+                    }
+                };
+                let reply = store.resolve_expired(&key, &resolution).await.unwrap();
+                check(
+                    &mut model,
+                    reply,
+                    |r, now| ledger::resolve_expired(r, &resolution, now),
+                    "resolve_expired",
+                )
+                .ok();
+            }
+            11 => {
+                // This actor owns its agent: the agent's unresolved list is exactly this key
+                // when the model says its lease ended unresolved.
+                let reply = store
+                    .list_unresolved(Some(&key.agent_id), None, 10)
+                    .await
+                    .unwrap();
+                let page = reply.result.unwrap();
+                let expected: Vec<_> = ledger::is_unresolved(model.as_ref(), reply.now)
+                    .then(|| (key.clone(), ledger::view(model.as_ref(), reply.now)))
+                    .into_iter()
+                    .collect();
+                let listed: Vec<_> = page.items.into_iter().map(|u| (u.key, u.view)).collect();
+                assert_eq!(
+                    listed, expected,
+                    "list_unresolved diverged at {}",
+                    reply.now
+                );
+                assert_eq!(page.next, None);
             }
             _ => tokio::time::sleep(std::time::Duration::from_millis(rng.below(60))).await,
         }

@@ -183,10 +183,12 @@ async fn cluster_wait_reaches_the_node_that_owns_the_action() {
     let mut client = gate.client().await;
     let (mut refused, mut granted) = (0, 0);
     for i in 0..30 {
-        let mut req = token_request("agent", "run", "orders.create", &format!(r#"{{"o":{i}}}"#));
+        // The hash tag is the agent: one agent per action spreads the actions over the slots.
+        let agent = format!("agent-{i}");
+        let mut req = token_request(&agent, "run", "orders.create", &format!(r#"{{"o":{i}}}"#));
         req.idempotency_key = format!("order-{i}");
         let result = client.request_token(req).await;
-        let redis_key = ActionKey::new("agent", "run", format!("order-{i}")).redis_key();
+        let redis_key = ActionKey::new(agent, "run", format!("order-{i}")).redis_key();
         let slot: i64 = query(seed, redis::cmd("CLUSTER").arg("KEYSLOT").arg(&redis_key)).unwrap();
         let owner = map.iter().find(|r| r.0 <= slot && slot <= r.1).unwrap().2;
         match result {

@@ -1,6 +1,7 @@
 //! The one integration test binary: real gRPC servers, a real `redis-server` per test, real
 //! `oncegate` processes where a test needs two of them or a crash.
 
+mod admin;
 mod cli;
 mod client;
 mod conformance;
@@ -9,8 +10,11 @@ mod durability;
 mod failover;
 mod failures;
 mod metrics;
+mod pki;
+mod properties;
 mod races;
 mod rows;
+mod security;
 mod services;
 mod support;
 mod traces;

@@ -260,8 +260,7 @@ impl TestGate {
 
     /// Serves an existing backend.
     pub async fn serve(backend: Backend, policies: Policies) -> Self {
-        let gate = Gate::new(backend.store.clone(), policies);
-        Self::serve_gate(backend, gate).await
+        Self::serve_with_options(backend, policies, ServerOptions::default()).await
     }
 
     /// Serves a fresh store of `kind` with `policies`, counting into a registry served on its own
@@ -278,17 +277,29 @@ impl TestGate {
             std::sync::Arc::new(registry),
             std::future::pending(),
         ));
-        (Self::serve_gate(backend, gate).await, metrics_addr)
+        let gate = Self::serve_gate(backend, gate, ServerOptions::default()).await;
+        (gate, metrics_addr)
     }
 
-    /// Serves `gate` over `backend`.
-    pub async fn serve_gate(backend: Backend, gate: Gate) -> Self {
+    /// Serves an existing backend with server options (TLS, message size); the health interval
+    /// is always short.
+    pub async fn serve_with_options(
+        backend: Backend,
+        policies: Policies,
+        options: ServerOptions,
+    ) -> Self {
+        let gate = Gate::new(backend.store.clone(), policies);
+        Self::serve_gate(backend, gate, options).await
+    }
+
+    /// Serves `gate` over `backend` with server options.
+    pub async fn serve_gate(backend: Backend, gate: Gate, options: ServerOptions) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let options = ServerOptions {
             health_interval: Duration::from_millis(100),
-            ..ServerOptions::default()
+            ..options
         };
         tokio::spawn(server::run(listener, gate, options, async {
             let _ = stopped.await;

@@ -1,11 +1,14 @@
 -- Complete: record the outcome of an attempt (idempotent for the same token).
 -- KEYS[1]: the action's record key
--- ARGV[1]: token
--- ARGV[2]: receipt (bytes)
--- Returns: { now, 'completed', recorded (0/1), double_execution (0/1), receipt, completed_at, fencing, token, source }
+-- KEYS[2]: the agent's lease index
+-- ARGV[1]: the index member, the encoded action key
+-- ARGV[2]: token
+-- ARGV[3]: receipt (bytes)
+-- Returns: { now, 'completed', recorded (0/1), double_execution (0/1), receipt, completed_at, fencing,
+--            token, source, note, operator }
 --        | { now, 'token_unknown' } | { now, 'token_mismatch' }
 --        | { now, 'completed_by_other', fencing, completed_at }
-local key, token, receipt = KEYS[1], ARGV[1], ARGV[2]
+local key, token, receipt = KEYS[1], ARGV[2], ARGV[3]
 
 local rec = load(key)
 if not rec then
@@ -18,7 +21,7 @@ local function record(fencing, double)
     table.remove(rec[11], i)
   end
   rec[1], rec[7], rec[8] = 2, NOW + rec[5], token
-  rec[12], rec[13], rec[14], rec[15] = receipt, NOW, fencing, 1
+  rec[12], rec[13], rec[14], rec[15], rec[16], rec[17] = receipt, NOW, fencing, 1, '', ''
   save(key, rec)
   return completion_reply('completed', rec, 1, double)
 end

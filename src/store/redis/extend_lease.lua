@@ -1,10 +1,12 @@
 -- ExtendLease: the holder of a live lease moves its expiry to now + ttl.
 -- KEYS[1]: the action's record key
--- ARGV[1]: token
--- ARGV[2]: ttl in ms (> 0)
+-- KEYS[2]: the agent's lease index
+-- ARGV[1]: the index member, the encoded action key
+-- ARGV[2]: token
+-- ARGV[3]: ttl in ms (> 0)
 -- Returns: { now, 'extended', lease_expires_at } | { now, 'token_unknown' } | { now, 'token_mismatch' }
 --        | { now, 'already_completed' } | { now, 'lease_expired', token, fencing, lease_expired_at }
-local key, token, ttl = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local key, token, ttl = KEYS[1], ARGV[2], tonumber(ARGV[3])
 if not ttl or ttl <= 0 then
   return redis.error_reply('ERR oncegate: ttl must be positive')
 end

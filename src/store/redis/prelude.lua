@@ -16,6 +16,13 @@
 --   [13] completed_at
 --   [14] completed_fencing
 --   [15] source          1 worker, 2 operator
+--   [16] note            operator completions' note (absent in older records: read as '')
+--   [17] operator        the operator principal's name (idem)
+--
+-- The lease index of one agent, og:{<agent digest>}:leases, is a sorted set: member = the encoded
+-- action key, score = lease_expires_at, one member per authorized record (live or expired). Every
+-- script that writes a record receives it as KEYS[2] and the member as ARGV[1], and `save` keeps
+-- it in step; both keys share the agent's hash tag, so Cluster runs the script on one slot.
 -- Every reply starts with { now_ms, tag, ... }; src/store/redis.rs decodes them in one place.
 -- Time is Redis's own (TIME), so every gate replica agrees on when a lease ends.
 
@@ -39,8 +46,32 @@ local function load(key)
   return rec
 end
 
+-- Keeps the agent's lease index in step with a record just written: indexed while authorized,
+-- removed otherwise. The index outlives its longest-lived record, and no longer.
+local function index(rec)
+  if rec[1] == 1 then
+    redis.call('ZADD', KEYS[2], rec[10], ARGV[1])
+    if redis.call('PTTL', KEYS[2]) < rec[7] - NOW then
+      redis.call('PEXPIRE', KEYS[2], rec[7] - NOW)
+    end
+  else
+    redis.call('ZREM', KEYS[2], ARGV[1])
+  end
+end
+
 local function save(key, rec)
   redis.call('SET', key, cmsgpack.pack(rec), 'PX', rec[7] - NOW)
+  index(rec)
+end
+
+-- An operator completion (ledger::operator_completion): the live token, if any, joins the older
+-- ones so that its holder hears COMPLETED_BY_OTHER.
+local function operator_complete(rec, receipt, note, operator)
+  if rec[1] == 1 then
+    table.insert(rec[11], { rec[8], rec[2] })
+  end
+  rec[1], rec[7], rec[8] = 2, NOW + rec[5], ''
+  rec[12], rec[13], rec[14], rec[15], rec[16], rec[17] = receipt, NOW, rec[2], 2, note, operator
 end
 
 local function find_older(rec, token)
@@ -53,5 +84,6 @@ local function find_older(rec, token)
 end
 
 local function completion_reply(tag, rec, recorded, double)
-  return { NOW, tag, recorded, double, rec[12], rec[13], rec[14], rec[8], rec[15] }
+  return { NOW, tag, recorded, double, rec[12], rec[13], rec[14], rec[8], rec[15],
+           rec[16] or '', rec[17] or '' }
 end

@@ -1,9 +1,11 @@
 -- Release: give the live (or expired) token back; the fencing number is kept.
 -- KEYS[1]: the action's record key
--- ARGV[1]: token
+-- KEYS[2]: the agent's lease index
+-- ARGV[1]: the index member, the encoded action key
+-- ARGV[2]: token
 -- Returns: { now, 'released', fencing } | { now, 'token_unknown' } | { now, 'token_mismatch' }
 --        | { now, 'already_completed' }
-local key, token = KEYS[1], ARGV[1]
+local key, token = KEYS[1], ARGV[2]
 
 local rec = load(key)
 if not rec then

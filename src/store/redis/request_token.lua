@@ -1,22 +1,24 @@
 -- RequestToken: grant, re-deliver to the same holder, replay a completion, or refuse.
--- KEYS[1]: the action's record key, og:{<digest>}
--- ARGV[1]: fingerprint (request hash)
--- ARGV[2]: field digests ('' when keyed by fingerprint)
--- ARGV[3]: holder ('' for none)
--- ARGV[4]: the new token, used only if this call grants
--- ARGV[5]: lease in ms (> 0)
--- ARGV[6]: retention in ms (> 0)
--- ARGV[7]: sliding retention, '1' or '0'
--- ARGV[8]: on expiry, 'reconcile' or 'regrant'
+-- KEYS[1]: the action's record key, og:{<agent digest>}:<action digest>
+-- KEYS[2]: the agent's lease index, og:{<agent digest>}:leases
+-- ARGV[1]: the index member, the encoded action key
+-- ARGV[2]: fingerprint (request hash)
+-- ARGV[3]: field digests ('' when keyed by fingerprint)
+-- ARGV[4]: holder ('' for none)
+-- ARGV[5]: the new token, used only if this call grants
+-- ARGV[6]: lease in ms (> 0)
+-- ARGV[7]: retention in ms (> 0)
+-- ARGV[8]: sliding retention, '1' or '0'
+-- ARGV[9]: on expiry, 'reconcile' or 'regrant'
 -- Returns: { now, 'granted', kind (1 new, 2 redelivered, 3 regranted), token, fencing, lease_expires_at }
---        | { now, 'completed', 0, 0, receipt, completed_at, fencing, token, source }
+--        | { now, 'completed', 0, 0, receipt, completed_at, fencing, token, source, note, operator }
 --        | { now, 'key_reused', stored_digests }
 --        | { now, 'in_progress', retry_after_ms }
 --        | { now, 'lease_expired', token, fencing, lease_expired_at }
 local key = KEYS[1]
-local fingerprint, digests, holder, new_token = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local lease, retention = tonumber(ARGV[5]), tonumber(ARGV[6])
-local sliding, on_expiry = tonumber(ARGV[7]), ARGV[8]
+local fingerprint, digests, holder, new_token = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local lease, retention = tonumber(ARGV[6]), tonumber(ARGV[7])
+local sliding, on_expiry = tonumber(ARGV[8]), ARGV[9]
 if not lease or lease <= 0 or not retention or retention <= 0 then
   return redis.error_reply('ERR oncegate: lease and retention must be positive')
 end
@@ -24,11 +26,13 @@ end
 local function grant(fencing, older, kind, nx)
   local lease_expires_at = NOW + lease
   local rec = { 1, fencing, fingerprint, digests, retention, sliding, lease_expires_at + retention,
-                new_token, holder, lease_expires_at, older, '', 0, 0, 0 }
+                new_token, holder, lease_expires_at, older, '', 0, 0, 0, '', '' }
   if nx then
     -- A brand-new action: SET NX with its expiry, as the design asks; the script already runs
     -- atomically, so NX failing would mean a lingering expired key, which we overwrite.
-    if not redis.call('SET', key, cmsgpack.pack(rec), 'NX', 'PX', rec[7] - NOW) then
+    if redis.call('SET', key, cmsgpack.pack(rec), 'NX', 'PX', rec[7] - NOW) then
+      index(rec)
+    else
       save(key, rec)
     end
   else

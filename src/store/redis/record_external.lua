@@ -1,0 +1,50 @@
+-- RecordExternalCompletion: an operator marks an action completed that was done by hand.
+-- KEYS[1]: the action's record key
+-- KEYS[2]: the agent's lease index
+-- ARGV[1]: the index member, the encoded action key
+-- ARGV[2]: receipt (bytes)
+-- ARGV[3]: note
+-- ARGV[4]: operator (the principal's name)
+-- ARGV[5]: '1' when the request hash below is given, '0' otherwise
+-- ARGV[6]: fingerprint (request hash)
+-- ARGV[7]: field digests ('' when keyed by fingerprint)
+-- ARGV[8]: retention in ms (> 0 when ARGV[5] is '1')
+-- ARGV[9]: sliding retention, '1' or '0'
+-- Returns: { now, 'completed', recorded (0/1), 0, receipt, completed_at, fencing, token, source, note, operator }
+--        | { now, 'key_reused', stored_digests } | { now, 'request_required' }
+--        | { now, 'already_completed' }
+local key, receipt, note, operator = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
+local has_request, fingerprint, digests = ARGV[5] == '1', ARGV[6], ARGV[7]
+local retention, sliding = tonumber(ARGV[8]), tonumber(ARGV[9])
+if has_request and (not retention or retention <= 0) then
+  return redis.error_reply('ERR oncegate: retention must be positive')
+end
+
+local rec = load(key)
+if rec and rec[1] ~= 3 and has_request and rec[3] ~= fingerprint then
+  return { NOW, 'key_reused', rec[4] }
+end
+if not rec or rec[1] == 3 then
+  if not has_request then
+    return { NOW, 'request_required' }
+  end
+  local fencing = 0
+  if rec then
+    fencing = rec[2]
+  end
+  rec = { 3, fencing, fingerprint, digests, retention, sliding, NOW + retention, '', '', 0, {},
+          '', 0, 0, 0, '', '' }
+  operator_complete(rec, receipt, note, operator)
+  save(key, rec)
+  return completion_reply('completed', rec, 1, 0)
+end
+if rec[1] == 2 then
+  if rec[15] == 2 and rec[12] == receipt and (rec[17] or '') == operator then
+    return completion_reply('completed', rec, 0, 0)
+  end
+  return { NOW, 'already_completed' }
+end
+-- authorized, live or expired
+operator_complete(rec, receipt, note, operator)
+save(key, rec)
+return completion_reply('completed', rec, 1, 0)

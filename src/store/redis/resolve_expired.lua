@@ -1,0 +1,35 @@
+-- ResolveExpired: an operator settles a lease that ended without Complete or Release.
+-- KEYS[1]: the action's record key
+-- KEYS[2]: the agent's lease index
+-- ARGV[1]: the index member, the encoded action key
+-- ARGV[2]: 'completed' or 'failed'
+-- ARGV[3]: receipt (bytes; 'completed' only)
+-- ARGV[4]: note ('completed' only; kept with the completion)
+-- ARGV[5]: operator (the principal's name)
+-- Returns: { now, 'completed', 1, 0, receipt, completed_at, fencing, token, source, note, operator }
+--        | { now, 'released', fencing }
+--        | { now, 'not_expired', state (1 absent, 2 authorized) } | { now, 'already_completed' }
+local key, resolution = KEYS[1], ARGV[2]
+if resolution ~= 'completed' and resolution ~= 'failed' then
+  return redis.error_reply('ERR oncegate: resolution must be completed or failed')
+end
+
+local rec = load(key)
+if not rec or rec[1] == 3 then
+  return { NOW, 'not_expired', 1 }
+end
+if rec[1] == 2 then
+  return { NOW, 'already_completed' }
+end
+if NOW < rec[10] then
+  return { NOW, 'not_expired', 2 }
+end
+if resolution == 'completed' then
+  operator_complete(rec, ARGV[3], ARGV[4], ARGV[5])
+  save(key, rec)
+  return completion_reply('completed', rec, 1, 0)
+end
+-- failed: released, the expired token and the fencing number kept (as Release does)
+rec[1], rec[7] = 3, NOW + rec[5]
+save(key, rec)
+return { NOW, 'released', rec[2] }

@@ -1,0 +1,35 @@
+-- ListUnresolved, one batch of one agent: checks index members against their records, in index
+-- order, and drops stale members (record gone, completed or released) from the index.
+-- KEYS[1]: the agent's lease index
+-- KEYS[2..n+1]: the record keys of the members, in the same order as ARGV
+-- ARGV[1..n]: the members (encoded action keys), in index order
+-- Returns: { now, 'unresolved', n, then per member: status, fencing, fingerprint, lease_expires_at, holder }
+--          status 1: unresolved (lease ended, neither completed nor released)
+--                 2: lease still live (this and every later member of the index: stop here)
+--                 0: stale, removed from the index
+-- (The prelude's `index` and `save` are not used: this script writes nothing but ZREM.)
+local out = { NOW, 'unresolved', #ARGV }
+for i, member in ipairs(ARGV) do
+  local rec = load(KEYS[i + 1])
+  if rec and rec[1] == 1 and NOW >= rec[10] then
+    table.insert(out, 1)
+    table.insert(out, rec[2])
+    table.insert(out, rec[3])
+    table.insert(out, rec[10])
+    table.insert(out, rec[9])
+  elseif rec and rec[1] == 1 then
+    table.insert(out, 2)
+    table.insert(out, rec[2])
+    table.insert(out, '')
+    table.insert(out, rec[10])
+    table.insert(out, '')
+  else
+    redis.call('ZREM', KEYS[1], member)
+    table.insert(out, 0)
+    table.insert(out, 0)
+    table.insert(out, '')
+    table.insert(out, 0)
+    table.insert(out, '')
+  end
+end
+return out

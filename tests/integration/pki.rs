@@ -1,0 +1,92 @@
+//! Certificates made by the tests themselves (rcgen): a CA, the gate's server certificate for
+//! `localhost`/127.0.0.1, client certificates by common name, and a rogue CA the gate does not
+//! trust.
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    SanType,
+};
+use tempfile::TempDir;
+
+/// A PEM certificate and its private key.
+pub struct Pem {
+    pub cert: String,
+    pub key: String,
+}
+
+/// A CA that signs server and client certificates.
+pub struct Ca {
+    pub pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl Ca {
+    pub fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self {
+            pem: cert.pem(),
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// The gate's certificate: SANs `localhost` and 127.0.0.1.
+    pub fn server(&self) -> Pem {
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params
+            .subject_alt_names
+            .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "oncegate");
+        params
+            .extended_key_usages
+            .push(ExtendedKeyUsagePurpose::ServerAuth);
+        self.sign(params)
+    }
+
+    /// A client certificate whose subject CN is `name`.
+    pub fn client(&self, name: &str) -> Pem {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params
+            .extended_key_usages
+            .push(ExtendedKeyUsagePurpose::ClientAuth);
+        self.sign(params)
+    }
+
+    fn sign(&self, params: CertificateParams) -> Pem {
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        Pem {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+}
+
+/// The files an `oncegate serve --tls-*` process or `oncegate admin --ca/--cert/--key` reads.
+pub struct PkiFiles {
+    pub dir: TempDir,
+}
+
+impl PkiFiles {
+    pub fn write(ca: &Ca, server: &Pem, clients: &[(&str, &Pem)]) -> Self {
+        let dir = TempDir::new().unwrap();
+        std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
+        std::fs::write(dir.path().join("server.pem"), &server.cert).unwrap();
+        std::fs::write(dir.path().join("server.key"), &server.key).unwrap();
+        for (name, pem) in clients {
+            std::fs::write(dir.path().join(format!("{name}.pem")), &pem.cert).unwrap();
+            std::fs::write(dir.path().join(format!("{name}.key")), &pem.key).unwrap();
+        }
+        Self { dir }
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.dir.path().join(name).to_str().unwrap().to_owned()
+    }
+}

@@ -1,0 +1,555 @@
+//! Who may do what, through real gRPC over TLS and mutual TLS with certificates made here: every
+//! RPC × {no credential, wrong credential, agent in scope, agent out of scope, operator} gives
+//! the expected code and reason, on both stores, and nothing a refused caller sends changes the
+//! store. Also: untrusted client certificates, open health, rate limits.
+
+use std::time::Duration;
+
+use oncegate::{
+    auth::hash_key,
+    pb::{
+        self, action_gate_service_client::ActionGateServiceClient,
+        gate_admin_service_client::GateAdminServiceClient,
+    },
+    policy::Policies,
+    server::ServerOptions,
+    store::ActionKey,
+    tls,
+};
+use tonic::{
+    Code, Request, Status,
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
+};
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+use tonic_types::StatusExt;
+
+use crate::{
+    pki::{Ca, Pem},
+    support::{Kind, TestGate, backend, expect_error, token_request},
+};
+
+const WORKER_KEY: &str = "worker-secret-key-1";
+const OPS_KEY: &str = "ops-secret-key-1";
+
+/// The principals of every test here: a worker for `billing-*`, an operator for everything.
+pub fn principals_toml(extra: &str) -> String {
+    format!(
+        r#"
+        [[principals]]
+        name = "billing-worker"
+        role = "agent"
+        agents = ["billing-*"]
+        api_key_sha256 = "{}"
+        cert_identity = "worker.billing"
+        {extra}
+
+        [[principals]]
+        name = "ops"
+        role = "operator"
+        api_key_sha256 = "{}"
+        cert_identity = "ops.example"
+        "#,
+        hash_key(WORKER_KEY),
+        hash_key(OPS_KEY)
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// TLS; callers authenticate with API keys.
+    Tls,
+    /// Mutual TLS; callers authenticate with client certificates.
+    Mtls,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    NoCredential,
+    WrongCredential,
+    AgentInScope,
+    AgentOutOfScope,
+    Operator,
+}
+
+const CALLERS: [Caller; 5] = [
+    Caller::NoCredential,
+    Caller::WrongCredential,
+    Caller::AgentInScope,
+    Caller::AgentOutOfScope,
+    Caller::Operator,
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rpc {
+    RequestToken,
+    Complete,
+    Release,
+    ExtendLease,
+    GetAction,
+    RecordExternalCompletion,
+    ResolveExpired,
+    ListUnresolved,
+}
+
+const RPCS: [Rpc; 8] = [
+    Rpc::RequestToken,
+    Rpc::Complete,
+    Rpc::Release,
+    Rpc::ExtendLease,
+    Rpc::GetAction,
+    Rpc::RecordExternalCompletion,
+    Rpc::ResolveExpired,
+    Rpc::ListUnresolved,
+];
+
+impl Rpc {
+    fn operator_only(self) -> bool {
+        matches!(
+            self,
+            Rpc::RecordExternalCompletion | Rpc::ResolveExpired | Rpc::ListUnresolved
+        )
+    }
+}
+
+/// The certificates of one test.
+struct Pki {
+    ca: Ca,
+    server: Pem,
+    worker: Pem,
+    ops: Pem,
+    stranger: Pem,
+}
+
+impl Pki {
+    fn new() -> Self {
+        let ca = Ca::new("oncegate test CA");
+        Self {
+            server: ca.server(),
+            worker: ca.client("worker.billing"),
+            ops: ca.client("ops.example"),
+            stranger: ca.client("stranger.example"),
+            ca,
+        }
+    }
+}
+
+/// A TLS channel to the gate, with a client certificate when given.
+pub async fn tls_channel(
+    addr: &str,
+    ca_pem: &str,
+    client: Option<&Pem>,
+) -> Result<Channel, String> {
+    let mut config = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca_pem))
+        .domain_name("localhost");
+    if let Some(pem) = client {
+        config = config.identity(Identity::from_pem(&pem.cert, &pem.key));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(config)
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))
+}
+
+/// A message with an `authorization` header when a key is given.
+pub fn authed<T>(message: T, key: Option<&str>) -> Request<T> {
+    let mut request = Request::new(message);
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    }
+    request
+}
+
+/// How one caller reaches the gate: a channel and maybe an API key.
+struct Client {
+    channel: Channel,
+    key: Option<&'static str>,
+}
+
+async fn client(addr: &str, pki: &Pki, mode: Mode, caller: Caller) -> Client {
+    let (cert, key) = match (mode, caller) {
+        (_, Caller::NoCredential) => (None, None),
+        (Mode::Tls, Caller::WrongCredential) => (None, Some("not-a-key")),
+        (Mode::Tls, Caller::AgentInScope | Caller::AgentOutOfScope) => (None, Some(WORKER_KEY)),
+        (Mode::Tls, Caller::Operator) => (None, Some(OPS_KEY)),
+        (Mode::Mtls, Caller::WrongCredential) => (Some(&pki.stranger), None),
+        (Mode::Mtls, Caller::AgentInScope | Caller::AgentOutOfScope) => (Some(&pki.worker), None),
+        (Mode::Mtls, Caller::Operator) => (Some(&pki.ops), None),
+    };
+    Client {
+        channel: tls_channel(addr, &pki.ca.pem, cert).await.unwrap(),
+        key,
+    }
+}
+
+/// One call of `rpc` on `action` (a real token when the caller is probing someone else's).
+async fn call(c: &Client, rpc: Rpc, action: &pb::ActionRef, token: &str) -> Result<(), Status> {
+    let mut gate = ActionGateServiceClient::new(c.channel.clone());
+    let mut admin = GateAdminServiceClient::new(c.channel.clone());
+    let scope = action.scope.clone().unwrap();
+    let k = c.key;
+    let a = || Some(action.clone());
+    let ttl = Some(prost_types::Duration {
+        seconds: 60,
+        nanos: 0,
+    });
+    match rpc {
+        Rpc::RequestToken => gate
+            .request_token(authed(
+                token_request(&scope.agent_id, &scope.run_id, "matrix.probe", r#"{"n":1}"#),
+                k,
+            ))
+            .await
+            .map(drop),
+        Rpc::Complete => gate
+            .complete(authed(
+                pb::CompleteRequest {
+                    action: a(),
+                    token: token.into(),
+                    receipt: b"probe".to_vec(),
+                },
+                k,
+            ))
+            .await
+            .map(drop),
+        Rpc::Release => gate
+            .release(authed(
+                pb::ReleaseRequest {
+                    action: a(),
+                    token: token.into(),
+                    reason: pb::ReleaseReason::NotAttempted as i32,
+                },
+                k,
+            ))
+            .await
+            .map(drop),
+        Rpc::ExtendLease => gate
+            .extend_lease(authed(
+                pb::ExtendLeaseRequest {
+                    action: a(),
+                    token: token.into(),
+                    ttl,
+                },
+                k,
+            ))
+            .await
+            .map(drop),
+        Rpc::GetAction => gate
+            .get_action(authed(pb::GetActionRequest { action: a() }, k))
+            .await
+            .map(drop),
+        Rpc::RecordExternalCompletion => admin
+            .record_external_completion(authed(
+                pb::RecordExternalCompletionRequest {
+                    action: a(),
+                    receipt: b"by hand".to_vec(),
+                    note: "probe".into(),
+                    ..Default::default()
+                },
+                k,
+            ))
+            .await
+            .map(drop),
+        Rpc::ResolveExpired => admin
+            .resolve_expired(authed(
+                pb::ResolveExpiredRequest {
+                    action: a(),
+                    resolution: pb::Resolution::Failed as i32,
+                    ..Default::default()
+                },
+                k,
+            ))
+            .await
+            .map(drop),
+        Rpc::ListUnresolved => admin
+            .list_unresolved(authed(
+                pb::ListUnresolvedRequest {
+                    agent_id: scope.agent_id.clone(),
+                    ..Default::default()
+                },
+                k,
+            ))
+            .await
+            .map(drop),
+    }
+}
+
+/// Grants a token on `agent` (as the operator) and returns the action and its token.
+async fn seed(c: &Client, agent: &str, n: u32) -> (pb::ActionRef, String) {
+    let mut gate = ActionGateServiceClient::new(c.channel.clone());
+    let resp = gate
+        .request_token(authed(
+            token_request(
+                agent,
+                "run-1",
+                "payments.transfer",
+                &format!(r#"{{"n":{n}}}"#),
+            ),
+            c.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    (resp.action.unwrap(), resp.grant.unwrap().token)
+}
+
+fn key_of(action: &pb::ActionRef) -> ActionKey {
+    let scope = action.scope.clone().unwrap();
+    ActionKey::new(scope.agent_id, scope.run_id, action.key.clone())
+}
+
+async fn access_matrix(kind: Kind, mode: Mode) {
+    let pki = Pki::new();
+    let policies = Policies::parse(&principals_toml("")).unwrap();
+    let settings = tls::settings(
+        pki.server.cert.as_bytes(),
+        pki.server.key.as_bytes(),
+        (mode == Mode::Mtls).then_some(pki.ca.pem.as_bytes()),
+        false,
+    )
+    .unwrap();
+    let options = ServerOptions {
+        tls: Some(settings),
+        ..ServerOptions::default()
+    };
+    let gate = TestGate::serve_with_options(backend(kind).await, policies, options).await;
+    let addr = gate.addr.to_string();
+    let store = gate.backend.store.clone();
+
+    let operator = client(&addr, &pki, mode, Caller::Operator).await;
+    // The victim: an action of an agent the worker may not act for, with a live token.
+    let (victim, victim_token) = seed(&operator, "shipping-1", 1).await;
+    let before = store.get(&key_of(&victim)).await.unwrap().result.unwrap();
+    let mut in_scope_n = 10;
+
+    for caller in CALLERS {
+        let c = client(&addr, &pki, mode, caller).await;
+        for rpc in RPCS {
+            let (action, token) = match caller {
+                Caller::AgentInScope | Caller::Operator => {
+                    in_scope_n += 1;
+                    seed(&operator, "billing-1", in_scope_n).await
+                }
+                _ => (victim.clone(), victim_token.clone()),
+            };
+            let result = call(&c, rpc, &action, &token).await;
+            let what = format!("{kind:?} {mode:?} {caller:?} {rpc:?}: {result:?}");
+            match caller {
+                Caller::NoCredential | Caller::WrongCredential => {
+                    let status = result.expect_err(&what);
+                    expect_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+                }
+                Caller::AgentOutOfScope => {
+                    let status = result.expect_err(&what);
+                    let meta = expect_error(&status, Code::PermissionDenied, "FORBIDDEN_SCOPE");
+                    assert_eq!(meta["principal"], "billing-worker", "{what}");
+                }
+                Caller::AgentInScope if rpc.operator_only() => {
+                    let status = result.expect_err(&what);
+                    expect_error(&status, Code::PermissionDenied, "FORBIDDEN_SCOPE");
+                }
+                Caller::AgentInScope | Caller::Operator => {
+                    if let Err(status) = &result {
+                        assert!(
+                            !matches!(
+                                status.code(),
+                                Code::Unauthenticated | Code::PermissionDenied
+                            ),
+                            "{what}"
+                        );
+                        // A domain answer (e.g. LEASE_NOT_EXPIRED for a live lease), never an
+                        // access refusal.
+                        assert!(status.get_error_details().error_info().is_some(), "{what}");
+                    }
+                }
+            }
+        }
+    }
+    // Nothing a refused caller sent reached the victim's record.
+    let after = store.get(&key_of(&victim)).await.unwrap().result.unwrap();
+    assert_eq!(
+        after, before,
+        "{kind:?} {mode:?}: a refused call changed the store"
+    );
+    let mut gate_client = ActionGateServiceClient::new(operator.channel.clone());
+    let view = gate_client
+        .get_action(authed(
+            pb::GetActionRequest {
+                action: Some(victim.clone()),
+            },
+            operator.key,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(view.state(), pb::ActionState::Authorized);
+    assert_eq!(view.fencing, 1);
+}
+
+#[tokio::test]
+async fn access_matrix_embedded_tls() {
+    access_matrix(Kind::Embedded, Mode::Tls).await;
+}
+
+#[tokio::test]
+async fn access_matrix_redis_tls() {
+    access_matrix(Kind::Redis, Mode::Tls).await;
+}
+
+#[tokio::test]
+async fn access_matrix_embedded_mtls() {
+    access_matrix(Kind::Embedded, Mode::Mtls).await;
+}
+
+#[tokio::test]
+async fn access_matrix_redis_mtls() {
+    access_matrix(Kind::Redis, Mode::Mtls).await;
+}
+
+#[tokio::test]
+async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certificate() {
+    let pki = Pki::new();
+    let rogue = Ca::new("rogue CA").client("ops.example");
+    let settings = tls::settings(
+        pki.server.cert.as_bytes(),
+        pki.server.key.as_bytes(),
+        Some(pki.ca.pem.as_bytes()),
+        false,
+    )
+    .unwrap();
+    let options = ServerOptions {
+        tls: Some(settings),
+        ..ServerOptions::default()
+    };
+    let policies = Policies::parse(&principals_toml("")).unwrap();
+    let gate = TestGate::serve_with_options(backend(Kind::Embedded).await, policies, options).await;
+    let addr = gate.addr.to_string();
+    // A certificate from another CA, even with an operator's name, does not get through TLS.
+    let rogue_result = match tls_channel(&addr, &pki.ca.pem, Some(&rogue)).await {
+        Err(e) => Err(e),
+        Ok(channel) => ActionGateServiceClient::new(channel)
+            .get_action(pb::GetActionRequest {
+                action: Some(pb::ActionRef {
+                    scope: Some(pb::Scope {
+                        agent_id: "a".into(),
+                        run_id: "r".into(),
+                    }),
+                    key: "k".into(),
+                }),
+            })
+            .await
+            .map(drop)
+            .map_err(|s| format!("{s:?}")),
+    };
+    assert!(
+        rogue_result.is_err(),
+        "an untrusted certificate was accepted"
+    );
+
+    // A good operator certificate with a wrong API key: the key is judged, and refused.
+    let channel = tls_channel(&addr, &pki.ca.pem, Some(&pki.ops))
+        .await
+        .unwrap();
+    let status = GateAdminServiceClient::new(channel.clone())
+        .list_unresolved(authed(pb::ListUnresolvedRequest::default(), Some("wrong")))
+        .await
+        .unwrap_err();
+    expect_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    // Health needs no credential (Kubernetes probes it).
+    let health = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(health.into_inner().status, 1);
+}
+
+#[tokio::test]
+async fn rate_limit_answers_resource_exhausted_with_retry_info() {
+    let policies =
+        Policies::parse(&principals_toml("rate_limit_per_second = 1\nburst = 2")).unwrap();
+    let gate = TestGate::start_with(Kind::Embedded, policies).await;
+    let mut client = gate.client().await;
+    let get = || {
+        authed(
+            pb::GetActionRequest {
+                action: Some(pb::ActionRef {
+                    scope: Some(pb::Scope {
+                        agent_id: "billing-1".into(),
+                        run_id: "r".into(),
+                    }),
+                    key: "k".into(),
+                }),
+            },
+            Some(WORKER_KEY),
+        )
+    };
+    client.get_action(get()).await.unwrap();
+    client.get_action(get()).await.unwrap();
+    let status = client.get_action(get()).await.unwrap_err();
+    let meta = expect_error(&status, Code::ResourceExhausted, "RATE_LIMITED");
+    assert!(meta["retry_after_ms"].parse::<u64>().unwrap() <= 1000);
+    let delay = status
+        .get_error_details()
+        .retry_info()
+        .unwrap()
+        .retry_delay
+        .unwrap();
+    assert!(delay > Duration::ZERO && delay <= Duration::from_secs(1));
+    // Another principal has its own budget (the operator has none).
+    for _ in 0..5 {
+        client
+            .get_action(authed(get().into_inner(), Some(OPS_KEY)))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn oversized_messages_are_refused_before_the_service() {
+    let options = ServerOptions {
+        max_message_bytes: 4096,
+        ..ServerOptions::default()
+    };
+    let gate =
+        TestGate::serve_with_options(backend(Kind::Embedded).await, Policies::default(), options)
+            .await;
+    let mut client = gate.client().await;
+    let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(8192));
+    let status = client
+        .request_token(token_request("a", "r", "x", &big))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    // A request within the bound is served.
+    client
+        .request_token(token_request("a", "r", "x", r#"{"a":1}"#))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn embedded_store_calls_have_a_deadline() {
+    let dir = tempfile::TempDir::new().unwrap();
+    // A clock that takes half a second: the writer is as slow as a stuck disk.
+    let slow: oncegate::store::embedded::Clock = std::sync::Arc::new(|| {
+        std::thread::sleep(Duration::from_millis(500));
+        1_700_000_000_000
+    });
+    let store = oncegate::store::embedded::EmbeddedStore::open(dir.path(), slow)
+        .unwrap()
+        .with_call_timeout(Duration::from_millis(50));
+    let started = std::time::Instant::now();
+    let result = store.get(&ActionKey::new("a", "r", "k")).await;
+    assert!(
+        matches!(result, Err(oncegate::store::StoreError::Unavailable(_))),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(400));
+}
