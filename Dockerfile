@@ -2,7 +2,10 @@
 # oncegate container image: a locked release build, then a small runtime image that runs as a
 # non-root user on a read-only root filesystem.
 #   docker build -t oncegate .
-#   docker run --rm -p 50051:50051 -e ONCEGATE_REDIS_URL=redis://redis:6379 oncegate
+#   docker run --rm -p 50051:50051 -e ONCEGATE_REDIS_URL=redis://redis:6379 \
+#     -e ONCEGATE_CONFIG=/etc/oncegate/policies.toml -v $PWD/policies.toml:/etc/oncegate/policies.toml:ro oncegate
+# It listens on 0.0.0.0, so it needs principals in the config (or TLS with client certificates);
+# for a throwaway local run, -e ONCEGATE_INSECURE=true instead (the gate logs a loud warning).
 
 # --- build: the Rust toolchain; protox compiles the proto in build.rs (no protoc needed).
 FROM rust:1.95-slim-bookworm AS build

@@ -138,6 +138,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
 
+    /// A second, plaintext listener serving only gRPC health, for probes that cannot speak TLS
+    /// (Kubernetes gRPC probes) when the main listener uses it. Off when unset.
+    #[arg(long, env = "ONCEGATE_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+
     /// Serve a non-loopback address without principals or client certificates, open to anyone
     /// who can reach it. Without it such a start is refused (exit 64).
     #[arg(long, env = "ONCEGATE_INSECURE")]

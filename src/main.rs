@@ -264,6 +264,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         drain_timeout: Duration::from_secs(args.drain_seconds),
         max_message_bytes: args.max_message_bytes as usize,
         tls,
+        health_listen: args.health_listen,
         ..ServerOptions::default()
     };
     match server::run(

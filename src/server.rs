@@ -29,6 +29,9 @@ pub struct ServerOptions {
     pub health_interval: Duration,
     /// TLS (and mutual TLS) of the listener; plaintext when `None`.
     pub tls: Option<TlsSettings>,
+    /// A second, plaintext listener that serves only `grpc.health.v1`, for probes that cannot
+    /// speak TLS (Kubernetes gRPC probes) when the main listener does.
+    pub health_listen: Option<std::net::SocketAddr>,
 }
 
 impl Default for ServerOptions {
@@ -38,6 +41,7 @@ impl Default for ServerOptions {
             max_message_bytes: 256 * 1024,
             health_interval: Duration::from_secs(1),
             tls: None,
+            health_listen: None,
         }
     }
 }
@@ -49,6 +53,8 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
     #[error("reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
+    #[error("health listener {0}: {1}")]
+    HealthListen(std::net::SocketAddr, std::io::Error),
 }
 
 /// Serves `gate` on `listener` until `shutdown` resolves, then drains in-flight calls for at most
@@ -72,6 +78,19 @@ pub async fn run(
         gate.clone(),
         options.health_interval,
     ));
+    let health_only = match options.health_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|e| ServeError::HealthListen(addr, e))?;
+            tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "plaintext health-only listener");
+            let server = Server::builder()
+                .add_service(health.clone())
+                .serve_with_incoming(TcpListenerStream::new(listener));
+            Some(tokio::spawn(server))
+        }
+        None => None,
+    };
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
@@ -129,6 +148,9 @@ pub async fn run(
         }
     };
     monitor.abort();
+    if let Some(task) = health_only {
+        task.abort();
+    }
     result
 }
 

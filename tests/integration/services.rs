@@ -147,3 +147,46 @@ fn startup_warns_when_redis_keeps_nothing_and_json_logs_are_json() {
         "{logs}"
     );
 }
+
+#[tokio::test]
+async fn a_plaintext_health_only_listener_answers_probes() {
+    let port = crate::support::free_port();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let options = oncegate::server::ServerOptions {
+        health_listen: Some(addr),
+        ..Default::default()
+    };
+    let backend = crate::support::backend(Kind::Embedded).await;
+    let _gate =
+        TestGate::serve_with_options(backend, oncegate::policy::Policies::default(), options).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(std::time::Duration::from_secs(5));
+    let mut status = ServingStatus::Unknown;
+    for _ in 0..50 {
+        if let Ok(ch) = channel.connect().await {
+            let mut health = HealthClient::new(ch.clone());
+            if let Ok(reply) = health
+                .check(HealthCheckRequest {
+                    service: "oncegate.v1.ActionGateService".into(),
+                })
+                .await
+            {
+                status = reply.into_inner().status();
+                if status == ServingStatus::Serving {
+                    // Only health lives there: the gate service is not served on it.
+                    let mut gate =
+                        oncegate::pb::action_gate_service_client::ActionGateServiceClient::new(ch);
+                    let err = gate
+                        .get_action(oncegate::pb::GetActionRequest { action: None })
+                        .await
+                        .unwrap_err();
+                    assert_eq!(err.code(), tonic::Code::Unimplemented);
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(status, ServingStatus::Serving);
+}
