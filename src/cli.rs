@@ -1,4 +1,4 @@
-//! The command line: `oncegate serve` and `oncegate fingerprint`. Every flag has an environment
+//! The command line: `oncegate serve`, `oncegate fingerprint` and `oncegate bench`. Every flag has an environment
 //! fallback and shows in `--help`, which is the reference.
 
 use std::{net::SocketAddr, path::PathBuf};
@@ -24,6 +24,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Print the fingerprint the gate computes for an action, offline.
     Fingerprint(FingerprintArgs),
+    /// Load a running gate on this machine and report throughput, latency and correctness.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// How log lines are written.

@@ -10,8 +10,10 @@
 //! - [`service`]: the generated gRPC trait, proto ↔ domain, nothing else.
 //! - [`server`]: listener, health, reflection, graceful drain.
 //! - [`cli`]: the command line and its configuration.
+//! - [`bench`]: `oncegate bench`, the load generator (a client of the gate, not part of it).
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod cli;
 pub mod error;
 pub mod fingerprint;

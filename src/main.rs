@@ -39,6 +39,7 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::Fingerprint(args) => fingerprint_command(&args),
+        Command::Bench(args) => oncegate::bench::main(args),
         Command::Serve(args) => {
             init_tracing(args.log_format);
             let runtime = match tokio::runtime::Runtime::new() {
