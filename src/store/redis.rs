@@ -7,7 +7,7 @@
 
 use std::{sync::Arc, time::Duration};
 
-use redis::{Script, Value, aio::ConnectionManager};
+use redis::{IntoConnectionInfo, Script, Value, aio::ConnectionManager};
 
 use super::{ActionKey, Durability, Reply, StoreError};
 use crate::fingerprint;
@@ -67,8 +67,15 @@ impl RedisStore {
     /// Connects to `url` (`redis://`, `rediss://`, `unix://`). Fails when Redis cannot be reached
     /// within the call timeout; once connected, the handle reconnects by itself.
     pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url)
-            .map_err(|e| StoreError::Unavailable(format!("invalid Redis URL: {e}")))?;
+        let invalid =
+            |e: redis::RedisError| StoreError::Unavailable(format!("invalid Redis URL: {e}"));
+        // TCP_NODELAY: every call is one small request on a multiplexed connection; with Nagle on
+        // (redis-rs's default) a request can wait for the previous reply's ACK.
+        let info = url
+            .into_connection_info()
+            .map_err(invalid)?
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let client = redis::Client::open(info).map_err(invalid)?;
         let config = redis::aio::ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.call_timeout))
             .set_response_timeout(Some(options.call_timeout))
