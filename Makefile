@@ -49,6 +49,13 @@ test-python: $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q clients/python/tests
 
+## The gate against the limit on this machine: release build, its own redis-server on a free
+## loopback port, redis-benchmark, then the gate on Redis and on the embedded store; prints one
+## table and writes it into BENCHMARKS.md (BENCH_ARGS passes options, e.g. --runs 5).
+bench:
+	$(CARGO) build --release --locked --bin oncegate
+	$(PYTHON) scripts/bench.py $(BENCH_ARGS)
+
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV) oncegate-data

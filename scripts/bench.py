@@ -159,7 +159,7 @@ def memory(redis, opts, keyed, actions):
         gate.stop()
     keys = int(redis.cli("DBSIZE").strip())
     after = redis.used_memory()
-    sample = [k for k in redis.cli("--scan", "--count", "1000").split() if k][:1000]
+    sample = [k for k in redis.cli(stdin="RANDOMKEY\n" * 1000).split() if k]
     usage = redis.cli(stdin="".join(f"MEMORY USAGE {k} SAMPLES 0\n" for k in sample)).split()
     usage = [int(u) for u in usage if u.isdigit()]
     return {"actions": actions, "keys": keys, "ok": report["ok"],
