@@ -17,6 +17,8 @@ import json
 import os
 import platform
 import re
+import resource
+import shlex
 import shutil
 import socket
 import statistics
@@ -30,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = ROOT / "target" / "release" / "oncegate"
 LIMIT_SCRIPT = ROOT / "scripts" / "bench_limit.lua"
 SCENARIOS = ["grant-complete", "replay", "contended", "mix"]
+LIMIT = "EVALSHA (SET NX PX + INCR)"
 BEGIN, END = "<!-- bench:begin (written by make bench) -->", "<!-- bench:end -->"
 
 
@@ -95,7 +98,33 @@ class Gate:
         self.proc.wait()
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds a process has used so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuMeter:
+    """CPU used during one run by the server processes named, and by the waited-for client."""
+
+    def __init__(self, **pids):
+        self.pids = pids
+        self.before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        self.client_before = children_cpu()
+
+    def per_op(self, ops):
+        used = {name: cpu_seconds(pid) - self.before[name] for name, pid in self.pids.items()}
+        used["client"] = children_cpu() - self.client_before
+        return {name: seconds / max(ops, 1) * 1e6 for name, seconds in used.items()}
+
+
 def redis_benchmark(redis, concurrency, requests, command):
+    meter = CpuMeter(redis=redis.proc.pid)
     out = run(["redis-benchmark", "-p", str(redis.port), "-c", str(concurrency), "-n", str(requests),
                "-r", "100000000", "--csv", *command])
     rows = [line for line in out.splitlines() if line.strip()]
@@ -103,45 +132,55 @@ def redis_benchmark(redis, concurrency, requests, command):
     values = [v.strip('"') for v in rows[-1].split(",")]
     row = dict(zip(header, values))
     return {"ops": float(row["rps"]), "p50": float(row["p50_latency_ms"]),
-            "p99": float(row["p99_latency_ms"])}
+            "p99": float(row["p99_latency_ms"]), "cpu_us": meter.per_op(requests)}
 
 
-def limits(redis, opts):
+def limit_commands(redis):
     sha = redis.cli("SCRIPT", "LOAD", LIMIT_SCRIPT.read_text()).strip()
-    commands = {
-        "EVALSHA (SET NX PX + INCR)": ["EVALSHA", sha, "2", "bench:rec:__rand_int__",
-                                       "bench:fence:__rand_int__", "tok", "300000"],
+    return {
+        LIMIT: ["EVALSHA", sha, "2", "bench:rec:__rand_int__", "bench:fence:__rand_int__", "tok",
+                "300000"],
         "SET NX EX": ["SET", "bench:set:__rand_int__", "tok", "NX", "EX", "300"],
     }
-    results = {}
-    for name, command in commands.items():
-        # Size each run to about --duration seconds from a short calibration run.
-        calib = redis_benchmark(redis, opts.concurrency, 20000, command)
-        requests = max(20000, int(calib["ops"] * opts.duration))
-        results[name] = [redis_benchmark(redis, opts.concurrency, requests, command)
-                         for _ in range(opts.runs)]
-        redis.cli("FLUSHALL")
-        print(f"  limit {name}: {median(results[name], 'ops'):.0f} ops/s", flush=True)
-    return results
 
 
-def bench(addr, scenario, opts, extra=()):
-    cmd = [str(BIN), "bench", "--target", addr, "--scenario", scenario, "--json",
+def bench(gate, redis, scenario, opts, extra=()):
+    cmd = [str(BIN), "bench", "--target", gate.addr, "--scenario", scenario, "--json",
            "--concurrency", str(opts.concurrency), "--connections", str(opts.connections),
            "--duration", str(opts.duration), "--warmup", str(opts.warmup), *extra]
+    meter = CpuMeter(gate=gate.proc.pid, redis=redis.proc.pid)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.duration + 120)
     if not proc.stdout.strip():
         raise RuntimeError(f"oncegate bench failed: {proc.stderr}")
-    return json.loads(proc.stdout)
+    report = json.loads(proc.stdout)
+    # CPU is counted over warm-up and measurement alike; so are the calls here.
+    calls = report["throughput"]["rpcs_per_s"] * (opts.duration + opts.warmup)
+    report["cpu_us"] = meter.per_op(calls)
+    return report
 
 
-def gate_runs(gate, opts):
-    results = {}
-    for scenario in SCENARIOS:
-        results[scenario] = [bench(gate.addr, scenario, opts) for _ in range(opts.runs)]
-        print(f"  {scenario}: {median_of(results[scenario], 'request_token_per_s'):.0f} "
-              "RequestToken/s", flush=True)
-    return results
+def rounds(redis, on_redis, on_embedded, opts):
+    """Every measurement once per round, rounds repeated: the noise of a shared machine falls on
+    the limit and on the gate alike, instead of on whichever was measured at a bad moment."""
+    commands = limit_commands(redis)
+    # Size each redis-benchmark run to about --duration seconds from a short calibration run.
+    sizes = {name: max(20000, int(redis_benchmark(redis, opts.concurrency, 20000, c)["ops"]
+                                  * opts.duration)) for name, c in commands.items()}
+    lim = {name: [] for name in commands}
+    gates = {"Redis": (on_redis, {s: [] for s in SCENARIOS}),
+             "embedded": (on_embedded, {s: [] for s in SCENARIOS})}
+    for i in range(opts.runs):
+        print(f"round {i + 1} of {opts.runs}", flush=True)
+        for name, command in commands.items():
+            lim[name].append(redis_benchmark(redis, opts.concurrency, sizes[name], command))
+            print(f"  limit {name}: {lim[name][-1]['ops']:.0f} ops/s", flush=True)
+        redis.cli("FLUSHALL")
+        for store, (gate, results) in gates.items():
+            for scenario in SCENARIOS:
+                results[scenario].append(bench(gate, redis, scenario, opts))
+                tok = results[scenario][-1]["throughput"]["request_token_per_s"]
+                print(f"  gate on {store}, {scenario}: {tok:.0f} RequestToken/s", flush=True)
+    return lim, gates["Redis"][1], gates["embedded"][1]
 
 
 def memory(redis, opts, keyed, actions):
@@ -196,16 +235,22 @@ def machine():
             "commit": commit + (" (with uncommitted changes)" if dirty else "")}
 
 
+def cpu_cell(reports, names):
+    return " / ".join(f"{statistics.median(r['cpu_us'][n] for r in reports):.0f}" for n in names)
+
+
 def table(lim, on_redis, on_embedded, mem, opts):
-    limit = median(lim["EVALSHA (SET NX PX + INCR)"], "ops")
+    limit = median(lim[LIMIT], "ops")
     out = ["| what | RequestToken/s | grant+complete pairs/s | RPCs/s | RequestToken p50 / p99 ms "
-           "| RequestToken/s ÷ EVALSHA | RPCs/s ÷ EVALSHA | checks |",
-           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+           "| RequestToken/s ÷ EVALSHA | RPCs/s ÷ EVALSHA | CPU µs per call: gate / load generator / Redis "
+           "| checks |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, rows in lim.items():
         out.append(f"| limit: redis-benchmark {name} | {median(rows, 'ops'):,.0f} | — | — | "
                    f"{median(rows, 'p50'):.3f} / {median(rows, 'p99'):.3f} | "
-                   f"{median(rows, 'ops') / limit:.2f} | — | — |")
+                   f"{median(rows, 'ops') / limit:.2f} | — | — / {cpu_cell(rows, ['client', 'redis'])} | — |")
     for store, results in (("Redis", on_redis), ("embedded", on_embedded)):
+        names = ["gate", "client", "redis"] if store == "Redis" else ["gate", "client"]
         for scenario, reports in results.items():
             tok, pairs = median_of(reports, "request_token_per_s"), median_of(reports, "pairs_per_s")
             rpcs = median_of(reports, "rpcs_per_s")
@@ -214,7 +259,8 @@ def table(lim, on_redis, on_embedded, mem, opts):
                 f"| gate on {store}: {scenario} | {tok:,.0f} | {pairs:,.0f} | {rpcs:,.0f} | "
                 f"{median_latency(reports, 'request_token', 'p50'):.3f} / "
                 f"{median_latency(reports, 'request_token', 'p99'):.3f} | {tok / limit:.2f} | "
-                f"{rpcs / limit:.2f} | {'0 violations' if bad == 0 else f'{bad} FAILED'} |")
+                f"{rpcs / limit:.2f} | {cpu_cell(reports, names)}{'' if store == 'Redis' else ' / —'} | "
+                f"{'0 violations' if bad == 0 else f'{bad} FAILED'} |")
     gc_redis, gc_emb = on_redis["grant-complete"], on_embedded["grant-complete"]
     ratio = median_of(gc_redis, "request_token_per_s") / limit
     p99 = median_latency(gc_redis, "request_token", "p99")
@@ -273,31 +319,24 @@ def main():
     info = machine()
     with tempfile.TemporaryDirectory(prefix="oncegate-bench-") as tmp:
         redis = Redis(tmp)
+        on_redis = on_embedded = None
         try:
-            print("limit (redis-benchmark):", flush=True)
-            lim = limits(redis, opts)
-            print("gate on Redis:", flush=True)
-            gate = Gate(redis_url=redis.url())
-            try:
-                on_redis = gate_runs(gate, opts)
-            finally:
-                gate.stop()
-            print("gate on the embedded store:", flush=True)
-            gate = Gate(data_dir=os.path.join(tmp, "embedded"))
-            try:
-                on_embedded = gate_runs(gate, opts)
-            finally:
-                gate.stop()
+            on_redis = Gate(redis_url=redis.url())
+            on_embedded = Gate(data_dir=os.path.join(tmp, "embedded"))
+            lim, by_redis, by_embedded = rounds(redis, on_redis, on_embedded, opts)
+            on_redis.stop()
             print("Redis memory per completed action:", flush=True)
             mem = {"fingerprint-keyed": memory(redis, opts, False, opts.memory_actions),
                    "idempotency-keyed, 3 key fields": memory(redis, opts, True,
                                                              max(opts.memory_actions // 5, 1000))}
         finally:
-            redis.stop()
+            for process in (on_redis, on_embedded, redis):
+                if process is not None:
+                    process.stop()
     elapsed, load_after = time.time() - began, os.getloadavg()
 
-    result = table(lim, on_redis, on_embedded, mem, opts)
-    command = "make bench  # = " + " ".join(["python3", "scripts/bench.py", *sys.argv[1:]])
+    result = table(lim, by_redis, by_embedded, mem, opts)
+    command = "make bench  # = " + shlex.join(["python3", "scripts/bench.py", *sys.argv[1:]])
     header = "\n".join([
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))} in {elapsed:.0f} s with:",
         "", "```sh", command, "```", "",
@@ -310,7 +349,10 @@ def main():
         f"redis-benchmark -c {opts.concurrency}; medians of {opts.runs} runs of {opts.duration:g} s "
         f"(gate runs after {opts.warmup:g} s warm-up); Redis without persistence (--save '' "
         "--appendonly no); gate logging at its default (info, audit events on, stderr discarded)",
-        "",
+        "- CPU µs per call: CPU time each process used during a run (warm-up included) divided by "
+        "the calls made in it; the load generator is `oncegate bench` (or redis-benchmark for the "
+        "limit)",
+        "", "",
     ])
     text = header + result
     print("\n" + text)
