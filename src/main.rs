@@ -18,6 +18,11 @@ use oncegate::{
 };
 use tracing_subscriber::EnvFilter;
 
+/// mimalloc instead of the system allocator: malloc/free were about 17% of the gate's CPU per call
+/// (perf); with mimalloc the gate runs 12% fewer instructions per call (callgrind, BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Bad command line or configuration (sysexits EX_USAGE).
 const EX_USAGE: u8 = 64;
 /// Bad input data (sysexits EX_DATAERR).
