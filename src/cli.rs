@@ -1,5 +1,5 @@
-//! The command line: `oncegate serve`, `oncegate fingerprint` and `oncegate bench`. Every flag has an environment
-//! fallback and shows in `--help`, which is the reference.
+//! The command line: `oncegate serve`, `oncegate fingerprint` and `oncegate bench`. Every flag of
+//! the gate has an environment fallback and shows in `--help`, which is the reference.
 
 use std::{net::SocketAddr, path::PathBuf};
 
