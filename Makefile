@@ -92,6 +92,13 @@ fuzz:
 	    -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
+## The gate against the limit on this machine: release build, its own redis-server on a free
+## loopback port, redis-benchmark, then the gate on Redis and on the embedded store; prints one
+## table and writes it into BENCHMARKS.md (BENCH_ARGS passes options, e.g. --runs 5).
+bench:
+	$(CARGO) build --release --locked --bin oncegate
+	$(PYTHON) scripts/bench.py $(BENCH_ARGS)
+
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV) $(DEPLOY_VENV) oncegate-data

@@ -1,6 +1,6 @@
-//! The command line: `oncegate serve`, `oncegate fingerprint`, `oncegate hash-key` and
-//! `oncegate admin …` (in [`crate::admin_cli`]). Every serve flag has an environment fallback and
-//! shows in `--help`, which is the reference.
+//! The command line: `oncegate serve`, `oncegate fingerprint`, `oncegate hash-key`,
+//! `oncegate admin …` (in [`crate::admin_cli`]) and `oncegate bench` (in [`crate::bench`]). Every
+//! serve flag has an environment fallback and shows in `--help`, which is the reference.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -31,6 +31,8 @@ pub enum Command {
     HashKey,
     /// The operator API against a running gate: get, complete, resolve, list-unresolved.
     Admin(Box<crate::admin_cli::AdminArgs>),
+    /// Load a running gate on this machine and report throughput, latency and correctness.
+    Bench(crate::bench::BenchArgs),
 }
 
 /// How log lines are written.

@@ -17,11 +17,13 @@
 //! - [`telemetry`]: logs, one span per RPC (W3C `traceparent`), OTLP export behind `otel`.
 //! - [`cli`]: the command line and its configuration.
 //! - [`client`]: a typed Rust client and the guard that runs an action at most once.
+//! - [`bench`]: `oncegate bench`, the load generator (a client of the gate, not part of it).
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod admin_cli;
 pub mod auth;
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod error;

@@ -22,6 +22,11 @@ use oncegate::{
 };
 use prometheus_client::registry::Registry;
 
+/// mimalloc instead of the system allocator: malloc/free were about 17% of the gate's CPU per call
+/// (perf); with mimalloc the gate runs 12% fewer instructions per call (callgrind, BENCHMARKS.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Bad command line or configuration (sysexits EX_USAGE).
 const EX_USAGE: u8 = 64;
 /// Bad input data (sysexits EX_DATAERR).
@@ -51,6 +56,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Bench(args) => oncegate::bench::main(args),
         Command::Serve(args) => {
             let runtime = match tokio::runtime::Runtime::new() {
                 Ok(runtime) => runtime,

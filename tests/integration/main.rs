@@ -2,6 +2,7 @@
 //! `oncegate` processes where a test needs two of them or a crash.
 
 mod admin;
+mod bench;
 mod cli;
 mod client;
 mod conformance;

@@ -54,7 +54,7 @@ impl Topology {
 }
 
 /// `host:port` becomes `redis://host:port`; a URL stays as it is. The configured username and
-/// password apply to data nodes whose URL names none.
+/// password apply to data nodes whose URL names none. Nagle is off on every connection.
 pub(super) fn node_info(node: &str, options: &RedisOptions) -> RedisResult<ConnectionInfo> {
     let url = if node.contains("://") {
         node.to_owned()
@@ -71,7 +71,11 @@ pub(super) fn node_info(node: &str, options: &RedisOptions) -> RedisResult<Conne
             settings = settings.set_username(username);
         }
     }
-    Ok(info.set_redis_settings(settings))
+    // TCP_NODELAY: every call is one small request on a multiplexed connection; with Nagle on
+    // (redis-rs's default) a request can wait for the previous reply's ACK.
+    Ok(info
+        .set_redis_settings(settings)
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true)))
 }
 
 /// Connection settings every topology shares: connect and response deadlines.

@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""`make bench`: the gate against the physical limit, on this machine, in one run.
+
+Starts its own redis-server on a free loopback port (never the one on 6379), measures the limit
+with redis-benchmark (an EVALSHA of scripts/bench_limit.lua, equivalent to one grant, and a plain
+SET NX EX) at the same concurrency as the gate's callers, then loads the gate on Redis and the
+gate on the embedded store with `oncegate bench` for every scenario, several short runs each, and
+measures Redis memory per completed action. Prints one table of medians with the ratios to the
+EVALSHA limit of the same run, and writes it, with the exact command, the machine and the
+versions, into the generated block of BENCHMARKS.md.
+
+Python standard library only. Every process it starts is its own and is killed at the end.
+"""
+
+import argparse
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = ROOT / "target" / "release" / "oncegate"
+LIMIT_SCRIPT = ROOT / "scripts" / "bench_limit.lua"
+SCENARIOS = ["grant-complete", "replay", "contended", "mix"]
+LIMIT = "EVALSHA (SET NX PX + INCR)"
+BEGIN, END = "<!-- bench:begin (written by make bench) -->", "<!-- bench:end -->"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd, timeout=300, **kw):
+    return subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=timeout, **kw).stdout
+
+
+class Redis:
+    def __init__(self, tmp):
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", tmp, "--protected-mode", "yes"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            try:
+                if self.cli("PING").strip() == "PONG":
+                    return
+            except subprocess.CalledProcessError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def cli(self, *args, stdin=None):
+        return run(["redis-cli", "-p", str(self.port), *args], input=stdin)
+
+    def url(self):
+        return f"redis://127.0.0.1:{self.port}"
+
+    def used_memory(self):
+        info = self.cli("INFO", "memory")
+        return int(re.search(r"used_memory:(\d+)", info).group(1))
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Gate:
+    """`oncegate serve` on 127.0.0.1:0, on Redis or on the embedded store in a fresh directory."""
+
+    def __init__(self, redis_url=None, data_dir=None, rust_log="info"):
+        args = [str(BIN), "serve", "--listen", "127.0.0.1:0"]
+        args += ["--redis-url", redis_url] if redis_url else ["--data-dir", data_dir]
+        env = dict(os.environ, RUST_LOG=rust_log)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, env=env)
+        line = self.proc.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"oncegate did not start: {line!r}")
+        self.addr = line.removeprefix("listening on ")
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds a process has used so far (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu():
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+class CpuMeter:
+    """CPU used during one run by the server processes named, and by the waited-for client."""
+
+    def __init__(self, **pids):
+        self.pids = pids
+        self.before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        self.client_before = children_cpu()
+
+    def per_op(self, ops):
+        used = {name: cpu_seconds(pid) - self.before[name] for name, pid in self.pids.items()}
+        used["client"] = children_cpu() - self.client_before
+        return {name: seconds / max(ops, 1) * 1e6 for name, seconds in used.items()}
+
+
+def redis_benchmark(redis, concurrency, requests, command):
+    meter = CpuMeter(redis=redis.proc.pid)
+    out = run(["redis-benchmark", "-p", str(redis.port), "-c", str(concurrency), "-n", str(requests),
+               "-r", "100000000", "--csv", *command])
+    rows = [line for line in out.splitlines() if line.strip()]
+    header = [h.strip('"') for h in rows[0].split(",")]
+    values = [v.strip('"') for v in rows[-1].split(",")]
+    row = dict(zip(header, values))
+    return {"ops": float(row["rps"]), "p50": float(row["p50_latency_ms"]),
+            "p99": float(row["p99_latency_ms"]), "cpu_us": meter.per_op(requests)}
+
+
+def limit_commands(redis):
+    sha = redis.cli("SCRIPT", "LOAD", LIMIT_SCRIPT.read_text()).strip()
+    return {
+        LIMIT: ["EVALSHA", sha, "2", "bench:rec:__rand_int__", "bench:fence:__rand_int__", "tok",
+                "300000"],
+        "SET NX EX": ["SET", "bench:set:__rand_int__", "tok", "NX", "EX", "300"],
+    }
+
+
+def bench(gate, redis, scenario, opts, extra=()):
+    cmd = [str(BIN), "bench", "--target", gate.addr, "--scenario", scenario, "--json",
+           "--concurrency", str(opts.concurrency), "--connections", str(opts.connections),
+           "--duration", str(opts.duration), "--warmup", str(opts.warmup), *extra]
+    meter = CpuMeter(gate=gate.proc.pid, redis=redis.proc.pid)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.duration + 120)
+    if not proc.stdout.strip():
+        raise RuntimeError(f"oncegate bench failed: {proc.stderr}")
+    report = json.loads(proc.stdout)
+    # CPU is counted over warm-up and measurement alike; so are the calls here.
+    calls = report["throughput"]["rpcs_per_s"] * (opts.duration + opts.warmup)
+    report["cpu_us"] = meter.per_op(calls)
+    return report
+
+
+def rounds(redis, on_redis, on_embedded, opts):
+    """Every measurement once per round, rounds repeated: the noise of a shared machine falls on
+    the limit and on the gate alike, instead of on whichever was measured at a bad moment."""
+    commands = limit_commands(redis)
+    # Size each redis-benchmark run to about --duration seconds from a short calibration run.
+    sizes = {name: max(20000, int(redis_benchmark(redis, opts.concurrency, 20000, c)["ops"]
+                                  * opts.duration)) for name, c in commands.items()}
+    lim = {name: [] for name in commands}
+    gates = {"Redis": (on_redis, {s: [] for s in SCENARIOS}),
+             "embedded": (on_embedded, {s: [] for s in SCENARIOS})}
+    for i in range(opts.runs):
+        print(f"round {i + 1} of {opts.runs}", flush=True)
+        for name, command in commands.items():
+            lim[name].append(redis_benchmark(redis, opts.concurrency, sizes[name], command))
+            print(f"  limit {name}: {lim[name][-1]['ops']:.0f} ops/s", flush=True)
+        redis.cli("FLUSHALL")
+        for store, (gate, results) in gates.items():
+            for scenario in SCENARIOS:
+                results[scenario].append(bench(gate, redis, scenario, opts))
+                tok = results[scenario][-1]["throughput"]["request_token_per_s"]
+                print(f"  gate on {store}, {scenario}: {tok:.0f} RequestToken/s", flush=True)
+    return lim, gates["Redis"][1], gates["embedded"][1]
+
+
+def memory(redis, opts, keyed, actions):
+    """Bytes of Redis memory per completed action, receipt excluded (the receipts are empty)."""
+    redis.cli("FLUSHALL")
+    before = redis.used_memory()
+    gate = Gate(redis_url=redis.url(), rust_log="warn")
+    try:
+        extra = ["--actions", str(actions), "--receipt-bytes", "0", "--duration", "300",
+                 "--warmup", "0"] + (["--idempotency-keys"] if keyed else [])
+        cmd = [str(BIN), "bench", "--target", gate.addr, "--scenario", "grant-complete", "--json",
+               "--concurrency", "64", "--connections", str(opts.connections), *extra]
+        report = json.loads(run(cmd, timeout=400))
+    finally:
+        gate.stop()
+    keys = int(redis.cli("DBSIZE").strip())
+    after = redis.used_memory()
+    sample = [k for k in redis.cli(stdin="RANDOMKEY\n" * 1000).split() if k]
+    usage = redis.cli(stdin="".join(f"MEMORY USAGE {k} SAMPLES 0\n" for k in sample)).split()
+    usage = [int(u) for u in usage if u.isdigit()]
+    return {"actions": actions, "keys": keys, "ok": report["ok"],
+            "memory_usage_mean": statistics.mean(usage) if usage else 0,
+            "memory_usage_max": max(usage) if usage else 0, "sampled": len(usage),
+            "used_memory_delta_per_key": (after - before) / max(keys, 1),
+            "key_example": sample[0] if sample else ""}
+
+
+def median(rows, field):
+    return statistics.median(r[field] for r in rows)
+
+
+def median_of(reports, field):
+    return statistics.median(r["throughput"][field] for r in reports)
+
+
+def median_latency(reports, rpc, field):
+    values = [r["latency_ms"][rpc][field] for r in reports if rpc in r["latency_ms"]]
+    return statistics.median(values) if values else float("nan")
+
+
+def machine():
+    cpu = "unknown"
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            cpu = line.split(":", 1)[1].strip()
+            break
+    version = lambda *cmd: run(list(cmd)).strip().splitlines()[0]
+    commit = run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]).strip()
+    dirty = run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]).strip()
+    return {"cores": os.cpu_count(), "cpu": cpu, "kernel": platform.release(),
+            "rustc": version("rustc", "--version"), "redis": version("redis-server", "--version"),
+            "commit": commit + (" (with uncommitted changes)" if dirty else "")}
+
+
+def cpu_cell(reports, names):
+    return " / ".join(f"{statistics.median(r['cpu_us'][n] for r in reports):.0f}" for n in names)
+
+
+def table(lim, on_redis, on_embedded, mem, opts):
+    limit = median(lim[LIMIT], "ops")
+    out = ["| what | RequestToken/s | grant+complete pairs/s | RPCs/s | RequestToken p50 / p99 ms "
+           "| RequestToken/s ÷ EVALSHA | RPCs/s ÷ EVALSHA | CPU µs per call: gate / load generator / Redis "
+           "| checks |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, rows in lim.items():
+        out.append(f"| limit: redis-benchmark {name} | {median(rows, 'ops'):,.0f} | — | — | "
+                   f"{median(rows, 'p50'):.3f} / {median(rows, 'p99'):.3f} | "
+                   f"{median(rows, 'ops') / limit:.2f} | — | — / {cpu_cell(rows, ['client', 'redis'])} | — |")
+    for store, results in (("Redis", on_redis), ("embedded", on_embedded)):
+        names = ["gate", "client", "redis"] if store == "Redis" else ["gate", "client"]
+        for scenario, reports in results.items():
+            tok, pairs = median_of(reports, "request_token_per_s"), median_of(reports, "pairs_per_s")
+            rpcs = median_of(reports, "rpcs_per_s")
+            bad = sum(r["violations"] + r["checks"]["unexpected"] for r in reports)
+            out.append(
+                f"| gate on {store}: {scenario} | {tok:,.0f} | {pairs:,.0f} | {rpcs:,.0f} | "
+                f"{median_latency(reports, 'request_token', 'p50'):.3f} / "
+                f"{median_latency(reports, 'request_token', 'p99'):.3f} | {tok / limit:.2f} | "
+                f"{rpcs / limit:.2f} | {cpu_cell(reports, names)}{'' if store == 'Redis' else ' / —'} | "
+                f"{'0 violations' if bad == 0 else f'{bad} FAILED'} |")
+    gc_redis, gc_emb = on_redis["grant-complete"], on_embedded["grant-complete"]
+    ratio = median_of(gc_redis, "request_token_per_s") / limit
+    p99 = median_latency(gc_redis, "request_token", "p99")
+    pairs = median_of(gc_emb, "pairs_per_s")
+    verdict = lambda ok: "met" if ok else "MISSED"
+    lines = [
+        "",
+        f"Targets at {opts.concurrency} concurrent callers:",
+        f"- grant-complete on Redis: RequestToken/s = {ratio:.2f}× the EVALSHA limit (target ≥ 0.45: "
+        f"{verdict(ratio >= 0.45)}); RequestToken p99 {p99:.2f} ms (target < 2 ms: {verdict(p99 < 2)})",
+        f"- embedded store: {pairs:,.0f} durable grant+complete pairs/s (target ≥ 10,000: "
+        f"{verdict(pairs >= 10000)})",
+    ]
+    for label, m in mem.items():
+        lines.append(
+            f"- Redis memory per completed action ({label}, {m['actions']:,} actions, {m['keys']:,} keys, "
+            f"empty receipts): MEMORY USAGE mean {m['memory_usage_mean']:.0f} B over {m['sampled']} "
+            f"sampled keys (max {m['memory_usage_max']}), used_memory delta {m['used_memory_delta_per_key']:.0f} "
+            f"B per key (target ≤ 400: {verdict(m['memory_usage_mean'] <= 400)}); "
+            f"key layout `{m['key_example']}`")
+    return "\n".join(out + lines)
+
+
+def write_benchmarks(text, path):
+    block = f"{BEGIN}\n{text}\n{END}"
+    if path.exists():
+        current = path.read_text()
+        if BEGIN in current and END in current:
+            head, rest = current.split(BEGIN, 1)
+            new = head + block + rest.split(END, 1)[1]
+        else:
+            new = current.rstrip() + "\n\n" + block + "\n"
+    else:
+        new = "# Benchmarks\n\n" + block + "\n"
+    path.write_text(new)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3, help="runs per row; medians are quoted")
+    parser.add_argument("--duration", type=float, default=3.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per gate run")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--connections", type=int, default=1)
+    parser.add_argument("--memory-actions", type=int, default=100_000)
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    parser.add_argument("--note", default="", help="conditions to record (e.g. 'machine busy')")
+    opts = parser.parse_args()
+    for tool in ("redis-server", "redis-benchmark", "redis-cli"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} not found (make deps installs it on Debian)")
+    if not BIN.exists():
+        sys.exit(f"{BIN} not found: build it with cargo build --release")
+
+    began, load_before = time.time(), os.getloadavg()
+    info = machine()
+    with tempfile.TemporaryDirectory(prefix="oncegate-bench-") as tmp:
+        redis = Redis(tmp)
+        on_redis = on_embedded = None
+        try:
+            on_redis = Gate(redis_url=redis.url())
+            on_embedded = Gate(data_dir=os.path.join(tmp, "embedded"))
+            lim, by_redis, by_embedded = rounds(redis, on_redis, on_embedded, opts)
+            on_redis.stop()
+            print("Redis memory per completed action:", flush=True)
+            mem = {"fingerprint-keyed": memory(redis, opts, False, opts.memory_actions),
+                   "idempotency-keyed, 3 key fields": memory(redis, opts, True,
+                                                             max(opts.memory_actions // 5, 1000))}
+        finally:
+            for process in (on_redis, on_embedded, redis):
+                if process is not None:
+                    process.stop()
+    elapsed, load_after = time.time() - began, os.getloadavg()
+
+    result = table(lim, by_redis, by_embedded, mem, opts)
+    command = "make bench  # = " + shlex.join(["python3", "scripts/bench.py", *sys.argv[1:]])
+    header = "\n".join([
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))} in {elapsed:.0f} s with:",
+        "", "```sh", command, "```", "",
+        f"- machine: {info['cores']} cores, {info['cpu']}, Linux {info['kernel']}; load generator, gate "
+        "and Redis share the cores",
+        f"- load average before / after: {load_before[0]:.2f} / {load_after[0]:.2f}"
+        + (f"; {opts.note}" if opts.note else ""),
+        f"- {info['rustc']}; {info['redis']}; oncegate {info['commit']} (release build)",
+        f"- {opts.concurrency} concurrent callers ({opts.connections} HTTP/2 connection(s)) and "
+        f"redis-benchmark -c {opts.concurrency}; medians of {opts.runs} runs of {opts.duration:g} s "
+        f"(gate runs after {opts.warmup:g} s warm-up); Redis without persistence (--save '' "
+        "--appendonly no); gate logging at its default (info, audit events on, stderr discarded)",
+        "- CPU µs per call: CPU time each process used during a run (warm-up included) divided by "
+        "the calls made in it; the load generator is `oncegate bench` (or redis-benchmark for the "
+        "limit)",
+        "", "",
+    ])
+    text = header + result
+    print("\n" + text)
+    write_benchmarks(text, Path(opts.out))
+    print(f"\nwritten to {opts.out}")
+
+
+if __name__ == "__main__":
+    main()
