@@ -224,7 +224,7 @@ async fn failover_under_load(level: u32) -> Report {
     }
 
     let seen = Arc::try_unwrap(seen).ok().unwrap().into_inner().unwrap();
-    let mut client = gate.client().await;
+    let client = gate.client().await;
     let mut report = Report {
         grants: seen.grants.len(),
         completes: seen.completes.len(),
@@ -241,19 +241,25 @@ async fn failover_under_load(level: u32) -> Report {
     let mut present = None;
     for key in seen.grants.keys() {
         let (w, i) = parse_key(key);
-        let view = client
-            .get_action(pb::GetActionRequest {
-                action: Some(pb::ActionRef {
-                    scope: Some(pb::Scope {
-                        agent_id: "agent".into(),
-                        run_id: "run".into(),
-                    }),
-                    key: key.clone(),
+        // Right after the switch a call may still fail closed while the gate re-resolves the
+        // master: the audit retries those (and only those).
+        let action = pb::GetActionRequest {
+            action: Some(pb::ActionRef {
+                scope: Some(pb::Scope {
+                    agent_id: "agent".into(),
+                    run_id: "run".into(),
                 }),
-            })
-            .await
-            .unwrap()
-            .into_inner();
+                key: key.clone(),
+            }),
+        };
+        let view = retry_unavailable(|| {
+            let mut client = client.clone();
+            let action = action.clone();
+            async move { client.get_action(action).await }
+        })
+        .await
+        .unwrap()
+        .into_inner();
         if view.state() == pb::ActionState::Absent {
             report.grants_lost += 1;
         } else {
@@ -266,7 +272,13 @@ async fn failover_under_load(level: u32) -> Report {
         }
         let mut auditor = request(w, i);
         auditor.holder = "auditor".into();
-        match client.request_token(auditor).await {
+        let asked = retry_unavailable(|| {
+            let mut client = client.clone();
+            let auditor = auditor.clone();
+            async move { client.request_token(auditor).await }
+        })
+        .await;
+        match asked {
             Ok(resp) if resp.get_ref().grant.is_some() => report.granted_again += 1,
             Ok(_) => {}
             Err(status) => assert!(
@@ -432,4 +444,23 @@ async fn a_switch_is_followed_before_the_old_master_is_demoted() {
     let redis_key = ActionKey::new("agent", "run", resp.action.unwrap().key).redis_key();
     let on_new: i64 = query(new_master, redis::cmd("EXISTS").arg(&redis_key)).unwrap();
     assert_eq!(on_new, 1, "the grant went to the new master");
+}
+
+/// Repeats `call` while it fails closed with UNAVAILABLE, for at most 10 s.
+async fn retry_unavailable<T, F, Fut>(mut call: F) -> Result<T, tonic::Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match call().await {
+            Err(status)
+                if status.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
 }
