@@ -26,21 +26,23 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aoncegate/v1/oncegate.proto\x12\x0boncegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\")\n\x05Scope\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\";\n\tActionRef\x12!\n\x05scope\x18\x01 \x01(\x0b\x32\x12.oncegate.v1.Scope\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xc7\x01\n\x13RequestTokenRequest\x12!\n\x05scope\x18\x01 \x01(\x0b\x32\x12.oncegate.v1.Scope\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x13\n\x0bparams_json\x18\x03 \x01(\t\x12\x11\n\tintent_id\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x0e\n\x06holder\x18\x06 \x01(\t\x12,\n\tlease_ttl\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xe1\x01\n\x14RequestTokenResponse\x12\'\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x15.oncegate.v1.Decision\x12&\n\x06\x61\x63tion\x18\x02 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12!\n\x05grant\x18\x04 \x01(\x0b\x32\x12.oncegate.v1.Grant\x12+\n\ncompletion\x18\x05 \x01(\x0b\x32\x17.oncegate.v1.Completion\x12\x13\n\x0bredelivered\x18\x06 \x01(\x08\"s\n\x05Grant\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x65ncing\x18\x02 \x01(\x04\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cprovider_key\x18\x04 \x01(\t\"\x9e\x01\n\nCompletion\x12\x0f\n\x07receipt\x18\x01 \x01(\x0c\x12\x30\n\x0c\x63ompleted_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x66\x65ncing\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\t\x12-\n\x06source\x18\x05 \x01(\x0e\x32\x1d.oncegate.v1.CompletionSource\"Y\n\x0f\x43ompleteRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07receipt\x18\x03 \x01(\x0c\"?\n\x10\x43ompleteResponse\x12+\n\ncompletion\x18\x01 \x01(\x0b\x32\x17.oncegate.v1.Completion\"s\n\x0eReleaseRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\r\n\x05token\x18\x02 \x01(\t\x12*\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.oncegate.v1.ReleaseReason\"\"\n\x0fReleaseResponse\x12\x0f\n\x07\x66\x65ncing\x18\x01 \x01(\x04\"s\n\x12\x45xtendLeaseRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\r\n\x05token\x18\x02 \x01(\t\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"K\n\x13\x45xtendLeaseResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x10GetActionRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\"\xd5\x01\n\x11GetActionResponse\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.oncegate.v1.ActionState\x12\x0f\n\x07\x66\x65ncing\x18\x02 \x01(\x04\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\ncompletion\x18\x05 \x01(\x0b\x32\x17.oncegate.v1.Completion\x12\x0e\n\x06holder\x18\x06 \x01(\t*Z\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x44\x45\x43ISION_GRANTED\x10\x01\x12\x1e\n\x1a\x44\x45\x43ISION_ALREADY_COMPLETED\x10\x02*s\n\x10\x43ompletionSource\x12!\n\x1d\x43OMPLETION_SOURCE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OMPLETION_SOURCE_WORKER\x10\x01\x12\x1e\n\x1a\x43OMPLETION_SOURCE_OPERATOR\x10\x02*v\n\rReleaseReason\x12\x1e\n\x1aRELEASE_REASON_UNSPECIFIED\x10\x00\x12#\n\x1fRELEASE_REASON_DEFINITE_FAILURE\x10\x01\x12 \n\x1cRELEASE_REASON_NOT_ATTEMPTED\x10\x02*\x97\x01\n\x0b\x41\x63tionState\x12\x1c\n\x18\x41\x43TION_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41\x43TION_STATE_ABSENT\x10\x01\x12\x1b\n\x17\x41\x43TION_STATE_AUTHORIZED\x10\x02\x12\x1a\n\x16\x41\x43TION_STATE_COMPLETED\x10\x03\x12\x18\n\x14\x41\x43TION_STATE_EXPIRED\x10\x04\x32\x95\x03\n\x11\x41\x63tionGateService\x12S\n\x0cRequestToken\x12 .oncegate.v1.RequestTokenRequest\x1a!.oncegate.v1.RequestTokenResponse\x12G\n\x08\x43omplete\x12\x1c.oncegate.v1.CompleteRequest\x1a\x1d.oncegate.v1.CompleteResponse\x12\x44\n\x07Release\x12\x1b.oncegate.v1.ReleaseRequest\x1a\x1c.oncegate.v1.ReleaseResponse\x12P\n\x0b\x45xtendLease\x12\x1f.oncegate.v1.ExtendLeaseRequest\x1a .oncegate.v1.ExtendLeaseResponse\x12J\n\tGetAction\x12\x1d.oncegate.v1.GetActionRequest\x1a\x1e.oncegate.v1.GetActionResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aoncegate/v1/oncegate.proto\x12\x0boncegate.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\")\n\x05Scope\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\";\n\tActionRef\x12!\n\x05scope\x18\x01 \x01(\x0b\x32\x12.oncegate.v1.Scope\x12\x0b\n\x03key\x18\x02 \x01(\t\"\xc7\x01\n\x13RequestTokenRequest\x12!\n\x05scope\x18\x01 \x01(\x0b\x32\x12.oncegate.v1.Scope\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\x12\x13\n\x0bparams_json\x18\x03 \x01(\t\x12\x11\n\tintent_id\x18\x04 \x01(\t\x12\x17\n\x0fidempotency_key\x18\x05 \x01(\t\x12\x0e\n\x06holder\x18\x06 \x01(\t\x12,\n\tlease_ttl\x18\x07 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xe1\x01\n\x14RequestTokenResponse\x12\'\n\x08\x64\x65\x63ision\x18\x01 \x01(\x0e\x32\x15.oncegate.v1.Decision\x12&\n\x06\x61\x63tion\x18\x02 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12!\n\x05grant\x18\x04 \x01(\x0b\x32\x12.oncegate.v1.Grant\x12+\n\ncompletion\x18\x05 \x01(\x0b\x32\x17.oncegate.v1.Completion\x12\x13\n\x0bredelivered\x18\x06 \x01(\x08\"\x92\x01\n\x05Grant\x12\r\n\x05token\x18\x01 \x01(\t\x12\x0f\n\x07\x66\x65ncing\x18\x02 \x01(\x04\x12\x34\n\x10lease_expires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x14\n\x0cprovider_key\x18\x04 \x01(\t\x12\x1d\n\x15replicas_acknowledged\x18\x05 \x01(\r\"\xbe\x01\n\nCompletion\x12\x0f\n\x07receipt\x18\x01 \x01(\x0c\x12\x30\n\x0c\x63ompleted_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x66\x65ncing\x18\x03 \x01(\x04\x12\r\n\x05token\x18\x04 \x01(\t\x12-\n\x06source\x18\x05 \x01(\x0e\x32\x1d.oncegate.v1.CompletionSource\x12\x0c\n\x04note\x18\x06 \x01(\t\x12\x10\n\x08operator\x18\x07 \x01(\t\"Y\n\x0f\x43ompleteRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\r\n\x05token\x18\x02 \x01(\t\x12\x0f\n\x07receipt\x18\x03 \x01(\x0c\"?\n\x10\x43ompleteResponse\x12+\n\ncompletion\x18\x01 \x01(\x0b\x32\x17.oncegate.v1.Completion\"s\n\x0eReleaseRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\r\n\x05token\x18\x02 \x01(\t\x12*\n\x06reason\x18\x03 \x01(\x0e\x32\x1a.oncegate.v1.ReleaseReason\"\"\n\x0fReleaseResponse\x12\x0f\n\x07\x66\x65ncing\x18\x01 \x01(\x04\"s\n\x12\x45xtendLeaseRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\r\n\x05token\x18\x02 \x01(\t\x12&\n\x03ttl\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\"K\n\x13\x45xtendLeaseResponse\x12\x34\n\x10lease_expires_at\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\":\n\x10GetActionRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\"\xd5\x01\n\x11GetActionResponse\x12\'\n\x05state\x18\x01 \x01(\x0e\x32\x18.oncegate.v1.ActionState\x12\x0f\n\x07\x66\x65ncing\x18\x02 \x01(\x04\x12\x13\n\x0b\x66ingerprint\x18\x03 \x01(\t\x12\x34\n\x10lease_expires_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12+\n\ncompletion\x18\x05 \x01(\x0b\x32\x17.oncegate.v1.Completion\x12\x0e\n\x06holder\x18\x06 \x01(\t\"\xa5\x01\n\x1fRecordExternalCompletionRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\x0f\n\x07receipt\x18\x02 \x01(\x0c\x12\x0c\n\x04note\x18\x03 \x01(\t\x12\x13\n\x0b\x61\x63tion_name\x18\x04 \x01(\t\x12\x13\n\x0bparams_json\x18\x05 \x01(\t\x12\x11\n\tintent_id\x18\x06 \x01(\t\"a\n RecordExternalCompletionResponse\x12+\n\ncompletion\x18\x01 \x01(\x0b\x32\x17.oncegate.v1.Completion\x12\x10\n\x08recorded\x18\x02 \x01(\x08\"\x8b\x01\n\x15ResolveExpiredRequest\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12+\n\nresolution\x18\x02 \x01(\x0e\x32\x17.oncegate.v1.Resolution\x12\x0f\n\x07receipt\x18\x03 \x01(\x0c\x12\x0c\n\x04note\x18\x04 \x01(\t\"V\n\x16ResolveExpiredResponse\x12\x0f\n\x07\x66\x65ncing\x18\x01 \x01(\x04\x12+\n\ncompletion\x18\x02 \x01(\x0b\x32\x17.oncegate.v1.Completion\"P\n\x15ListUnresolvedRequest\x12\x10\n\x08\x61gent_id\x18\x01 \x01(\t\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x12\n\npage_token\x18\x03 \x01(\t\"\xa6\x01\n\x10UnresolvedAction\x12&\n\x06\x61\x63tion\x18\x01 \x01(\x0b\x32\x16.oncegate.v1.ActionRef\x12\x0f\n\x07\x66\x65ncing\x18\x02 \x01(\x04\x12\x34\n\x10lease_expired_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0e\n\x06holder\x18\x04 \x01(\t\x12\x13\n\x0b\x66ingerprint\x18\x05 \x01(\t\"a\n\x16ListUnresolvedResponse\x12.\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x1d.oncegate.v1.UnresolvedAction\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t*Z\n\x08\x44\x65\x63ision\x12\x18\n\x14\x44\x45\x43ISION_UNSPECIFIED\x10\x00\x12\x14\n\x10\x44\x45\x43ISION_GRANTED\x10\x01\x12\x1e\n\x1a\x44\x45\x43ISION_ALREADY_COMPLETED\x10\x02*s\n\x10\x43ompletionSource\x12!\n\x1d\x43OMPLETION_SOURCE_UNSPECIFIED\x10\x00\x12\x1c\n\x18\x43OMPLETION_SOURCE_WORKER\x10\x01\x12\x1e\n\x1a\x43OMPLETION_SOURCE_OPERATOR\x10\x02*v\n\rReleaseReason\x12\x1e\n\x1aRELEASE_REASON_UNSPECIFIED\x10\x00\x12#\n\x1fRELEASE_REASON_DEFINITE_FAILURE\x10\x01\x12 \n\x1cRELEASE_REASON_NOT_ATTEMPTED\x10\x02*\x97\x01\n\x0b\x41\x63tionState\x12\x1c\n\x18\x41\x43TION_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x41\x43TION_STATE_ABSENT\x10\x01\x12\x1b\n\x17\x41\x43TION_STATE_AUTHORIZED\x10\x02\x12\x1a\n\x16\x41\x43TION_STATE_COMPLETED\x10\x03\x12\x18\n\x14\x41\x43TION_STATE_EXPIRED\x10\x04*Y\n\nResolution\x12\x1a\n\x16RESOLUTION_UNSPECIFIED\x10\x00\x12\x18\n\x14RESOLUTION_COMPLETED\x10\x01\x12\x15\n\x11RESOLUTION_FAILED\x10\x02\x32\x95\x03\n\x11\x41\x63tionGateService\x12S\n\x0cRequestToken\x12 .oncegate.v1.RequestTokenRequest\x1a!.oncegate.v1.RequestTokenResponse\x12G\n\x08\x43omplete\x12\x1c.oncegate.v1.CompleteRequest\x1a\x1d.oncegate.v1.CompleteResponse\x12\x44\n\x07Release\x12\x1b.oncegate.v1.ReleaseRequest\x1a\x1c.oncegate.v1.ReleaseResponse\x12P\n\x0b\x45xtendLease\x12\x1f.oncegate.v1.ExtendLeaseRequest\x1a .oncegate.v1.ExtendLeaseResponse\x12J\n\tGetAction\x12\x1d.oncegate.v1.GetActionRequest\x1a\x1e.oncegate.v1.GetActionResponse2\xc1\x02\n\x10GateAdminService\x12w\n\x18RecordExternalCompletion\x12,.oncegate.v1.RecordExternalCompletionRequest\x1a-.oncegate.v1.RecordExternalCompletionResponse\x12Y\n\x0eResolveExpired\x12\".oncegate.v1.ResolveExpiredRequest\x1a#.oncegate.v1.ResolveExpiredResponse\x12Y\n\x0eListUnresolved\x12\".oncegate.v1.ListUnresolvedRequest\x1a#.oncegate.v1.ListUnresolvedResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'oncegate.v1.oncegate_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DECISION']._serialized_start=1699
-  _globals['_DECISION']._serialized_end=1789
-  _globals['_COMPLETIONSOURCE']._serialized_start=1791
-  _globals['_COMPLETIONSOURCE']._serialized_end=1906
-  _globals['_RELEASEREASON']._serialized_start=1908
-  _globals['_RELEASEREASON']._serialized_end=2026
-  _globals['_ACTIONSTATE']._serialized_start=2029
-  _globals['_ACTIONSTATE']._serialized_end=2180
+  _globals['_DECISION']._serialized_start=2610
+  _globals['_DECISION']._serialized_end=2700
+  _globals['_COMPLETIONSOURCE']._serialized_start=2702
+  _globals['_COMPLETIONSOURCE']._serialized_end=2817
+  _globals['_RELEASEREASON']._serialized_start=2819
+  _globals['_RELEASEREASON']._serialized_end=2937
+  _globals['_ACTIONSTATE']._serialized_start=2940
+  _globals['_ACTIONSTATE']._serialized_end=3091
+  _globals['_RESOLUTION']._serialized_start=3093
+  _globals['_RESOLUTION']._serialized_end=3182
   _globals['_SCOPE']._serialized_start=108
   _globals['_SCOPE']._serialized_end=149
   _globals['_ACTIONREF']._serialized_start=151
@@ -49,26 +51,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REQUESTTOKENREQUEST']._serialized_end=412
   _globals['_REQUESTTOKENRESPONSE']._serialized_start=415
   _globals['_REQUESTTOKENRESPONSE']._serialized_end=640
-  _globals['_GRANT']._serialized_start=642
-  _globals['_GRANT']._serialized_end=757
-  _globals['_COMPLETION']._serialized_start=760
-  _globals['_COMPLETION']._serialized_end=918
-  _globals['_COMPLETEREQUEST']._serialized_start=920
-  _globals['_COMPLETEREQUEST']._serialized_end=1009
-  _globals['_COMPLETERESPONSE']._serialized_start=1011
-  _globals['_COMPLETERESPONSE']._serialized_end=1074
-  _globals['_RELEASEREQUEST']._serialized_start=1076
-  _globals['_RELEASEREQUEST']._serialized_end=1191
-  _globals['_RELEASERESPONSE']._serialized_start=1193
-  _globals['_RELEASERESPONSE']._serialized_end=1227
-  _globals['_EXTENDLEASEREQUEST']._serialized_start=1229
-  _globals['_EXTENDLEASEREQUEST']._serialized_end=1344
-  _globals['_EXTENDLEASERESPONSE']._serialized_start=1346
-  _globals['_EXTENDLEASERESPONSE']._serialized_end=1421
-  _globals['_GETACTIONREQUEST']._serialized_start=1423
-  _globals['_GETACTIONREQUEST']._serialized_end=1481
-  _globals['_GETACTIONRESPONSE']._serialized_start=1484
-  _globals['_GETACTIONRESPONSE']._serialized_end=1697
-  _globals['_ACTIONGATESERVICE']._serialized_start=2183
-  _globals['_ACTIONGATESERVICE']._serialized_end=2588
+  _globals['_GRANT']._serialized_start=643
+  _globals['_GRANT']._serialized_end=789
+  _globals['_COMPLETION']._serialized_start=792
+  _globals['_COMPLETION']._serialized_end=982
+  _globals['_COMPLETEREQUEST']._serialized_start=984
+  _globals['_COMPLETEREQUEST']._serialized_end=1073
+  _globals['_COMPLETERESPONSE']._serialized_start=1075
+  _globals['_COMPLETERESPONSE']._serialized_end=1138
+  _globals['_RELEASEREQUEST']._serialized_start=1140
+  _globals['_RELEASEREQUEST']._serialized_end=1255
+  _globals['_RELEASERESPONSE']._serialized_start=1257
+  _globals['_RELEASERESPONSE']._serialized_end=1291
+  _globals['_EXTENDLEASEREQUEST']._serialized_start=1293
+  _globals['_EXTENDLEASEREQUEST']._serialized_end=1408
+  _globals['_EXTENDLEASERESPONSE']._serialized_start=1410
+  _globals['_EXTENDLEASERESPONSE']._serialized_end=1485
+  _globals['_GETACTIONREQUEST']._serialized_start=1487
+  _globals['_GETACTIONREQUEST']._serialized_end=1545
+  _globals['_GETACTIONRESPONSE']._serialized_start=1548
+  _globals['_GETACTIONRESPONSE']._serialized_end=1761
+  _globals['_RECORDEXTERNALCOMPLETIONREQUEST']._serialized_start=1764
+  _globals['_RECORDEXTERNALCOMPLETIONREQUEST']._serialized_end=1929
+  _globals['_RECORDEXTERNALCOMPLETIONRESPONSE']._serialized_start=1931
+  _globals['_RECORDEXTERNALCOMPLETIONRESPONSE']._serialized_end=2028
+  _globals['_RESOLVEEXPIREDREQUEST']._serialized_start=2031
+  _globals['_RESOLVEEXPIREDREQUEST']._serialized_end=2170
+  _globals['_RESOLVEEXPIREDRESPONSE']._serialized_start=2172
+  _globals['_RESOLVEEXPIREDRESPONSE']._serialized_end=2258
+  _globals['_LISTUNRESOLVEDREQUEST']._serialized_start=2260
+  _globals['_LISTUNRESOLVEDREQUEST']._serialized_end=2340
+  _globals['_UNRESOLVEDACTION']._serialized_start=2343
+  _globals['_UNRESOLVEDACTION']._serialized_end=2509
+  _globals['_LISTUNRESOLVEDRESPONSE']._serialized_start=2511
+  _globals['_LISTUNRESOLVEDRESPONSE']._serialized_end=2608
+  _globals['_ACTIONGATESERVICE']._serialized_start=3185
+  _globals['_ACTIONGATESERVICE']._serialized_end=3590
+  _globals['_GATEADMINSERVICE']._serialized_start=3593
+  _globals['_GATEADMINSERVICE']._serialized_end=3914
 # @@protoc_insertion_point(module_scope)

@@ -2,10 +2,11 @@ import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -35,6 +36,12 @@ class ActionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACTION_STATE_AUTHORIZED: _ClassVar[ActionState]
     ACTION_STATE_COMPLETED: _ClassVar[ActionState]
     ACTION_STATE_EXPIRED: _ClassVar[ActionState]
+
+class Resolution(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESOLUTION_UNSPECIFIED: _ClassVar[Resolution]
+    RESOLUTION_COMPLETED: _ClassVar[Resolution]
+    RESOLUTION_FAILED: _ClassVar[Resolution]
 DECISION_UNSPECIFIED: Decision
 DECISION_GRANTED: Decision
 DECISION_ALREADY_COMPLETED: Decision
@@ -49,6 +56,9 @@ ACTION_STATE_ABSENT: ActionState
 ACTION_STATE_AUTHORIZED: ActionState
 ACTION_STATE_COMPLETED: ActionState
 ACTION_STATE_EXPIRED: ActionState
+RESOLUTION_UNSPECIFIED: Resolution
+RESOLUTION_COMPLETED: Resolution
+RESOLUTION_FAILED: Resolution
 
 class Scope(_message.Message):
     __slots__ = ("agent_id", "run_id")
@@ -101,30 +111,36 @@ class RequestTokenResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., action: _Optional[_Union[ActionRef, _Mapping]] = ..., fingerprint: _Optional[str] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., redelivered: _Optional[bool] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("token", "fencing", "lease_expires_at", "provider_key")
+    __slots__ = ("token", "fencing", "lease_expires_at", "provider_key", "replicas_acknowledged")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_KEY_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
     token: str
     fencing: int
     lease_expires_at: _timestamp_pb2.Timestamp
     provider_key: str
-    def __init__(self, token: _Optional[str] = ..., fencing: _Optional[int] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., provider_key: _Optional[str] = ...) -> None: ...
+    replicas_acknowledged: int
+    def __init__(self, token: _Optional[str] = ..., fencing: _Optional[int] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., provider_key: _Optional[str] = ..., replicas_acknowledged: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("receipt", "completed_at", "fencing", "token", "source")
+    __slots__ = ("receipt", "completed_at", "fencing", "token", "source", "note", "operator")
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
     receipt: bytes
     completed_at: _timestamp_pb2.Timestamp
     fencing: int
     token: str
     source: CompletionSource
-    def __init__(self, receipt: _Optional[bytes] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fencing: _Optional[int] = ..., token: _Optional[str] = ..., source: _Optional[_Union[CompletionSource, str]] = ...) -> None: ...
+    note: str
+    operator: str
+    def __init__(self, receipt: _Optional[bytes] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fencing: _Optional[int] = ..., token: _Optional[str] = ..., source: _Optional[_Union[CompletionSource, str]] = ..., note: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("action", "token", "receipt")
@@ -195,3 +211,79 @@ class GetActionResponse(_message.Message):
     completion: Completion
     holder: str
     def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ...) -> None: ...
+
+class RecordExternalCompletionRequest(_message.Message):
+    __slots__ = ("action", "receipt", "note", "action_name", "params_json", "intent_id")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    INTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    receipt: bytes
+    note: str
+    action_name: str
+    params_json: str
+    intent_id: str
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., receipt: _Optional[bytes] = ..., note: _Optional[str] = ..., action_name: _Optional[str] = ..., params_json: _Optional[str] = ..., intent_id: _Optional[str] = ...) -> None: ...
+
+class RecordExternalCompletionResponse(_message.Message):
+    __slots__ = ("completion", "recorded")
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_FIELD_NUMBER: _ClassVar[int]
+    completion: Completion
+    recorded: bool
+    def __init__(self, completion: _Optional[_Union[Completion, _Mapping]] = ..., recorded: _Optional[bool] = ...) -> None: ...
+
+class ResolveExpiredRequest(_message.Message):
+    __slots__ = ("action", "resolution", "receipt", "note")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    RESOLUTION_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    resolution: Resolution
+    receipt: bytes
+    note: str
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., resolution: _Optional[_Union[Resolution, str]] = ..., receipt: _Optional[bytes] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ResolveExpiredResponse(_message.Message):
+    __slots__ = ("fencing", "completion")
+    FENCING_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    fencing: int
+    completion: Completion
+    def __init__(self, fencing: _Optional[int] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ...) -> None: ...
+
+class ListUnresolvedRequest(_message.Message):
+    __slots__ = ("agent_id", "page_size", "page_token")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class UnresolvedAction(_message.Message):
+    __slots__ = ("action", "fencing", "lease_expired_at", "holder", "fingerprint")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FENCING_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRED_AT_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    fencing: int
+    lease_expired_at: _timestamp_pb2.Timestamp
+    holder: str
+    fingerprint: str
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., fencing: _Optional[int] = ..., lease_expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+
+class ListUnresolvedResponse(_message.Message):
+    __slots__ = ("actions", "next_page_token")
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedCompositeFieldContainer[UnresolvedAction]
+    next_page_token: str
+    def __init__(self, actions: _Optional[_Iterable[_Union[UnresolvedAction, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...

@@ -281,3 +281,176 @@ class ActionGateService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class GateAdminServiceStub:
+    """The operator API: settles what needs a human. Every RPC needs an operator principal; agent
+    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE).
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.RecordExternalCompletion = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/RecordExternalCompletion',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.RecordExternalCompletionRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.RecordExternalCompletionResponse.FromString,
+                _registered_method=True)
+        self.ResolveExpired = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/ResolveExpired',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.ResolveExpiredRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ResolveExpiredResponse.FromString,
+                _registered_method=True)
+        self.ListUnresolved = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/ListUnresolved',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedResponse.FromString,
+                _registered_method=True)
+
+
+class GateAdminServiceServicer:
+    """The operator API: settles what needs a human. Every RPC needs an operator principal; agent
+    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE).
+    """
+
+    def RecordExternalCompletion(self, request, context):
+        """Marks an action completed that was done by hand, outside any agent (an admin panel, a phone
+        call). A worker that still holds a token for it later gets COMPLETED_BY_OTHER on Complete.
+        An action without a record needs `action_name` and `params_json`, so that its request hash is
+        stored and a later RequestToken replays the operator's receipt.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResolveExpired(self, request, context):
+        """Settles an action whose lease expired without Complete or Release, after the operator
+        reconciled it with the provider: as completed (with a receipt) or as failed (released, the
+        fencing number kept, so the next grant gets a higher one).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListUnresolved(self, request, context):
+        """Lists the actions whose leases expired without Complete or Release, oldest lease first,
+        optionally for one agent, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_GateAdminServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'RecordExternalCompletion': grpc.unary_unary_rpc_method_handler(
+                    servicer.RecordExternalCompletion,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.RecordExternalCompletionRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.RecordExternalCompletionResponse.SerializeToString,
+            ),
+            'ResolveExpired': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResolveExpired,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ResolveExpiredRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.ResolveExpiredResponse.SerializeToString,
+            ),
+            'ListUnresolved': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUnresolved,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'oncegate.v1.GateAdminService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('oncegate.v1.GateAdminService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class GateAdminService:
+    """The operator API: settles what needs a human. Every RPC needs an operator principal; agent
+    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE).
+    """
+
+    @staticmethod
+    def RecordExternalCompletion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/RecordExternalCompletion',
+            oncegate_dot_v1_dot_oncegate__pb2.RecordExternalCompletionRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.RecordExternalCompletionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResolveExpired(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/ResolveExpired',
+            oncegate_dot_v1_dot_oncegate__pb2.ResolveExpiredRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.ResolveExpiredResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUnresolved(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/ListUnresolved',
+            oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
