@@ -3,10 +3,11 @@
 //! `redis/` mirror [`crate::ledger`]; the conformance suite holds them to it.
 //!
 //! Owns: the per-call deadline, the durability level (`WAIT` after state changes, checked here),
-//! and decoding script replies (in [`decode`], the one place). Does not decide anything. The
+//! and turning decoded script replies ([`reply`], the one place they are decoded) into ledger types. Does not decide anything. The
 //! connection to standalone, Cluster or Sentinel deployments is [`connection`]'s.
 
 mod connection;
+mod reply;
 mod sentinel;
 
 use std::{sync::Arc, time::Duration};
@@ -15,13 +16,14 @@ use redis::{Script, Value};
 
 pub use connection::Topology;
 use connection::{Conn, Wait};
+use reply::{Decoded, decode, unexpected};
 pub use sentinel::FAILOVER_PAUSE;
 
 use super::{Acked, ActionKey, Durability, ListCursor, Page, Reply, StoreError};
 use crate::fingerprint;
 use crate::ledger::{
-    ActionView, CompleteOutcome, Completion, ExternalCompletion, Grant, GrantKind, Millis,
-    OnExpiry, Refusal, Resolution, Resolved, Source, State, TokenOutcome, TokenRequest,
+    ActionView, CompleteOutcome, ExternalCompletion, GrantKind, Millis, OnExpiry, Refusal,
+    Resolution, Resolved, TokenOutcome, TokenRequest,
 };
 
 mod listing;
@@ -581,221 +583,5 @@ fn classify(e: redis::RedisError) -> StoreError {
         StoreError::Unavailable(e.to_string())
     } else {
         StoreError::Corrupt(e.to_string())
-    }
-}
-
-/// What a script said, decoded once.
-#[derive(Debug)]
-enum Decoded {
-    Granted(Grant, GrantKind),
-    Completed {
-        completion: Completion,
-        recorded: bool,
-        double_execution: bool,
-    },
-    KeyReused(String),
-    Released(u64),
-    Extended(Millis),
-    View(ActionView),
-    Refused(Refusal),
-    /// unresolved.lua: one entry per member checked.
-    Checked(Vec<listing::Checked>),
-}
-
-fn unexpected(op: &str, decoded: &Decoded) -> StoreError {
-    StoreError::Corrupt(format!("script {op} answered {decoded:?}"))
-}
-
-/// The one place script replies are decoded. Layouts are documented in each script's header.
-fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
-    let Value::Array(items) = value else {
-        return Err(StoreError::Corrupt(format!(
-            "script reply is not an array: {value:?}"
-        )));
-    };
-    let mut fields = Fields { items, next: 0 };
-    let now = fields.int()?;
-    let tag = fields.string()?;
-    let decoded = match tag.as_str() {
-        "granted" => {
-            let kind = match fields.int()? {
-                1 => GrantKind::New,
-                2 => GrantKind::Redelivered,
-                3 => GrantKind::Regranted,
-                n => return Err(StoreError::Corrupt(format!("unknown grant kind {n}"))),
-            };
-            let token = fields.string()?;
-            let fencing = fields.uint()?;
-            let lease_expires_at = fields.int()?;
-            Decoded::Granted(
-                Grant {
-                    token,
-                    fencing,
-                    lease_expires_at,
-                },
-                kind,
-            )
-        }
-        "completed" => {
-            let recorded = fields.int()? == 1;
-            let double_execution = fields.int()? == 1;
-            Decoded::Completed {
-                completion: fields.completion()?,
-                recorded,
-                double_execution,
-            }
-        }
-        "key_reused" => Decoded::KeyReused(fields.string()?),
-        "released" => Decoded::Released(fields.uint()?),
-        "extended" => Decoded::Extended(fields.int()?),
-        "view" => {
-            let state = match fields.int()? {
-                1 => State::Absent,
-                2 => State::Authorized,
-                3 => State::Completed,
-                4 => State::Expired,
-                n => return Err(StoreError::Corrupt(format!("unknown state {n}"))),
-            };
-            let fencing = fields.uint()?;
-            let fingerprint = fields.string()?;
-            let lease = fields.int()?;
-            let holder = fields.string()?;
-            let has_completion = fields.int()? == 1;
-            let completion = fields.completion()?;
-            Decoded::View(ActionView {
-                state,
-                fencing,
-                fingerprint,
-                lease_expires_at: matches!(state, State::Authorized | State::Expired)
-                    .then_some(lease),
-                completion: has_completion.then_some(completion),
-                holder,
-            })
-        }
-        "in_progress" => Decoded::Refused(Refusal::InProgress {
-            retry_after: fields.int()?,
-        }),
-        "lease_expired" => Decoded::Refused(Refusal::LeaseExpired {
-            token: fields.string()?,
-            fencing: fields.uint()?,
-            expired_at: fields.int()?,
-        }),
-        "token_mismatch" => Decoded::Refused(Refusal::TokenMismatch),
-        "token_unknown" => Decoded::Refused(Refusal::TokenUnknown),
-        "already_completed" => Decoded::Refused(Refusal::AlreadyCompleted),
-        "completed_by_other" => Decoded::Refused(Refusal::CompletedByOther {
-            fencing: fields.uint()?,
-            completed_at: fields.int()?,
-        }),
-        "request_required" => Decoded::Refused(Refusal::RequestRequired),
-        "not_expired" => Decoded::Refused(Refusal::NotExpired {
-            state: match fields.int()? {
-                1 => State::Absent,
-                2 => State::Authorized,
-                n => return Err(StoreError::Corrupt(format!("unknown state {n}"))),
-            },
-        }),
-        "unresolved" => {
-            let n = fields.uint()?;
-            let mut checked = Vec::with_capacity(n.min(1024) as usize);
-            for _ in 0..n {
-                let status = fields.int()?;
-                let fencing = fields.uint()?;
-                let fingerprint = fields.string()?;
-                let lease_expires_at = fields.int()?;
-                let holder = fields.string()?;
-                checked.push(match status {
-                    0 => listing::Checked::Stale,
-                    1 => listing::Checked::Unresolved(ActionView {
-                        state: State::Expired,
-                        fencing,
-                        fingerprint,
-                        lease_expires_at: Some(lease_expires_at),
-                        completion: None,
-                        holder,
-                    }),
-                    2 => listing::Checked::Live,
-                    n => return Err(StoreError::Corrupt(format!("unknown list status {n}"))),
-                });
-            }
-            Decoded::Checked(checked)
-        }
-        other => {
-            return Err(StoreError::Corrupt(format!(
-                "unknown script reply tag {other:?}"
-            )));
-        }
-    };
-    Ok((now, decoded))
-}
-
-/// A cursor over a script's reply array.
-struct Fields {
-    items: Vec<Value>,
-    next: usize,
-}
-
-impl Fields {
-    fn take(&mut self) -> Result<Value, StoreError> {
-        let value = self
-            .items
-            .get_mut(self.next)
-            .map(|v| std::mem::replace(v, Value::Nil))
-            .ok_or_else(|| {
-                StoreError::Corrupt(format!("script reply too short (field {})", self.next))
-            })?;
-        self.next += 1;
-        Ok(value)
-    }
-
-    fn int(&mut self) -> Result<i64, StoreError> {
-        match self.take()? {
-            Value::Int(n) => Ok(n),
-            other => Err(StoreError::Corrupt(format!(
-                "expected an integer, got {other:?}"
-            ))),
-        }
-    }
-
-    fn uint(&mut self) -> Result<u64, StoreError> {
-        let n = self.int()?;
-        u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative counter {n}")))
-    }
-
-    fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
-        match self.take()? {
-            Value::BulkString(bytes) => Ok(bytes),
-            Value::SimpleString(s) => Ok(s.into_bytes()),
-            other => Err(StoreError::Corrupt(format!(
-                "expected a string, got {other:?}"
-            ))),
-        }
-    }
-
-    fn string(&mut self) -> Result<String, StoreError> {
-        String::from_utf8(self.bytes()?)
-            .map_err(|e| StoreError::Corrupt(format!("non-UTF-8 text: {e}")))
-    }
-
-    fn completion(&mut self) -> Result<Completion, StoreError> {
-        let receipt = self.bytes()?;
-        let completed_at = self.int()?;
-        let fencing = self.uint()?;
-        let token = self.string()?;
-        let source = match self.int()? {
-            2 => Source::Operator,
-            _ => Source::Worker,
-        };
-        let note = self.string()?;
-        let operator = self.string()?;
-        Ok(Completion {
-            receipt,
-            completed_at,
-            fencing,
-            token,
-            source,
-            note,
-            operator,
-        })
     }
 }
