@@ -7,6 +7,7 @@
 
 use std::{collections::BTreeMap, fmt};
 
+use base64::Engine as _;
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -287,14 +288,17 @@ pub fn fingerprint(action: &str, intent: &str, selection: &Selection) -> String 
 
 /// Short digests of each key field (and of the action and intent), stored with an action that has
 /// an idempotency key so that a conflicting retry can be told *which* fields differ, never their
-/// values. Encoded as `name=hex16` lines, sorted by name.
+/// values. Encoded as `name=<digest>` lines, sorted by name, where the digest is the first 48 bits
+/// of the SHA-256 of the field's canonical JSON in base64url (8 characters): these only *name*
+/// the differing fields (the fingerprint decides the conflict), and every byte is stored with
+/// each idempotency-keyed record.
 pub fn field_digests(action: &str, intent: &str, selection: &Selection) -> String {
     let mut out = String::new();
     let mut push = |name: &str, canonical: &str| {
         let digest = Sha256::digest(canonical.as_bytes());
         out.push_str(&escape_name(name));
         out.push('=');
-        out.push_str(&hex::encode(&digest[..8]));
+        out.push_str(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..6]));
         out.push('\n');
     };
     push("action", action);
