@@ -88,11 +88,7 @@ impl Gate {
     /// Every call is counted in `oncegate_attempts_total`, by decision, unless the store failed.
     pub async fn request_token(&self, call: TokenCall) -> Result<TokenAnswer, GateError> {
         let action = call.action.clone();
-        let Prepared {
-            key,
-            fingerprint: _,
-            request,
-        } = match prepare_token(&self.policies, call, new_token()) {
+        let Prepared { key, request } = match prepare_token(&self.policies, call, new_token()) {
             Ok(prepared) => prepared,
             Err(e) => return Err(self.invalid_attempt(&action, e)),
         };
@@ -313,7 +309,6 @@ impl Gate {
 #[derive(Debug, Clone)]
 pub struct Prepared {
     pub key: ActionKey,
-    pub fingerprint: String,
     pub request: TokenRequest,
 }
 
@@ -368,7 +363,7 @@ pub fn prepare_token(
         },
     );
     let request = TokenRequest {
-        fingerprint: fp.clone(),
+        fingerprint: fp,
         // Only an idempotency key can meet a different request; a fingerprint key cannot.
         digests: if keyed {
             fingerprint::field_digests(&call.action, &call.intent_id, &selection)
@@ -382,11 +377,7 @@ pub fn prepare_token(
         sliding: policy.sliding,
         on_expiry: policy.on_expiry,
     };
-    Ok(Prepared {
-        key,
-        fingerprint: fp,
-        request,
-    })
+    Ok(Prepared { key, request })
 }
 
 /// An id is within `max_id_bytes`, and present when `required`.

@@ -53,9 +53,9 @@ fuzz_target!(|data: &[u8]| {
             Ok(prepared) => {
                 assert_eq!(prepared.key.agent_id, scope.agent_id);
                 assert_eq!(prepared.key.run_id, scope.run_id);
-                assert!(prepared.fingerprint.starts_with("v1-"));
+                assert!(prepared.request.fingerprint.starts_with("v1-"));
                 if req.idempotency_key.is_empty() {
-                    assert_eq!(prepared.key.key, prepared.fingerprint);
+                    assert_eq!(prepared.key.key, prepared.request.fingerprint);
                 } else {
                     assert_eq!(prepared.key.key, req.idempotency_key);
                 }

@@ -185,27 +185,7 @@ async fn failover_under_load(level: u32) -> Report {
     let lag_at_kill = replication_lag(old_master);
     let killed_at = Instant::now();
     set.lock().unwrap().server(old_master).stop();
-    let promoted = {
-        let set = set.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut promoted = None;
-            wait_until(
-                "Sentinel promotes a replica",
-                Duration::from_secs(30),
-                || {
-                    promoted = set
-                        .lock()
-                        .unwrap()
-                        .master_port()
-                        .filter(|p| *p != old_master);
-                    promoted.is_some()
-                },
-            );
-            promoted.unwrap()
-        })
-        .await
-        .unwrap()
-    };
+    let promoted = promotion(set.clone(), old_master).await;
     let failover_took = killed_at.elapsed();
     // The stream must resume on the new master.
     let acked = || seen.lock().unwrap().acked_at.len();
@@ -402,27 +382,7 @@ async fn a_switch_is_followed_before_the_old_master_is_demoted() {
         redis::cmd("SENTINEL").arg("FAILOVER").arg(MASTER_NAME),
     )
     .unwrap();
-    let new_master = {
-        let set = set.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut promoted = None;
-            wait_until(
-                "Sentinel promotes a replica",
-                Duration::from_secs(30),
-                || {
-                    promoted = set
-                        .lock()
-                        .unwrap()
-                        .master_port()
-                        .filter(|p| *p != old_master);
-                    promoted.is_some()
-                },
-            );
-            promoted.unwrap()
-        })
-        .await
-        .unwrap()
-    };
+    let new_master = promotion(set.clone(), old_master).await;
     // Right after the switch: the gate fails closed or writes to the new master, never the old.
     let deadline = Instant::now() + Duration::from_secs(15);
     let resp = loop {
@@ -466,4 +426,26 @@ where
             other => return other,
         }
     }
+}
+
+/// Waits (up to 30 s) until the sentinels name a master other than `old_master`; returns its port.
+async fn promotion(set: Arc<Mutex<SentinelSet>>, old_master: u16) -> u16 {
+    tokio::task::spawn_blocking(move || {
+        let mut promoted = None;
+        wait_until(
+            "Sentinel promotes a replica",
+            Duration::from_secs(30),
+            || {
+                promoted = set
+                    .lock()
+                    .unwrap()
+                    .master_port()
+                    .filter(|p| *p != old_master);
+                promoted.is_some()
+            },
+        );
+        promoted.unwrap()
+    })
+    .await
+    .unwrap()
 }

@@ -128,7 +128,7 @@ proptest! {
             Ok(p) => {
                 prop_assert_eq!(&p.key.agent_id, &agent);
                 prop_assert!(!agent.is_empty() && agent.len() <= 16 && !run.is_empty());
-                prop_assert_eq!(&p.key.key, if key.is_empty() { &p.fingerprint } else { &key });
+                prop_assert_eq!(&p.key.key, if key.is_empty() { &p.request.fingerprint } else { &key });
                 prop_assert_eq!(ActionKey::decode(&p.key.encode()), Some(p.key.clone()));
             }
             Err(e) => prop_assert_eq!(e.reason(), "INVALID_REQUEST"),
