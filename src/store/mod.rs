@@ -132,13 +132,7 @@ impl Store {
         replicas: u32,
     ) -> Result<Acked<TokenOutcome>, StoreError> {
         match self {
-            Store::Embedded(s) => {
-                unreplicated(replicas)?;
-                Ok(Acked {
-                    reply: s.request_token(key, req).await?,
-                    replicas: 0,
-                })
-            }
+            Store::Embedded(s) => unreplicated(replicas, s.request_token(key, req)).await,
             Store::Redis(s) => s.request_token_durable(key, req, replicas).await,
         }
     }
@@ -152,13 +146,7 @@ impl Store {
         replicas: u32,
     ) -> Result<Acked<CompleteOutcome>, StoreError> {
         match self {
-            Store::Embedded(s) => {
-                unreplicated(replicas)?;
-                Ok(Acked {
-                    reply: s.complete(key, token, receipt).await?,
-                    replicas: 0,
-                })
-            }
+            Store::Embedded(s) => unreplicated(replicas, s.complete(key, token, receipt)).await,
             Store::Redis(s) => s.complete_durable(key, token, receipt, replicas).await,
         }
     }
@@ -171,13 +159,7 @@ impl Store {
         replicas: u32,
     ) -> Result<Acked<u64>, StoreError> {
         match self {
-            Store::Embedded(s) => {
-                unreplicated(replicas)?;
-                Ok(Acked {
-                    reply: s.release(key, token).await?,
-                    replicas: 0,
-                })
-            }
+            Store::Embedded(s) => unreplicated(replicas, s.release(key, token)).await,
             Store::Redis(s) => s.release_durable(key, token, replicas).await,
         }
     }
@@ -191,13 +173,7 @@ impl Store {
         replicas: u32,
     ) -> Result<Acked<Millis>, StoreError> {
         match self {
-            Store::Embedded(s) => {
-                unreplicated(replicas)?;
-                Ok(Acked {
-                    reply: s.extend_lease(key, token, ttl).await?,
-                    replicas: 0,
-                })
-            }
+            Store::Embedded(s) => unreplicated(replicas, s.extend_lease(key, token, ttl)).await,
             Store::Redis(s) => s.extend_lease_durable(key, token, ttl, replicas).await,
         }
     }
@@ -253,11 +229,17 @@ impl Store {
 /// The embedded store has no replicas: a durability level above 0 cannot be met, so the call
 /// fails closed before anything is written (start-up refuses that configuration; this is the
 /// last line).
-fn unreplicated(replicas: u32) -> Result<(), StoreError> {
+async fn unreplicated<T>(
+    replicas: u32,
+    step: impl Future<Output = Result<Reply<T>, StoreError>>,
+) -> Result<Acked<T>, StoreError> {
     if replicas > 0 {
         return Err(StoreError::Unavailable(format!(
             "durability level {replicas} needs Redis replicas; the embedded store has none"
         )));
     }
-    Ok(())
+    Ok(Acked {
+        reply: step.await?,
+        replicas: 0,
+    })
 }
