@@ -3,7 +3,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use oncegate::{auth, store::ActionKey, tls};
+use oncegate::{
+    domain::ActionKey,
+    grpc::{auth, tls},
+};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

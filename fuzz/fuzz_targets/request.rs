@@ -5,9 +5,9 @@
 
 use libfuzzer_sys::fuzz_target;
 use oncegate::{
-    gate::{TokenCall, prepare_token},
+    config::ConfigFile,
+    gate::{TokenCall, policy::Policies, request::prepare_token},
     pb,
-    policy::Policies,
     store::ListCursor,
 };
 use prost::Message;
@@ -15,7 +15,7 @@ use prost::Message;
 fn policies() -> &'static Policies {
     static POLICIES: std::sync::OnceLock<Policies> = std::sync::OnceLock::new();
     POLICIES.get_or_init(|| {
-        Policies::parse(
+        ConfigFile::parse(
             r#"
             [limits]
             max_params_bytes = 4096
@@ -28,6 +28,7 @@ fn policies() -> &'static Policies {
             "#,
         )
         .expect("fuzz policy parses")
+        .policies
     })
 }
 
@@ -49,7 +50,8 @@ fuzz_target!(|data: &[u8]| {
             holder: req.holder.clone(),
             lease,
         };
-        match prepare_token(policies(), call, "token".into()) {
+        let policy = policies().for_action(&call.action);
+        match prepare_token(&policies().limits, policy, call, "token".into()) {
             Ok(prepared) => {
                 assert_eq!(prepared.key.agent_id, scope.agent_id);
                 assert_eq!(prepared.key.run_id, scope.run_id);
@@ -61,9 +63,12 @@ fuzz_target!(|data: &[u8]| {
                 }
                 assert!(prepared.request.lease > 0);
                 let key = prepared.key.encode();
-                assert_eq!(oncegate::store::ActionKey::decode(&key), Some(prepared.key));
+                assert_eq!(oncegate::domain::ActionKey::decode(&key), Some(prepared.key));
             }
-            Err(e) => assert_eq!(e.reason(), "INVALID_REQUEST"),
+            Err(e) => assert_eq!(
+                oncegate::grpc::status::reason(&e),
+                oncegate::pb::ErrorReason::InvalidRequest
+            ),
         }
     }
     if let Ok(list) = pb::ListUnresolvedRequest::decode(data)

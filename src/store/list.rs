@@ -6,8 +6,10 @@
 
 use base64::Engine as _;
 
-use super::ActionKey;
-use crate::ledger::{ActionView, Millis};
+use crate::domain::{
+    ActionKey,
+    ledger::{ActionView, Millis},
+};
 
 /// Where a listing resumes: strictly after this position.
 #[derive(Debug, Clone, PartialEq, Eq)]

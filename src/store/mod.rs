@@ -3,7 +3,7 @@
 //! A store persists action records and applies one state-machine step per call **atomically**:
 //! the read of the record, the decision and the write happen as one indivisible step with respect
 //! to every other call on the same action key, from any number of gate replicas. The decision is
-//! the one [`crate::ledger`] makes (the embedded store runs it; the Redis scripts mirror it).
+//! the one [`crate::domain::ledger`] makes (the embedded store runs it; the Redis scripts mirror it).
 //!
 //! Time is the store's: every reply carries the `now` the step used, so all replicas agree on when
 //! a lease ends.
@@ -14,17 +14,19 @@
 //! request (a repeated grant to the same holder re-delivers, a repeated Complete returns the stored
 //! completion). [`StoreError::Corrupt`] means a record could not be decoded; nothing was written.
 //!
+//! Every state change takes a durability level: the number of replicas that must confirm it before
+//! it is acknowledged (Redis `WAIT`); a store that cannot meet it fails closed.
+//!
 //! Does not own: validation, fingerprints, policies (the gate decides those before calling).
 
 pub mod embedded;
-pub mod key;
 pub mod list;
 pub mod redis;
 
-pub use key::ActionKey;
 pub use list::{ListCursor, Page, Unresolved};
 
-use crate::ledger::{
+use crate::domain::ActionKey;
+use crate::domain::ledger::{
     ActionView, CompleteOutcome, ExternalCompletion, Millis, Refusal, Resolution, Resolved,
     TokenOutcome, TokenRequest,
 };
@@ -60,6 +62,16 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+impl StoreError {
+    /// The kind of failure, as the metrics label it: `unavailable` or `corrupt`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "unavailable",
+            Self::Corrupt(_) => "corrupt",
+        }
+    }
+}
+
 /// What a store promises about durability, for the start-up log and the README.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Durability {
@@ -89,43 +101,10 @@ macro_rules! dispatch {
 }
 
 impl Store {
-    /// RequestToken: grant, re-deliver, replay or refuse (see [`crate::ledger::request_token`]).
+    /// RequestToken: grant, re-deliver, replay or refuse (see
+    /// [`crate::domain::ledger::request_token`]). A grant is handed out only once `replicas`
+    /// replicas (or the deployment's level, if higher) confirmed it; fails closed when fewer do.
     pub async fn request_token(
-        &self,
-        key: &ActionKey,
-        req: &TokenRequest,
-    ) -> Result<Reply<TokenOutcome>, StoreError> {
-        dispatch!(self, s => s.request_token(key, req).await)
-    }
-
-    /// Complete with a token and a receipt.
-    pub async fn complete(
-        &self,
-        key: &ActionKey,
-        token: &str,
-        receipt: &[u8],
-    ) -> Result<Reply<CompleteOutcome>, StoreError> {
-        dispatch!(self, s => s.complete(key, token, receipt).await)
-    }
-
-    /// Release a token; the reply is the released grant's fencing number.
-    pub async fn release(&self, key: &ActionKey, token: &str) -> Result<Reply<u64>, StoreError> {
-        dispatch!(self, s => s.release(key, token).await)
-    }
-
-    /// Extend a live lease to `now + ttl`; the reply is the new expiry.
-    pub async fn extend_lease(
-        &self,
-        key: &ActionKey,
-        token: &str,
-        ttl: Millis,
-    ) -> Result<Reply<Millis>, StoreError> {
-        dispatch!(self, s => s.extend_lease(key, token, ttl).await)
-    }
-
-    /// [`Store::request_token`] that waits for `replicas` replicas (or the deployment's level, if
-    /// higher) before a grant is handed out; fails closed when fewer confirm.
-    pub async fn request_token_durable(
         &self,
         key: &ActionKey,
         req: &TokenRequest,
@@ -133,12 +112,12 @@ impl Store {
     ) -> Result<Acked<TokenOutcome>, StoreError> {
         match self {
             Store::Embedded(s) => unreplicated(replicas, s.request_token(key, req)).await,
-            Store::Redis(s) => s.request_token_durable(key, req, replicas).await,
+            Store::Redis(s) => s.request_token(key, req, replicas).await,
         }
     }
 
-    /// [`Store::complete`] that waits for replicas the same way.
-    pub async fn complete_durable(
+    /// Complete with a token and a receipt, waiting for replicas the same way.
+    pub async fn complete(
         &self,
         key: &ActionKey,
         token: &str,
@@ -147,12 +126,13 @@ impl Store {
     ) -> Result<Acked<CompleteOutcome>, StoreError> {
         match self {
             Store::Embedded(s) => unreplicated(replicas, s.complete(key, token, receipt)).await,
-            Store::Redis(s) => s.complete_durable(key, token, receipt, replicas).await,
+            Store::Redis(s) => s.complete(key, token, receipt, replicas).await,
         }
     }
 
-    /// [`Store::release`] that waits for replicas the same way.
-    pub async fn release_durable(
+    /// Release a token (the reply is the released grant's fencing number), waiting for replicas
+    /// the same way.
+    pub async fn release(
         &self,
         key: &ActionKey,
         token: &str,
@@ -160,12 +140,13 @@ impl Store {
     ) -> Result<Acked<u64>, StoreError> {
         match self {
             Store::Embedded(s) => unreplicated(replicas, s.release(key, token)).await,
-            Store::Redis(s) => s.release_durable(key, token, replicas).await,
+            Store::Redis(s) => s.release(key, token, replicas).await,
         }
     }
 
-    /// [`Store::extend_lease`] that waits for replicas the same way.
-    pub async fn extend_lease_durable(
+    /// Extend a live lease to `now + ttl` (the reply is the new expiry), waiting for replicas the
+    /// same way.
+    pub async fn extend_lease(
         &self,
         key: &ActionKey,
         token: &str,
@@ -174,7 +155,7 @@ impl Store {
     ) -> Result<Acked<Millis>, StoreError> {
         match self {
             Store::Embedded(s) => unreplicated(replicas, s.extend_lease(key, token, ttl)).await,
-            Store::Redis(s) => s.extend_lease_durable(key, token, ttl, replicas).await,
+            Store::Redis(s) => s.extend_lease(key, token, ttl, replicas).await,
         }
     }
 
@@ -183,7 +164,7 @@ impl Store {
         dispatch!(self, s => s.get(key).await)
     }
 
-    /// An operator's completion of an action done by hand (see [`crate::ledger::record_external`]).
+    /// An operator's completion of an action done by hand (see [`crate::domain::ledger::record_external`]).
     pub async fn record_external(
         &self,
         key: &ActionKey,
@@ -192,7 +173,7 @@ impl Store {
         dispatch!(self, s => s.record_external(key, ext).await)
     }
 
-    /// An operator's settlement of an expired lease (see [`crate::ledger::resolve_expired`]).
+    /// An operator's settlement of an expired lease (see [`crate::domain::ledger::resolve_expired`]).
     pub async fn resolve_expired(
         &self,
         key: &ActionKey,

@@ -11,12 +11,12 @@ use std::{
 };
 
 use oncegate::{
-    auth::hash_key,
+    config::ConfigFile,
+    grpc::auth::hash_key,
     pb::{
         self, action_gate_service_client::ActionGateServiceClient,
         gate_admin_service_client::GateAdminServiceClient,
     },
-    policy::Policies,
 };
 use tempfile::TempDir;
 use tonic::{Code, transport::Channel};
@@ -30,12 +30,11 @@ use crate::{
 const OPS_KEY: &str = "ops-secret-key-1";
 const WORKER_KEY: &str = "worker-secret-key-1";
 
-fn policies() -> Policies {
-    Policies::parse(&format!(
+fn policies() -> ConfigFile {
+    crate::support::config(&format!(
         "{}\n[actions.\"payments.transfer\"]\nkey_fields = [\"/amount\", \"/to\"]\n",
         principals_toml("")
     ))
-    .unwrap()
 }
 
 struct Clients {

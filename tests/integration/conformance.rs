@@ -4,12 +4,13 @@
 //! concurrently.
 
 use oncegate::{
-    fingerprint::{self, KeyFields, ParamsLimits},
-    ledger::{
+    domain::ActionKey,
+    domain::fingerprint::{self, KeyFields, ParamsLimits},
+    domain::ledger::{
         self, ExternalCompletion, Millis, OnExpiry, Record, RequestHash, Resolution, Step,
         TokenRequest, Write,
     },
-    store::{ActionKey, Reply, Store},
+    store::{Reply, Store},
 };
 
 use crate::support::{Kind, backend};
@@ -81,7 +82,7 @@ async fn actor(store: Store, seed: u64, ops: usize) {
                         OnExpiry::Regrant
                     },
                 };
-                let reply = store.request_token(&key, &req).await.unwrap();
+                let reply = store.request_token(&key, &req, 0).await.unwrap().reply;
                 let outcome = check(
                     &mut model,
                     reply,
@@ -95,7 +96,11 @@ async fn actor(store: Store, seed: u64, ops: usize) {
             4 | 5 => {
                 let token = pick(&mut rng, &tokens);
                 let receipt = format!("receipt-{i}").into_bytes();
-                let reply = store.complete(&key, &token, &receipt).await.unwrap();
+                let reply = store
+                    .complete(&key, &token, &receipt, 0)
+                    .await
+                    .unwrap()
+                    .reply;
                 check(
                     &mut model,
                     reply,
@@ -106,7 +111,7 @@ async fn actor(store: Store, seed: u64, ops: usize) {
             }
             6 => {
                 let token = pick(&mut rng, &tokens);
-                let reply = store.release(&key, &token).await.unwrap();
+                let reply = store.release(&key, &token, 0).await.unwrap().reply;
                 check(
                     &mut model,
                     reply,
@@ -118,7 +123,11 @@ async fn actor(store: Store, seed: u64, ops: usize) {
             7 => {
                 let token = pick(&mut rng, &tokens);
                 let ttl = [30, 4_000][rng.below(2) as usize];
-                let reply = store.extend_lease(&key, &token, ttl).await.unwrap();
+                let reply = store
+                    .extend_lease(&key, &token, ttl, 0)
+                    .await
+                    .unwrap()
+                    .reply;
                 check(
                     &mut model,
                     reply,

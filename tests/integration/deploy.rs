@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use oncegate::policy::Policies;
+use oncegate::gate::policy::Policies;
 
 use crate::support::{Kind, Scrape, TestGate, token_request};
 

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use oncegate::{pb, policy::Policies, store::ActionKey};
+use oncegate::{domain::ActionKey, gate::policy::Policies, pb, store::redis::keys};
 use tonic::Code;
 
 use crate::support::{
@@ -120,7 +120,7 @@ async fn level_1_fails_closed_without_a_replica_and_never_grants_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_raises_the_level_for_its_action_only() {
     let backend = backend_with(Kind::Redis, level(0)).await;
-    let policies = Policies::parse("[actions.\"payments.*\"]\ndurability_replicas = 1\n").unwrap();
+    let policies = crate::support::policies("[actions.\"payments.*\"]\ndurability_replicas = 1\n");
     let gate = TestGate::serve(backend, policies).await;
     let mut client = gate.client().await;
     // No replica at all: the payment fails closed, the e-mail (level 0) is granted.
@@ -211,7 +211,7 @@ async fn cluster_wait_reaches_the_node_that_owns_the_action() {
         let mut req = token_request(&agent, "run", "orders.create", &format!(r#"{{"o":{i}}}"#));
         req.idempotency_key = format!("order-{i}");
         let result = client.request_token(req).await;
-        let redis_key = ActionKey::new(agent, "run", format!("order-{i}")).redis_key();
+        let redis_key = keys::record(&ActionKey::new(agent, "run", format!("order-{i}")));
         let slot: i64 = query(seed, redis::cmd("CLUSTER").arg("KEYSLOT").arg(&redis_key)).unwrap();
         let owner = map.iter().find(|r| r.0 <= slot && slot <= r.1).unwrap().2;
         match result {

@@ -12,11 +12,12 @@ use std::{
 };
 
 use oncegate::{
+    domain::ActionKey,
+    gate::policy::Policies,
     pb::{self, action_gate_service_client::ActionGateServiceClient},
-    policy::Policies,
     store::{
-        ActionKey, Store,
-        redis::{RedisOptions, RedisStore, Topology},
+        Store,
+        redis::{RedisOptions, RedisStore, Topology, keys},
     },
 };
 use tonic::{Code, transport::Channel};
@@ -272,7 +273,7 @@ async fn failover_under_load(level: u32) -> Report {
     }
     // The audit ran on the promoted master: the records are really there.
     let some_key = present.expect("some record survived");
-    let redis_key = ActionKey::new("agent", "run", some_key).redis_key();
+    let redis_key = keys::record(&ActionKey::new("agent", "run", some_key));
     // The master the sentinels name now (normally `promoted`; under load Sentinel may have moved
     // it once more while the stream ran).
     let master = set.lock().unwrap().master_port().unwrap_or(promoted);
@@ -404,7 +405,7 @@ async fn a_switch_is_followed_before_the_old_master_is_demoted() {
     eprintln!(
         "the old master still answered as a master when the gate granted: {old_still_master}"
     );
-    let redis_key = ActionKey::new("agent", "run", resp.action.unwrap().key).redis_key();
+    let redis_key = keys::record(&ActionKey::new("agent", "run", resp.action.unwrap().key));
     let on_new: i64 = query(new_master, redis::cmd("EXISTS").arg(&redis_key)).unwrap();
     assert_eq!(on_new, 1, "the grant went to the new master");
 }

@@ -31,7 +31,7 @@ pub(crate) async fn health(addr: &str, service: &str) -> ServingStatus {
 
 pub(crate) async fn wait_for_health(addr: &str, want: ServingStatus) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while health(addr, oncegate::server::SERVICE_NAME).await != want {
+    while health(addr, oncegate::grpc::server::SERVICE_NAME).await != want {
         assert!(Instant::now() < deadline, "health never became {want:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -10,6 +10,7 @@ mod deploy;
 mod durability;
 mod failover;
 mod failures;
+mod layers;
 mod metrics;
 mod pki;
 mod properties;

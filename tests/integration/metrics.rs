@@ -10,8 +10,8 @@ use std::{
 };
 
 use oncegate::{
+    gate::policy::Policies,
     pb::{self, action_gate_service_client::ActionGateServiceClient},
-    policy::Policies,
 };
 use tonic::{Code, transport::Channel};
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -369,7 +369,7 @@ fn check_counters(scrape: &Scrape, want: &Expected) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripted_workload_is_counted_exactly_and_health_follows_redis() {
-    let policies = Policies::parse(POLICIES).unwrap();
+    let policies = crate::support::policies(POLICIES);
     let (mut gate, metrics_addr) = TestGate::start_with_metrics(Kind::Redis, policies).await;
     let addr = gate.addr.to_string();
     let mut w = Workload {

@@ -3,11 +3,13 @@
 //! fuzzers search the same code for longer with coverage guidance.
 
 use oncegate::{
-    auth,
-    fingerprint::{self, KeyFields, ParamsLimits},
-    gate::{TokenCall, prepare_token},
-    policy::Policies,
-    store::{ActionKey, ListCursor},
+    domain::{
+        ActionKey,
+        fingerprint::{self, KeyFields, ParamsLimits},
+    },
+    gate::{TokenCall, policy::Policies, request::prepare_token},
+    grpc::auth,
+    store::ListCursor,
 };
 use proptest::prelude::*;
 use serde_json::{Map, Value};
@@ -63,10 +65,9 @@ fn fp(text: &str) -> Result<String, fingerprint::ParamsError> {
 }
 
 fn policies() -> Policies {
-    Policies::parse(
+    crate::support::policies(
         "[limits]\nmax_id_bytes = 16\nmax_params_depth = 4\n[actions.\"pay\"]\nkey_fields = [\"/a\"]\n",
     )
-    .unwrap()
 }
 
 proptest! {
@@ -124,14 +125,16 @@ proptest! {
             lease,
             ..TokenCall::default()
         };
-        match prepare_token(&policies(), call, "t".into()) {
+        let policies = policies();
+        let policy = policies.for_action(&call.action);
+        match prepare_token(&policies.limits, policy, call, "t".into()) {
             Ok(p) => {
                 prop_assert_eq!(&p.key.agent_id, &agent);
                 prop_assert!(!agent.is_empty() && agent.len() <= 16 && !run.is_empty());
                 prop_assert_eq!(&p.key.key, if key.is_empty() { &p.request.fingerprint } else { &key });
                 prop_assert_eq!(ActionKey::decode(&p.key.encode()), Some(p.key.clone()));
             }
-            Err(e) => prop_assert_eq!(e.reason(), "INVALID_REQUEST"),
+            Err(e) => prop_assert_eq!(oncegate::grpc::status::reason(&e).as_str_name(), "INVALID_REQUEST"),
         }
     }
 
@@ -139,7 +142,7 @@ proptest! {
     fn cursors_and_credentials_never_panic(text in "\\PC{0,40}", bytes in prop::collection::vec(any::<u8>(), 0..64)) {
         let _ = ListCursor::decode(&text);
         let _ = auth::bearer(&text);
-        let _ = oncegate::tls::identities(&bytes);
+        let _ = oncegate::grpc::tls::identities(&bytes);
         if let Some(key) = ActionKey::decode(&bytes) {
             prop_assert_eq!(key.encode(), bytes, "one key, one encoding");
         }

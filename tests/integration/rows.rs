@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use oncegate::{
+    gate::policy::Policies,
     pb::{self, action_gate_service_client::ActionGateServiceClient},
-    policy::Policies,
 };
 use tonic::{Code, transport::Channel};
 use tonic_types::StatusExt;
@@ -17,7 +17,7 @@ type Client = ActionGateServiceClient<Channel>;
 const PAY: &str = r#"{"amount":100,"currency":"EUR","to":"DE89","memo":"rent"}"#;
 
 fn policies() -> Policies {
-    Policies::parse(
+    crate::support::policies(
         r#"
         [actions."payments.transfer"]
         key_fields = ["/amount", "/currency", "/to"]
@@ -26,7 +26,6 @@ fn policies() -> Policies {
         [actions."strict.*"]
         "#,
     )
-    .unwrap()
 }
 
 fn ms(d: u64) -> Option<prost_types::Duration> {
@@ -473,7 +472,7 @@ rows!(
 #[tokio::test]
 async fn strict_mode_refuses_actions_without_policy() {
     for kind in [Kind::Embedded, Kind::Redis] {
-        let strict = Policies::parse("strict = true\n[actions.\"known\"]\n").unwrap();
+        let strict = crate::support::policies("strict = true\n[actions.\"known\"]\n");
         let gate = TestGate::start_with(kind, strict).await;
         let mut client = gate.client().await;
         let status = client

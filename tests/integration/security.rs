@@ -6,15 +6,15 @@
 use std::time::Duration;
 
 use oncegate::{
-    auth::hash_key,
+    config::defaults,
+    domain::ActionKey,
+    gate::policy::Policies,
+    grpc::server::ServerOptions,
+    grpc::{auth::hash_key, tls},
     pb::{
         self, action_gate_service_client::ActionGateServiceClient,
         gate_admin_service_client::GateAdminServiceClient,
     },
-    policy::Policies,
-    server::ServerOptions,
-    store::ActionKey,
-    tls,
 };
 use tonic::{
     Code, Request, Status,
@@ -25,7 +25,7 @@ use tonic_types::StatusExt;
 
 use crate::{
     pki::{Ca, Pem},
-    support::{Kind, TestGate, backend, expect_error, token_request},
+    support::{Kind, TestGate, backend, config, expect_error, token_request},
 };
 
 const WORKER_KEY: &str = "worker-secret-key-1";
@@ -305,7 +305,7 @@ fn key_of(action: &pb::ActionRef) -> ActionKey {
 
 async fn access_matrix(kind: Kind, mode: Mode) {
     let pki = Pki::new();
-    let policies = Policies::parse(&principals_toml("")).unwrap();
+    let policies = config(&principals_toml(""));
     let settings = tls::settings(
         pki.server.cert.as_bytes(),
         pki.server.key.as_bytes(),
@@ -315,7 +315,7 @@ async fn access_matrix(kind: Kind, mode: Mode) {
     .unwrap();
     let options = ServerOptions {
         tls: Some(settings),
-        ..ServerOptions::default()
+        ..defaults::server()
     };
     let gate = TestGate::serve_with_options(backend(kind).await, policies, options).await;
     let addr = gate.addr.to_string();
@@ -424,9 +424,9 @@ async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certif
     .unwrap();
     let options = ServerOptions {
         tls: Some(settings),
-        ..ServerOptions::default()
+        ..defaults::server()
     };
-    let policies = Policies::parse(&principals_toml("")).unwrap();
+    let policies = config(&principals_toml(""));
     let gate = TestGate::serve_with_options(backend(Kind::Embedded).await, policies, options).await;
     let addr = gate.addr.to_string();
     // A certificate from another CA, even with an operator's name, does not get through TLS.
@@ -472,8 +472,7 @@ async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certif
 
 #[tokio::test]
 async fn rate_limit_answers_resource_exhausted_with_retry_info() {
-    let policies =
-        Policies::parse(&principals_toml("rate_limit_per_second = 1\nburst = 2")).unwrap();
+    let policies = config(&principals_toml("rate_limit_per_second = 1\nburst = 2"));
     let gate = TestGate::start_with(Kind::Embedded, policies).await;
     let mut client = gate.client().await;
     let get = || {
@@ -515,7 +514,7 @@ async fn rate_limit_answers_resource_exhausted_with_retry_info() {
 async fn oversized_messages_are_refused_before_the_service() {
     let options = ServerOptions {
         max_message_bytes: 4096,
-        ..ServerOptions::default()
+        ..defaults::server()
     };
     let gate =
         TestGate::serve_with_options(backend(Kind::Embedded).await, Policies::default(), options)
@@ -542,9 +541,9 @@ async fn embedded_store_calls_have_a_deadline() {
         std::thread::sleep(Duration::from_millis(500));
         1_700_000_000_000
     });
-    let store = oncegate::store::embedded::EmbeddedStore::open(dir.path(), slow)
-        .unwrap()
-        .with_call_timeout(Duration::from_millis(50));
+    let store =
+        oncegate::store::embedded::EmbeddedStore::open(dir.path(), slow, Duration::from_millis(50))
+            .unwrap();
     let started = std::time::Instant::now();
     let result = store.get(&ActionKey::new("a", "r", "k")).await;
     assert!(

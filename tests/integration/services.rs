@@ -152,13 +152,17 @@ fn startup_warns_when_redis_keeps_nothing_and_json_logs_are_json() {
 async fn a_plaintext_health_only_listener_answers_probes() {
     let port = crate::support::free_port();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let options = oncegate::server::ServerOptions {
+    let options = oncegate::grpc::server::ServerOptions {
         health_listen: Some(addr),
-        ..Default::default()
+        ..oncegate::config::defaults::server()
     };
     let backend = crate::support::backend(Kind::Embedded).await;
-    let _gate =
-        TestGate::serve_with_options(backend, oncegate::policy::Policies::default(), options).await;
+    let _gate = TestGate::serve_with_options(
+        backend,
+        oncegate::gate::policy::Policies::default(),
+        options,
+    )
+    .await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_timeout(std::time::Duration::from_secs(5));

@@ -13,11 +13,11 @@ use std::{
 };
 
 use oncegate::{
-    gate::Gate,
-    metrics::{self, Metrics},
+    config::{ConfigFile, defaults},
+    gate::{Gate, policy::Policies},
+    grpc::server::{self, ServerOptions},
+    observe::metrics::{self, Metrics},
     pb::{self, action_gate_service_client::ActionGateServiceClient},
-    policy::Policies,
-    server::{self, ServerOptions},
     store::{
         Store,
         embedded::{EmbeddedStore, system_clock},
@@ -180,8 +180,21 @@ impl Backend {
 pub fn test_options() -> RedisOptions {
     RedisOptions {
         sentinel_check_interval: Duration::from_millis(200),
-        ..RedisOptions::default()
+        ..defaults::redis()
     }
+}
+
+/// The store call deadline of the tests' stores (the default).
+pub const STORE_TIMEOUT: Duration = Duration::from_millis(defaults::STORE_TIMEOUT_MS);
+
+/// Parses a configuration file's text (policies, limits, principals); panics when it is bad.
+pub fn config(text: &str) -> ConfigFile {
+    ConfigFile::parse(text).unwrap()
+}
+
+/// Parses a configuration file's text and keeps its policies.
+pub fn policies(text: &str) -> Policies {
+    config(text).policies
 }
 
 /// A fresh, empty store of `kind`.
@@ -195,7 +208,7 @@ pub async fn backend_with(kind: Kind, options: RedisOptions) -> Backend {
     let topology = match kind {
         Kind::Embedded => {
             let dir = TempDir::new().unwrap();
-            let store = EmbeddedStore::open(dir.path(), system_clock()).unwrap();
+            let store = EmbeddedStore::open(dir.path(), system_clock(), STORE_TIMEOUT).unwrap();
             return Backend {
                 store: Store::Embedded(store),
                 redis,
@@ -253,14 +266,14 @@ impl TestGate {
         Self::start_with(kind, Policies::default()).await
     }
 
-    /// Serves a fresh store of `kind` with `policies`.
-    pub async fn start_with(kind: Kind, policies: Policies) -> Self {
-        Self::serve(backend(kind).await, policies).await
+    /// Serves a fresh store of `kind` with `config` (policies, and principals if any).
+    pub async fn start_with(kind: Kind, config: impl Into<ConfigFile>) -> Self {
+        Self::serve(backend(kind).await, config).await
     }
 
     /// Serves an existing backend.
-    pub async fn serve(backend: Backend, policies: Policies) -> Self {
-        Self::serve_with_options(backend, policies, ServerOptions::default()).await
+    pub async fn serve(backend: Backend, config: impl Into<ConfigFile>) -> Self {
+        Self::serve_with_options(backend, config, defaults::server()).await
     }
 
     /// Serves a fresh store of `kind` with `policies`, counting into a registry served on its own
@@ -268,7 +281,11 @@ impl TestGate {
     pub async fn start_with_metrics(kind: Kind, policies: Policies) -> (Self, SocketAddr) {
         let backend = backend(kind).await;
         let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = Metrics::register(&mut registry, &policies, metrics::DEFAULT_OTHER_ACTION);
+        let metrics = Metrics::register(
+            &mut registry,
+            policies.names(),
+            metrics::DEFAULT_OTHER_ACTION,
+        );
         let gate = Gate::with_metrics(backend.store.clone(), policies, metrics);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let metrics_addr = listener.local_addr().unwrap();
@@ -277,18 +294,26 @@ impl TestGate {
             std::sync::Arc::new(registry),
             std::future::pending(),
         ));
-        let gate = Self::serve_gate(backend, gate, ServerOptions::default()).await;
+        let gate = Self::serve_gate(backend, gate, defaults::server()).await;
         (gate, metrics_addr)
     }
 
-    /// Serves an existing backend with server options (TLS, message size); the health interval
-    /// is always short.
+    /// Serves an existing backend with server options (TLS, message size) and the configuration
+    /// file's principals; the health interval is always short.
     pub async fn serve_with_options(
         backend: Backend,
-        policies: Policies,
+        config: impl Into<ConfigFile>,
         options: ServerOptions,
     ) -> Self {
+        let ConfigFile {
+            policies,
+            principals,
+        } = config.into();
         let gate = Gate::new(backend.store.clone(), policies);
+        let options = ServerOptions {
+            principals,
+            ..options
+        };
         Self::serve_gate(backend, gate, options).await
     }
 

@@ -1,7 +1,7 @@
 //! The shared fingerprint vectors (`tests/vectors/fingerprints.json`), checked against the Rust
 //! implementation; the Python client checks the same file.
 
-use oncegate::fingerprint::{self, KeyFields, ParamsError, ParamsLimits};
+use oncegate::domain::fingerprint::{self, KeyFields, ParamsError, ParamsLimits};
 use serde_json::Value;
 
 fn error_name(e: &ParamsError) -> &'static str {

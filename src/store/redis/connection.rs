@@ -327,7 +327,7 @@ mod tests {
         let options = RedisOptions {
             password: Some("s3cret".into()),
             username: Some("gate".into()),
-            ..RedisOptions::default()
+            ..crate::store::redis::test_options()
         };
         let info = node_info("10.0.0.1:6380", &options).unwrap();
         assert_eq!(info.addr().to_string(), "10.0.0.1:6380");

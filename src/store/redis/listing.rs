@@ -9,14 +9,14 @@
 
 use std::{collections::HashSet, sync::Mutex};
 
+use super::keys;
 use super::{Decoded, RedisStore, classify};
 use crate::{
-    ledger::{ActionView, Millis},
-    store::{
-        ActionKey, ListCursor, Page, Reply, StoreError, Unresolved,
-        key::{REDIS_AGENTS_KEY, redis_index_key},
-        list::scan_budget,
+    domain::{
+        ActionKey,
+        ledger::{ActionView, Millis},
     },
+    store::{ListCursor, Page, Reply, StoreError, Unresolved, list::scan_budget},
 };
 
 /// Members fetched from an index per round trip.
@@ -50,7 +50,7 @@ impl RedisStore {
             }
         }
         let mut cmd = redis::cmd("SADD");
-        cmd.arg(REDIS_AGENTS_KEY).arg(agent_id);
+        cmd.arg(keys::AGENTS).arg(agent_id);
         match self.query::<i64>(&cmd).await {
             Ok(_) => {
                 let mut seen = self.agents_seen.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -99,7 +99,7 @@ pub(super) async fn list(
         Some(agent) => vec![agent.to_owned()],
         None => {
             let mut cmd = redis::cmd("SMEMBERS");
-            cmd.arg(REDIS_AGENTS_KEY);
+            cmd.arg(keys::AGENTS);
             let mut all: Vec<String> = store.query(&cmd).await?;
             all.sort_by(agent_order);
             if let Some(c) = after {
@@ -158,7 +158,7 @@ impl Walk<'_> {
         agent: &str,
         mut from: Option<(Millis, Vec<u8>)>,
     ) -> Result<bool, StoreError> {
-        let index = redis_index_key(agent);
+        let index = keys::lease_index(agent);
         let mut offset = 0;
         loop {
             if self.page.items.len() >= self.limit || self.budget == 0 {
@@ -202,7 +202,7 @@ impl Walk<'_> {
             offset = 0;
             let mut invocation = self.store.scripts.unresolved.key(&index);
             for (member, _, key) in &fresh {
-                invocation.key(key.redis_key()).arg(member.as_slice());
+                invocation.key(keys::record(key)).arg(member.as_slice());
             }
             let (now, decoded) = self.store.invoke(invocation).await?;
             self.now = Some(now);

@@ -6,7 +6,7 @@ use redis::Value;
 use super::listing;
 
 use crate::{
-    ledger::{ActionView, Completion, Grant, GrantKind, Millis, Refusal, Source, State},
+    domain::ledger::{ActionView, Completion, Grant, GrantKind, Millis, Refusal, Source, State},
     store::StoreError,
 };
 

@@ -427,7 +427,7 @@ mod tests {
         Shared {
             name: "gate".into(),
             sentinels: Vec::new(),
-            options: RedisOptions::default(),
+            options: crate::store::redis::test_options(),
             resolving: tokio::sync::Mutex::new(()),
             state: Mutex::new(State::default()),
         }

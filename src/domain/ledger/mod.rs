@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::fingerprint;
+use crate::domain::fingerprint;
 
 /// Milliseconds since the Unix epoch, on the store's clock.
 pub type Millis = i64;
@@ -721,5 +721,4 @@ pub fn is_unresolved(record: Option<&Record>, now: Millis) -> bool {
 }
 
 #[cfg(test)]
-#[path = "ledger_tests.rs"]
 mod tests;

@@ -1,6 +1,6 @@
 //! Tracing: the subscriber (`init`), one span per gate RPC ([`layer::RpcLayer`]), the incoming
-//! W3C `traceparent` ([`TraceParent`]), and the helpers the gate uses to put what it decided on the
-//! current span.
+//! W3C `traceparent` ([`TraceParent`]), the audit target ([`AUDIT`]), and the helpers the gate uses
+//! to put what it decided on the current span.
 //!
 //! A span carries the RPC, scope, action, key and decision, and the caller's trace and span ids.
 //! Never params, receipts or tokens: they are secrets the gate holds for its callers. OpenTelemetry
@@ -14,7 +14,17 @@ pub mod otel;
 use tracing::Span;
 use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
 
-use crate::cli::LogFormat;
+/// Target of the audit events: one per decision, routable on its own (`RUST_LOG=oncegate::audit=info`).
+pub const AUDIT: &str = "oncegate::audit";
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
 
 /// Name of the per-RPC span.
 pub const RPC_SPAN: &str = "rpc";

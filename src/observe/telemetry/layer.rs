@@ -20,7 +20,7 @@ use tower_service::Service;
 use tracing::{Span, field::Empty};
 
 use super::{RPC_SPAN, TraceParent};
-use crate::metrics::{Metrics, code_name};
+use crate::observe::metrics::{Metrics, code_name};
 
 /// The package whose calls are traced and timed.
 const PACKAGE_PREFIX: &str = "/oncegate.v1.";

@@ -21,7 +21,7 @@ pub const VERSION_TAG: &str = "v1";
 /// below 2^53 in magnitude.
 pub const MAX_SAFE_INTEGER: u64 = 1 << 53;
 
-/// Limits applied while parsing params.
+/// Limits applied while parsing params; the defaults are the contract's (docs/CONTRACT.md).
 #[derive(Debug, Clone, Copy)]
 pub struct ParamsLimits {
     /// Largest accepted params text, in bytes.

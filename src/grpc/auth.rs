@@ -25,7 +25,8 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::{Request, Status, service::Interceptor};
 
-use crate::{error::GateError, tls};
+use super::tls;
+use crate::gate::GateError;
 
 /// What a principal is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -358,10 +359,10 @@ pub fn bearer(value: &str) -> Option<&str> {
 impl Interceptor for Authenticator {
     fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
         let principal = self.authenticate(&request).inspect_err(|_| {
-            tracing::info!(target: crate::gate::AUDIT, decision = "unauthenticated", "refused");
+            tracing::info!(target: crate::observe::telemetry::AUDIT, decision = "unauthenticated", "refused");
         })?;
         principal.check_rate().inspect_err(|_| {
-            tracing::info!(target: crate::gate::AUDIT, principal = %principal.name, decision = "rate_limited", "refused");
+            tracing::info!(target: crate::observe::telemetry::AUDIT, principal = %principal.name, decision = "rate_limited", "refused");
         })?;
         request.extensions_mut().insert(Authenticated(principal));
         Ok(request)

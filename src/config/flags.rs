@@ -1,55 +1,18 @@
-//! The command line: `oncegate serve`, `oncegate fingerprint`, `oncegate hash-key`,
-//! `oncegate admin …` (in [`crate::admin_cli`]) and `oncegate bench` (in [`crate::bench`]). Every
-//! serve flag has an environment fallback and shows in `--help`, which is the reference.
+//! The flags of `oncegate serve`, each with an environment fallback, as clap parses them. `--help`
+//! is the reference; [`super::Config::from_flags`] validates them once. Every default is one of
+//! [`super::defaults`].
 
-use std::{net::SocketAddr, path::PathBuf, time::Duration};
+use std::{net::SocketAddr, path::PathBuf};
 
-use clap::{Parser, Subcommand, ValueEnum};
-
-use crate::store::redis::{RedisOptions, Topology};
-
-/// oncegate: perform each side-effecting action of an AI agent at most once.
-///
-/// Workers ask the gate for a one-shot token before they act, report the outcome after, and get
-/// the original receipt back when they retry. Runs on an embedded durable store by default, or in
-/// front of Redis with --redis-url.
-#[derive(Debug, Parser)]
-#[command(name = "oncegate", version, propagate_version = true)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// What to do.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the gate's gRPC server.
-    Serve(Box<ServeArgs>),
-    /// Print the fingerprint the gate computes for an action, offline.
-    Fingerprint(FingerprintArgs),
-    /// Read an API key on standard input and print its SHA-256 (for `api_key_sha256`).
-    HashKey,
-    /// The operator API against a running gate: get, complete, resolve, list-unresolved.
-    Admin(Box<crate::admin_cli::AdminArgs>),
-    /// Load a running gate on this machine and report throughput, latency and correctness.
-    Bench(crate::bench::BenchArgs),
-}
-
-/// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
+use super::defaults;
+use crate::{observe::telemetry::LogFormat, store::redis::Topology};
 
 /// Settings of `oncegate serve`, validated once at start-up.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Address of the gRPC listener. Port 0 picks a free port; the bound address is printed on
     /// standard output as `listening on ADDR`.
-    #[arg(long, env = "ONCEGATE_LISTEN", default_value = "127.0.0.1:50051")]
+    #[arg(long, env = "ONCEGATE_LISTEN", default_value = defaults::LISTEN)]
     pub listen: SocketAddr,
 
     /// Redis URL (redis://[user:pass@]host:port[/db], rediss:// for TLS) of a standalone Redis.
@@ -86,22 +49,22 @@ pub struct ServeArgs {
     /// Durability level: replicas that must confirm every state change (Redis WAIT) before it is
     /// acknowledged. When fewer confirm, a grant is not handed out and a Complete returns
     /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas.
-    #[arg(long, env = "ONCEGATE_DURABILITY_REPLICAS", default_value_t = 0)]
+    #[arg(long, env = "ONCEGATE_DURABILITY_REPLICAS", default_value_t = defaults::DURABILITY_REPLICAS)]
     pub durability_replicas: u32,
 
     /// How long WAIT lets the replicas take, in milliseconds; must be below --store-timeout-ms.
-    #[arg(long, env = "ONCEGATE_DURABILITY_TIMEOUT_MS", default_value_t = 1000,
+    #[arg(long, env = "ONCEGATE_DURABILITY_TIMEOUT_MS", default_value_t = defaults::DURABILITY_TIMEOUT_MS,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub durability_timeout_ms: u64,
 
     /// Sentinel only: how often the master's ROLE and the sentinels' answer are re-checked, in
     /// milliseconds (failover events are followed at once; this catches missed ones).
-    #[arg(long, env = "ONCEGATE_REDIS_SENTINEL_CHECK_MS", default_value_t = 1000,
+    #[arg(long, env = "ONCEGATE_REDIS_SENTINEL_CHECK_MS", default_value_t = defaults::SENTINEL_CHECK_MS,
           value_parser = clap::value_parser!(u64).range(50..=60_000))]
     pub redis_sentinel_check_ms: u64,
 
     /// Directory of the embedded store's file (created if missing). Ignored with --redis-url.
-    #[arg(long, env = "ONCEGATE_DATA_DIR", default_value = "oncegate-data")]
+    #[arg(long, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR)]
     pub data_dir: PathBuf,
 
     /// Action policies file (TOML: strict, [defaults], [limits], [actions."name"]); see README.
@@ -113,16 +76,16 @@ pub struct ServeArgs {
     pub log_format: LogFormat,
 
     /// Deadline of one store call in milliseconds; past it the call fails closed with UNAVAILABLE.
-    #[arg(long, env = "ONCEGATE_STORE_TIMEOUT_MS", default_value_t = 2000,
+    #[arg(long, env = "ONCEGATE_STORE_TIMEOUT_MS", default_value_t = defaults::STORE_TIMEOUT_MS,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub store_timeout_ms: u64,
 
     /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
-    #[arg(long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = 20)]
+    #[arg(long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = defaults::DRAIN_SECONDS)]
     pub drain_seconds: u64,
 
     /// Largest accepted gRPC request message, in bytes.
-    #[arg(long, env = "ONCEGATE_MAX_MESSAGE_BYTES", default_value_t = 256 * 1024,
+    #[arg(long, env = "ONCEGATE_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES,
           value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
     pub max_message_bytes: u64,
 
@@ -157,7 +120,7 @@ pub struct ServeArgs {
 
     /// The `action` metric label of every action that no policy names, so that agents inventing
     /// action names cannot grow the number of series. Must not be a policy's name.
-    #[arg(long, env = "ONCEGATE_METRICS_OTHER_ACTION_LABEL", default_value = crate::metrics::DEFAULT_OTHER_ACTION)]
+    #[arg(long, env = "ONCEGATE_METRICS_OTHER_ACTION_LABEL", default_value = defaults::OTHER_ACTION_LABEL)]
     pub metrics_other_action_label: String,
 
     /// OTLP/gRPC endpoint for trace export, e.g. http://otel-collector:4317 (builds with the `otel`
@@ -175,29 +138,7 @@ impl ServeArgs {
         #[cfg(not(feature = "otel"))]
         None
     }
-}
 
-/// Settings of `oncegate fingerprint`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct FingerprintArgs {
-    /// The action name, e.g. payments.transfer.
-    #[arg(long)]
-    pub action: String,
-
-    /// The params as a JSON object.
-    #[arg(long)]
-    pub params: String,
-
-    /// The intent id, if the request carries one.
-    #[arg(long, default_value = "")]
-    pub intent: String,
-
-    /// The policies file, so the action's key fields apply exactly as on the server.
-    #[arg(long, env = "ONCEGATE_CONFIG")]
-    pub config: Option<PathBuf>,
-}
-
-impl ServeArgs {
     /// The Redis deployment to use, `None` for the embedded store. Exactly one of --redis-url,
     /// --redis-cluster-nodes and --redis-sentinels may be set; the error names the settings.
     pub fn redis_topology(&self) -> Result<Option<Topology>, String> {
@@ -244,18 +185,5 @@ impl ServeArgs {
             return Err("--durability-timeout-ms must be below --store-timeout-ms".into());
         }
         Ok(Some(topology))
-    }
-
-    /// The Redis connection settings these flags describe.
-    pub fn redis_options(&self) -> RedisOptions {
-        RedisOptions {
-            call_timeout: Duration::from_millis(self.store_timeout_ms),
-            durability_replicas: self.durability_replicas,
-            durability_timeout: Duration::from_millis(self.durability_timeout_ms),
-            sentinel_check_interval: Duration::from_millis(self.redis_sentinel_check_ms),
-            username: self.redis_username.clone(),
-            password: self.redis_password.clone(),
-            ..RedisOptions::default()
-        }
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! Owns: reading the PEM files of `--tls-cert`, `--tls-key`, `--tls-client-ca` and checking them
 //! once at start-up; what a certificate's identities are (subject CNs and DNS, URI and e-mail
-//! SANs). Does not own: deciding who a caller is ([`crate::auth`]).
+//! SANs). Does not own: deciding who a caller is ([`super::auth`]).
 
 use std::{path::Path, time::Duration};
 

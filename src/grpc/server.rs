@@ -13,15 +13,18 @@ use tonic::{
 };
 use tonic_health::{ServingStatus, server::HealthReporter};
 
-use crate::{
-    admin::AdminService, auth::Authenticator, gate::Gate, pb, service::GateService,
-    telemetry::layer::RpcLayer, tls::TlsSettings,
+use super::{
+    admin::AdminService,
+    auth::{Authenticator, Principals},
+    service::GateService,
+    tls::TlsSettings,
 };
+use crate::{gate::Gate, observe::telemetry::layer::RpcLayer, pb};
 
 /// Name of the gate service in the health service (readiness follows the store under this name).
 pub const SERVICE_NAME: &str = "oncegate.v1.ActionGateService";
 
-/// Server settings that are not the gate's.
+/// Server settings that are not the gate's (defaults: [`crate::config::defaults::server`]).
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
     /// How long in-flight calls may take to finish after shutdown begins.
@@ -35,18 +38,8 @@ pub struct ServerOptions {
     /// A second, plaintext listener that serves only `grpc.health.v1`, for probes that cannot
     /// speak TLS (Kubernetes gRPC probes) when the main listener does.
     pub health_listen: Option<std::net::SocketAddr>,
-}
-
-impl Default for ServerOptions {
-    fn default() -> Self {
-        Self {
-            drain_timeout: Duration::from_secs(20),
-            max_message_bytes: 256 * 1024,
-            health_interval: Duration::from_secs(1),
-            tls: None,
-            health_listen: None,
-        }
-    }
+    /// Who may call the gate services; empty means an open gate.
+    pub principals: Principals,
 }
 
 /// Why the server stopped abnormally.
@@ -106,7 +99,7 @@ pub async fn run(
 
     let rpc_layer = RpcLayer::new(gate.metrics().clone());
     // Both gate services sit behind the one authenticator; health and reflection stay open.
-    let auth = Authenticator::new(gate.policies().principals.clone());
+    let auth = Authenticator::new(options.principals.clone());
     let service = InterceptedService::new(
         pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(
             gate.clone(),

@@ -94,13 +94,20 @@ impl DoubleExecution {
 }
 
 /// The store operations timed and counted, one per store call the gate makes.
-pub const STORE_OPERATIONS: [&str; 5] = [
+pub const STORE_OPERATIONS: [&str; 8] = [
     "request_token",
     "complete",
     "release",
     "extend_lease",
     "get_action",
+    "record_external",
+    "resolve_expired",
+    "list_unresolved",
 ];
+
+/// The kinds of store failure: `unavailable` (fail closed, retry later) and `corrupt` (a record
+/// this version cannot read).
+pub const STORE_ERRORS: [&str; 2] = ["unavailable", "corrupt"];
 
 /// The release reasons a client can give (anything else is counted as `other`).
 pub const RELEASE_REASONS: [&str; 3] = ["definite_failure", "not_attempted", "resolved_failed"];

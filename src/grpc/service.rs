@@ -1,17 +1,20 @@
-//! The generated `ActionGateService` trait: proto ↔ domain conversions and nothing else.
+//! The generated `ActionGateService` trait: the scope check, then proto → domain, the gate, and
+//! domain → proto ([`super::convert`]). Nothing else.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use crate::{
+use super::{
     auth::{self, Principal},
-    error::GateError,
-    gate::{Gate, TokenCall},
-    ledger::{self, Millis, TokenOutcome},
+    convert::{action_key, action_ref, action_view, completion, duration_ms, timestamp},
+};
+use crate::{
+    domain::ledger::{self, TokenOutcome},
+    gate::{Gate, GateError, TokenCall},
+    observe::telemetry::AUDIT,
     pb::{self, action_gate_service_server::ActionGateService},
-    store::ActionKey,
 };
 
 /// The gRPC face of a [`Gate`].
@@ -30,70 +33,12 @@ impl GateService {
 /// The span every audit event of one call runs in: it names the principal, on the audit target so
 /// that routing `oncegate::audit` alone keeps it.
 pub fn audit_span(principal: &Principal) -> tracing::Span {
-    tracing::info_span!(target: crate::gate::AUDIT, "call", principal = %principal.name)
+    tracing::info_span!(target: AUDIT, "call", principal = %principal.name)
 }
 
 /// The caller, and the check that it may act for `agent_id` (before any store call).
 fn authorized(principal: &Arc<Principal>, agent_id: &str) -> Result<(), GateError> {
     principal.authorize(agent_id, false)
-}
-
-/// Store milliseconds as a protobuf Timestamp.
-pub fn timestamp(ms: Millis) -> prost_types::Timestamp {
-    prost_types::Timestamp {
-        seconds: ms.div_euclid(1000),
-        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
-    }
-}
-
-/// A protobuf Duration as milliseconds (rounded up, so 1 ns is not zero); `None` when unset.
-fn duration_ms(field: &str, d: Option<prost_types::Duration>) -> Result<Option<Millis>, GateError> {
-    let Some(d) = d else { return Ok(None) };
-    if d.seconds < 0 || d.nanos < 0 || !(0..1_000_000_000).contains(&d.nanos) {
-        return Err(GateError::invalid(field, "must be positive"));
-    }
-    let ms = d
-        .seconds
-        .checked_mul(1000)
-        .and_then(|s| s.checked_add((i64::from(d.nanos) + 999_999) / 1_000_000))
-        .ok_or_else(|| GateError::invalid(field, "is too long"))?;
-    Ok(Some(ms))
-}
-
-/// The action a request names; INVALID_REQUEST when it names none.
-pub fn action_key(action: Option<pb::ActionRef>) -> Result<ActionKey, GateError> {
-    let action = action.ok_or_else(|| GateError::invalid("action", "is required"))?;
-    let scope = action
-        .scope
-        .ok_or_else(|| GateError::invalid("action.scope", "is required"))?;
-    Ok(ActionKey::new(scope.agent_id, scope.run_id, action.key))
-}
-
-/// An action key on the wire.
-pub fn action_ref(key: &ActionKey) -> pb::ActionRef {
-    pb::ActionRef {
-        scope: Some(pb::Scope {
-            agent_id: key.agent_id.clone(),
-            run_id: key.run_id.clone(),
-        }),
-        key: key.key.clone(),
-    }
-}
-
-/// A stored completion on the wire.
-pub fn completion(done: ledger::Completion) -> pb::Completion {
-    pb::Completion {
-        receipt: done.receipt,
-        completed_at: Some(timestamp(done.completed_at)),
-        fencing: done.fencing,
-        token: done.token,
-        source: match done.source {
-            ledger::Source::Worker => pb::CompletionSource::Worker,
-            ledger::Source::Operator => pb::CompletionSource::Operator,
-        } as i32,
-        note: done.note,
-        operator: done.operator,
-    }
 }
 
 #[tonic::async_trait]
@@ -224,23 +169,5 @@ impl ActionGateService for GateService {
         authorized(&principal, &key.agent_id)?;
         let view = self.gate.get(&key).await?;
         Ok(Response::new(action_view(view)))
-    }
-}
-
-/// A record view on the wire.
-pub fn action_view(view: ledger::ActionView) -> pb::GetActionResponse {
-    let state = match view.state {
-        ledger::State::Absent => pb::ActionState::Absent,
-        ledger::State::Authorized => pb::ActionState::Authorized,
-        ledger::State::Completed => pb::ActionState::Completed,
-        ledger::State::Expired => pb::ActionState::Expired,
-    };
-    pb::GetActionResponse {
-        state: state as i32,
-        fencing: view.fencing,
-        fingerprint: view.fingerprint,
-        lease_expires_at: view.lease_expires_at.map(timestamp),
-        completion: view.completion.map(completion),
-        holder: view.holder,
     }
 }

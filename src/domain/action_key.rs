@@ -1,12 +1,11 @@
 //! The action key `agent_id::run_id::K` and its encodings: storage bytes that cannot be confused
-//! across scopes, the Redis key with its hash tag, and the provider key.
+//! across scopes, and the provider key. (The Redis key names are the Redis store's.)
 
-use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
 /// One action of one scope. `key` is the idempotency key when the request gave one, else the
 /// fingerprint.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct ActionKey {
     pub agent_id: String,
     pub run_id: String,
@@ -74,26 +73,6 @@ impl ActionKey {
         })
     }
 
-    /// The Redis key of the record: `og:{<agent digest>}:<action digest>`. The braces make a
-    /// digest of the agent id the Cluster hash tag, so one agent's records and its lease index
-    /// ([`ActionKey::redis_index_key`]) share a slot and a script can update both atomically; the
-    /// action digest (192 bits of SHA-256 of the encoded action key) names the record. No client
-    /// bytes reach the key, so `{`/`}` in ids cannot break the tag.
-    pub fn redis_key(&self) -> String {
-        let digest = Sha256::digest(self.encode());
-        format!(
-            "{}:{}",
-            agent_tag(&self.agent_id),
-            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..24])
-        )
-    }
-
-    /// The Redis key of the agent's lease index: a sorted set scored by lease expiry whose members
-    /// are [`ActionKey::encode`] of the agent's authorized actions (see `src/store/redis/`).
-    pub fn redis_index_key(&self) -> String {
-        redis_index_key(&self.agent_id)
-    }
-
     /// A stable key for the downstream provider's own idempotency check: the same for every
     /// attempt of this action, different for every other action, at most 43 characters.
     pub fn provider_key(&self) -> String {
@@ -104,27 +83,6 @@ impl ActionKey {
     }
 }
 
-/// `og:{<base64url(SHA-256("agent\0" ++ agent_id))[..16 bytes]>}`: the hash-tagged prefix of
-/// every Redis key of one agent.
-fn agent_tag(agent_id: &str) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(b"agent\0");
-    hasher.update(agent_id.as_bytes());
-    format!(
-        "og:{{{}}}",
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&hasher.finalize()[..16])
-    )
-}
-
-/// The Redis key of one agent's lease index, `og:{<agent digest>}:leases`.
-pub fn redis_index_key(agent_id: &str) -> String {
-    format!("{}:leases", agent_tag(agent_id))
-}
-
-/// The Redis set of agent ids that were ever granted a token: a hint for listing across agents
-/// (kept outside the per-agent slots, so it is updated after the grant, not inside its script).
-pub const REDIS_AGENTS_KEY: &str = "og:agents";
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,7 +92,6 @@ mod tests {
         let a = ActionKey::new("a::b", "c", "k");
         let b = ActionKey::new("a", "b::c", "k");
         assert_ne!(a.encode(), b.encode());
-        assert_ne!(a.redis_key(), b.redis_key());
         assert_ne!(a.provider_key(), b.provider_key());
     }
 
@@ -159,29 +116,5 @@ mod tests {
             Some(ActionKey::new("", "", "B"))
         );
         assert_eq!(ActionKey::decode(b"1:a1:b1:cx"), None);
-    }
-
-    #[test]
-    fn redis_key_has_one_hash_tag_and_no_client_bytes() {
-        let key = ActionKey::new("{evil}", "r}", "k{");
-        let redis_key = key.redis_key();
-        assert!(redis_key.starts_with("og:{"));
-        assert_eq!(redis_key.matches('{').count(), 1);
-        assert_eq!(redis_key.matches('}').count(), 1);
-        assert_eq!(redis_key.len(), 4 + 22 + 2 + 32);
-        assert!(!redis_key.contains("evil"));
-    }
-
-    #[test]
-    fn one_agent_shares_a_hash_tag_and_agents_do_not() {
-        let tag = |k: &str| k[k.find('{').unwrap()..=k.find('}').unwrap()].to_owned();
-        let a = ActionKey::new("billing", "r1", "k1");
-        let b = ActionKey::new("billing", "r2", "k2");
-        let c = ActionKey::new("billing2", "r1", "k1");
-        assert_eq!(tag(&a.redis_key()), tag(&b.redis_key()));
-        assert_eq!(tag(&a.redis_key()), tag(&a.redis_index_key()));
-        assert_ne!(a.redis_key(), b.redis_key());
-        assert_ne!(tag(&a.redis_key()), tag(&c.redis_key()));
-        assert!(a.redis_index_key().ends_with(":leases"));
     }
 }

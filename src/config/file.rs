@@ -1,0 +1,282 @@
+//! The configuration file (TOML, `--config`): `strict`, `[defaults]`, `[limits]`,
+//! `[actions."<name>"]` and `[[principals]]`, parsed and validated once into the gate's
+//! [`Policies`] and the server's [`Principals`]. Every error names the setting.
+
+use std::{collections::HashMap, path::Path};
+
+use serde::Deserialize;
+
+use crate::{
+    domain::{
+        fingerprint::KeyFields,
+        ledger::{Millis, OnExpiry},
+    },
+    gate::policy::{ActionPolicy, Limits, Policies, builtin_defaults},
+    grpc::auth::{PrincipalConfig, Principals},
+};
+
+/// A configuration file that cannot be used, with the reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct FileError(String);
+
+/// What the configuration file configures.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigFile {
+    /// The action policies and limits, for the gate.
+    pub policies: Policies,
+    /// Who may call the gate (`[[principals]]`); empty means an open gate.
+    pub principals: Principals,
+}
+
+/// Policies alone: an open gate (no principals).
+impl From<Policies> for ConfigFile {
+    fn from(policies: Policies) -> Self {
+        Self {
+            policies,
+            principals: Principals::default(),
+        }
+    }
+}
+
+impl ConfigFile {
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, FileError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| FileError(format!("cannot read {}: {e}", path.display())))?;
+        Self::parse(&text).map_err(|FileError(e)| FileError(format!("{}: {e}", path.display())))
+    }
+
+    /// Parses and validates configuration TOML.
+    pub fn parse(text: &str) -> Result<Self, FileError> {
+        let file: File = toml::from_str(text).map_err(|e| FileError(e.to_string()))?;
+        let defaults = resolve(None, &file.defaults, &builtin_defaults())?;
+        let limits = limits(&file.limits)?;
+        if defaults.lease > limits.max_lease {
+            return Err(FileError(
+                "defaults.lease_ttl_seconds is above limits.max_lease_ttl_seconds".into(),
+            ));
+        }
+        let mut named = Vec::with_capacity(file.actions.len());
+        for (name, table) in &file.actions {
+            let policy = resolve(Some(name), table, &defaults)?;
+            if policy.lease > limits.max_lease {
+                return Err(FileError(format!(
+                    "actions.\"{name}\": lease_ttl_seconds is above limits.max_lease_ttl_seconds"
+                )));
+            }
+            named.push(policy);
+        }
+        Ok(Self {
+            policies: Policies::new(file.strict, limits, defaults, named),
+            principals: Principals::from_config(&file.principals).map_err(FileError)?,
+        })
+    }
+}
+
+fn limits(table: &LimitsTable) -> Result<Limits, FileError> {
+    let builtin = Limits::default();
+    Ok(Limits {
+        max_params_bytes: table.max_params_bytes.unwrap_or(builtin.max_params_bytes),
+        max_params_depth: table.max_params_depth.unwrap_or(builtin.max_params_depth),
+        max_receipt_bytes: table.max_receipt_bytes.unwrap_or(builtin.max_receipt_bytes),
+        max_id_bytes: table.max_id_bytes.unwrap_or(builtin.max_id_bytes),
+        max_lease: match table.max_lease_ttl_seconds {
+            Some(s) => seconds("limits.max_lease_ttl_seconds", s)?,
+            None => builtin.max_lease,
+        },
+    })
+}
+
+/// The file, as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    strict: bool,
+    #[serde(default)]
+    defaults: PolicyTable,
+    #[serde(default)]
+    limits: LimitsTable,
+    #[serde(default)]
+    actions: HashMap<String, PolicyTable>,
+    #[serde(default)]
+    principals: Vec<PrincipalConfig>,
+}
+
+/// `[defaults]` and each `[actions."<name>"]`; unset entries fall back to `[defaults]`, then to the
+/// built-in defaults.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyTable {
+    key_fields: Option<Vec<String>>,
+    lease_ttl_seconds: Option<f64>,
+    retention_seconds: Option<f64>,
+    sliding: Option<bool>,
+    on_expiry: Option<OnExpiry>,
+    durability_replicas: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsTable {
+    max_params_bytes: Option<usize>,
+    max_params_depth: Option<usize>,
+    max_receipt_bytes: Option<usize>,
+    max_id_bytes: Option<usize>,
+    max_lease_ttl_seconds: Option<f64>,
+}
+
+fn seconds(what: &str, s: f64) -> Result<Millis, FileError> {
+    if !(s.is_finite() && s > 0.0 && s <= 10.0 * 365.0 * 86400.0) {
+        return Err(FileError(format!(
+            "{what} must be a positive number of seconds, got {s}"
+        )));
+    }
+    Ok((s * 1000.0).round().max(1.0) as Millis)
+}
+
+fn resolve(
+    name: Option<&String>,
+    table: &PolicyTable,
+    base: &ActionPolicy,
+) -> Result<ActionPolicy, FileError> {
+    let at = |field: &str| match name {
+        Some(name) => format!("actions.\"{name}\".{field}"),
+        None => format!("defaults.{field}"),
+    };
+    let key_fields = match &table.key_fields {
+        None => base.key_fields.clone(),
+        Some(pointers) => {
+            for pointer in pointers {
+                validate_pointer(pointer)
+                    .map_err(|why| FileError(format!("{}: {pointer:?} {why}", at("key_fields"))))?;
+            }
+            let mut pointers = pointers.clone();
+            pointers.sort();
+            pointers.dedup();
+            KeyFields::Pointers(pointers)
+        }
+    };
+    Ok(ActionPolicy {
+        name: name.cloned(),
+        key_fields,
+        lease: table
+            .lease_ttl_seconds
+            .map(|s| seconds(&at("lease_ttl_seconds"), s))
+            .transpose()?
+            .unwrap_or(base.lease),
+        retention: table
+            .retention_seconds
+            .map(|s| seconds(&at("retention_seconds"), s))
+            .transpose()?
+            .unwrap_or(base.retention),
+        sliding: table.sliding.unwrap_or(base.sliding),
+        on_expiry: table.on_expiry.unwrap_or(base.on_expiry),
+        durability_replicas: table
+            .durability_replicas
+            .unwrap_or(base.durability_replicas),
+    })
+}
+
+/// RFC 6901: a pointer is empty or starts with `/`, and `~` only escapes `0` or `1`.
+fn validate_pointer(pointer: &str) -> Result<(), &'static str> {
+    if pointer.is_empty() {
+        return Err("selects the whole params; leave key_fields unset instead");
+    }
+    if !pointer.starts_with('/') {
+        return Err("is not a JSON Pointer (it must start with '/')");
+    }
+    let mut chars = pointer.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' && !matches!(chars.next(), Some('0' | '1')) {
+            return Err("has a '~' that is not '~0' or '~1'");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::{fingerprint::KeyFields, ledger::OnExpiry};
+
+    fn parse(text: &str) -> Result<Policies, FileError> {
+        ConfigFile::parse(text).map(|file| file.policies)
+    }
+
+    #[test]
+    fn exact_then_longest_prefix_then_defaults() {
+        let p = parse(
+            r#"
+            [defaults]
+            lease_ttl_seconds = 10
+            [actions."payments.*"]
+            retention_seconds = 60
+            [actions."payments.transfer.*"]
+            on_expiry = "regrant"
+            [actions."payments.transfer"]
+            key_fields = ["/amount", "/to"]
+            sliding = false
+            "#,
+        )
+        .unwrap();
+        let exact = p.for_action("payments.transfer").unwrap();
+        assert_eq!(
+            exact.key_fields,
+            KeyFields::Pointers(vec!["/amount".into(), "/to".into()])
+        );
+        assert!(!exact.sliding);
+        assert_eq!(exact.lease, 10_000);
+        assert_eq!(
+            p.for_action("payments.transfer.eu").unwrap().on_expiry,
+            OnExpiry::Regrant
+        );
+        assert_eq!(p.for_action("payments.refund").unwrap().retention, 60_000);
+        let other = p.for_action("email.send").unwrap();
+        assert_eq!(other.name, None);
+        assert_eq!(other.key_fields, KeyFields::All);
+    }
+
+    #[test]
+    fn durability_is_inherited_and_the_highest_is_known() {
+        let p = parse(
+            "[defaults]\ndurability_replicas = 1\n[actions.\"pay.*\"]\ndurability_replicas = 2\n[actions.\"log\"]\ndurability_replicas = 0\n[actions.\"x\"]\n",
+        )
+        .unwrap();
+        assert_eq!(p.for_action("pay.eu").unwrap().durability_replicas, 2);
+        assert_eq!(p.for_action("log").unwrap().durability_replicas, 0);
+        assert_eq!(p.for_action("x").unwrap().durability_replicas, 1);
+        assert_eq!(p.for_action("other").unwrap().durability_replicas, 1);
+        assert_eq!(p.highest_durability(), 2);
+        assert_eq!(ConfigFile::default().policies.highest_durability(), 0);
+    }
+
+    #[test]
+    fn strict_refuses_actions_without_policy() {
+        let p = parse("strict = true\n[actions.\"a\"]\n").unwrap();
+        assert!(p.for_action("a").is_some());
+        assert!(p.for_action("b").is_none());
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong() {
+        for (text, needle) in [
+            (
+                "[actions.\"a\"]\nkey_fields = [\"amount\"]",
+                "must start with '/'",
+            ),
+            ("[actions.\"a\"]\nkey_fields = [\"/a~2\"]", "'~0' or '~1'"),
+            ("[defaults]\nlease_ttl_seconds = 0", "positive"),
+            ("[defaults]\nlease_tl_seconds = 5", "unknown field"),
+            ("[defaults]\non_expiry = \"sometimes\"", "unknown variant"),
+            (
+                "[limits]\nmax_lease_ttl_seconds = 5\n[defaults]\nlease_ttl_seconds = 6",
+                "above",
+            ),
+        ] {
+            let err = parse(text).unwrap_err().to_string();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The domain: what an action is and what may happen to it. Pure functions and plain data: no IO,
+//! no clock, no randomness, no gRPC or store types. Every other layer builds on this one.
+//!
+//! - [`ledger`]: the action state machine, `(record, request, now) → (reply, write)`; the
+//!   reference semantics of `docs/CONTRACT.md`, which both stores are checked against.
+//! - [`fingerprint`]: strict params parsing, key-field selection, RFC 8785, SHA-256, `v1-…`.
+//! - [`action_key`]: the action key, its unambiguous encoding, and the provider key.
+
+pub mod action_key;
+pub mod fingerprint;
+pub mod ledger;
+
+pub use action_key::ActionKey;

@@ -1,0 +1,152 @@
+//! The operator API, `GateAdminService`: proto ↔ domain and the operator check, nothing else. The
+//! operations themselves (validation, timing, counting, audit) are the gate's
+//! ([`crate::gate::operator`]).
+//!
+//! Every RPC needs an operator principal acting within its agents; agent principals get
+//! PERMISSION_DENIED (`FORBIDDEN_SCOPE`) before anything is read.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
+
+use super::{
+    auth::{self, Principal},
+    convert::{action_key, action_ref, completion, timestamp},
+    service::audit_span,
+};
+use crate::{
+    domain::ledger::{Resolution, Resolved},
+    gate::{ExternalCall, Gate, GateError},
+    pb::{self, gate_admin_service_server::GateAdminService},
+};
+
+/// The gRPC face of the operator API over a [`Gate`].
+#[derive(Clone)]
+pub struct AdminService {
+    gate: Gate,
+}
+
+impl AdminService {
+    /// Serves the operator API of `gate`.
+    pub fn new(gate: Gate) -> Self {
+        Self { gate }
+    }
+}
+
+/// The operator check: an operator principal acting within its agents.
+fn operator(principal: &Arc<Principal>, agent_id: &str) -> Result<(), GateError> {
+    principal.authorize(agent_id, true)
+}
+
+#[tonic::async_trait]
+impl GateAdminService for AdminService {
+    async fn record_external_completion(
+        &self,
+        request: Request<pb::RecordExternalCompletionRequest>,
+    ) -> Result<Response<pb::RecordExternalCompletionResponse>, Status> {
+        let principal = auth::principal(&request)?;
+        let req = request.into_inner();
+        let key = action_key(req.action)?;
+        operator(&principal, &key.agent_id)?;
+        let call = ExternalCall {
+            key,
+            receipt: req.receipt,
+            note: req.note,
+            operator: principal.name.clone(),
+            action_name: req.action_name,
+            params_json: req.params_json,
+            intent_id: req.intent_id,
+        };
+        let done = self
+            .gate
+            .record_external(call)
+            .instrument(audit_span(&principal))
+            .await?;
+        Ok(Response::new(pb::RecordExternalCompletionResponse {
+            completion: Some(completion(done.completion)),
+            recorded: done.recorded,
+        }))
+    }
+
+    async fn resolve_expired(
+        &self,
+        request: Request<pb::ResolveExpiredRequest>,
+    ) -> Result<Response<pb::ResolveExpiredResponse>, Status> {
+        let principal = auth::principal(&request)?;
+        let req = request.into_inner();
+        let key = action_key(req.action)?;
+        operator(&principal, &key.agent_id)?;
+        let resolution = match pb::Resolution::try_from(req.resolution) {
+            Ok(pb::Resolution::Completed) => Resolution::Completed {
+                receipt: req.receipt,
+                note: req.note.clone(),
+                operator: principal.name.clone(),
+            },
+            Ok(pb::Resolution::Failed) if req.receipt.is_empty() => Resolution::Failed,
+            Ok(pb::Resolution::Failed) => {
+                return Err(GateError::invalid(
+                    "receipt",
+                    "a failed action has no receipt; leave it empty",
+                )
+                .into());
+            }
+            _ => {
+                return Err(GateError::invalid(
+                    "resolution",
+                    "must be RESOLUTION_COMPLETED or RESOLUTION_FAILED",
+                )
+                .into());
+            }
+        };
+        let resolved = self
+            .gate
+            .resolve_expired(&key, resolution, &req.note)
+            .instrument(audit_span(&principal))
+            .await?;
+        let response = match resolved {
+            Resolved::Completed(done) => pb::ResolveExpiredResponse {
+                fencing: done.fencing,
+                completion: Some(completion(done)),
+            },
+            Resolved::Released { fencing } => pb::ResolveExpiredResponse {
+                fencing,
+                completion: None,
+            },
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn list_unresolved(
+        &self,
+        request: Request<pb::ListUnresolvedRequest>,
+    ) -> Result<Response<pb::ListUnresolvedResponse>, Status> {
+        let principal = auth::principal(&request)?;
+        let req = request.into_inner();
+        let agent = (!req.agent_id.is_empty()).then_some(req.agent_id.as_str());
+        match agent {
+            Some(agent) => operator(&principal, agent)?,
+            None if principal.role == auth::Role::Operator && principal.acts_for_all() => {}
+            None => return Err(principal.forbidden().into()),
+        }
+        let page = self
+            .gate
+            .list_unresolved(agent, &req.page_token, req.page_size)
+            .instrument(audit_span(&principal))
+            .await?;
+        Ok(Response::new(pb::ListUnresolvedResponse {
+            actions: page
+                .items
+                .into_iter()
+                .map(|u| pb::UnresolvedAction {
+                    action: Some(action_ref(&u.key)),
+                    fencing: u.view.fencing,
+                    lease_expired_at: u.view.lease_expires_at.map(timestamp),
+                    holder: u.view.holder,
+                    fingerprint: u.view.fingerprint,
+                })
+                .collect(),
+            next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
+        }))
+    }
+}

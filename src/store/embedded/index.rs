@@ -1,0 +1,167 @@
+//! The embedded store's indexes, kept in the same transaction as every write: the expiry index
+//! (`expires_at ++ key`, purged a bounded batch per transaction) and the lease index
+//! (`agent ++ lease_expires_at ++ key`, one entry per authorized record) that ListUnresolved reads.
+
+use redb::ReadableTable;
+
+use super::{ListRequest, PURGE_BATCH, writer::decode};
+use crate::{
+    domain::{
+        ActionKey,
+        ledger::{self, Millis, Phase, Record},
+    },
+    store::{ListCursor, Page, Unresolved, list},
+};
+
+pub(super) fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + key.len());
+    out.extend_from_slice(&expires_at.to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+/// The agent prefix of a lease-index entry: `u32 length ++ agent bytes`.
+fn agent_prefix(agent_id: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + agent_id.len());
+    out.extend_from_slice(&(agent_id.len() as u32).to_be_bytes());
+    out.extend_from_slice(agent_id);
+    out
+}
+
+/// Millis as big-endian bytes that sort like the numbers (sign bit flipped).
+fn ordered(ms: Millis) -> [u8; 8] {
+    ((ms as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn lease_entry(agent_id: &[u8], lease_expires_at: Millis, key: &[u8]) -> Vec<u8> {
+    let mut out = agent_prefix(agent_id);
+    out.extend_from_slice(&ordered(lease_expires_at));
+    out.extend_from_slice(key);
+    out
+}
+
+/// The lease-index entry of a record, when it is authorized (live or expired).
+pub(super) fn lease_key(record: &Record, key: &[u8]) -> Option<Vec<u8>> {
+    let Phase::Authorized {
+        lease_expires_at, ..
+    } = &record.phase
+    else {
+        return None;
+    };
+    let action = ActionKey::decode(key)?;
+    Some(lease_entry(
+        action.agent_id.as_bytes(),
+        *lease_expires_at,
+        key,
+    ))
+}
+
+/// Splits a lease-index entry into (agent, lease_expires_at, action key).
+fn split_entry(entry: &[u8]) -> Option<(&[u8], Millis, &[u8])> {
+    let len = u32::from_be_bytes(entry.get(..4)?.try_into().ok()?) as usize;
+    let agent = entry.get(4..4 + len)?;
+    let lease: [u8; 8] = entry.get(4 + len..12 + len)?.try_into().ok()?;
+    let lease = (u64::from_be_bytes(lease) ^ (1 << 63)) as Millis;
+    Some((agent, lease, &entry[12 + len..]))
+}
+
+/// ListUnresolved over the lease index: entries in `(agent, lease, key)` order after the cursor,
+/// whose lease has ended and whose record is still unresolved at `now`. Within one agent the
+/// scan stops at the first live lease; across agents it jumps to the next agent.
+pub(super) fn list_unresolved(
+    records: &redb::Table<&[u8], &[u8]>,
+    leases: &redb::Table<&[u8], ()>,
+    request: &ListRequest,
+    now: Millis,
+) -> Result<Page, redb::Error> {
+    let only = request.agent_id.as_deref().map(str::as_bytes);
+    let mut start = match (&request.after, only) {
+        (Some(c), _) => lease_entry(c.agent_id.as_bytes(), c.lease_expires_at, &c.key),
+        (None, Some(agent)) => agent_prefix(agent),
+        (None, None) => Vec::new(),
+    };
+    let mut skip_start = request.after.is_some();
+    let mut page = Page::default();
+    let mut budget = list::scan_budget(request.limit);
+    let mut last: Option<ListCursor> = request.after.clone();
+    'scan: loop {
+        let mut jump = None;
+        for entry in leases.range(start.as_slice()..)? {
+            let (entry, _) = entry?;
+            let entry = entry.value();
+            if std::mem::take(&mut skip_start) && entry == start.as_slice() {
+                continue;
+            }
+            let Some((agent, lease, key)) = split_entry(entry) else {
+                continue;
+            };
+            if only.is_some_and(|only| only != agent) {
+                break 'scan;
+            }
+            let Some(action) = ActionKey::decode(key) else {
+                continue;
+            };
+            if page.items.len() >= request.limit || budget == 0 {
+                // More may follow: resume after the last entry examined.
+                page.next = last.or_else(|| Some(ListCursor::start_of(&action.agent_id)));
+                break 'scan;
+            }
+            budget -= 1;
+            if lease > now {
+                if only.is_some() {
+                    break 'scan;
+                }
+                // The rest of this agent's leases are live: go on with the next agent.
+                let mut next = agent_prefix(agent);
+                next.extend_from_slice(&[0xFF; 9]);
+                jump = Some(next);
+                break;
+            }
+            let record = match records.get(key)? {
+                Some(bytes) => Some(decode(bytes.value())?),
+                None => None,
+            };
+            last = Some(ListCursor::after(&action, lease));
+            if ledger::is_unresolved(record.as_ref(), now) {
+                page.items.push(Unresolved {
+                    view: ledger::view(record.as_ref(), now),
+                    key: action,
+                });
+            }
+        }
+        match jump {
+            Some(next) => start = next,
+            None => break,
+        }
+    }
+    Ok(page)
+}
+
+/// Removes up to [`PURGE_BATCH`] records whose store expiry has passed, with their lease-index
+/// entries.
+pub(super) fn purge_expired(
+    records: &mut redb::Table<&[u8], &[u8]>,
+    expiry: &mut redb::Table<&[u8], ()>,
+    leases: &mut redb::Table<&[u8], ()>,
+    now: Millis,
+) -> Result<bool, redb::Error> {
+    let upper = now.max(0).to_be_bytes();
+    let due: Vec<Vec<u8>> = expiry
+        .range(..upper.as_slice())?
+        .take(PURGE_BATCH)
+        .map(|entry| entry.map(|(k, _)| k.value().to_vec()))
+        .collect::<Result<_, _>>()?;
+    let purged = !due.is_empty();
+    for index_key in due {
+        expiry.remove(index_key.as_slice())?;
+        let key = &index_key[8..];
+        let removed = match records.remove(key)? {
+            Some(bytes) => Some(decode(bytes.value())?),
+            None => None,
+        };
+        if let Some(entry) = removed.as_ref().and_then(|r| lease_key(r, key)) {
+            leases.remove(entry.as_slice())?;
+        }
+    }
+    Ok(purged)
+}

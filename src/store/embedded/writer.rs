@@ -1,0 +1,144 @@
+//! The writer thread: drains the queue, applies each step with the ledger inside one write
+//! transaction, commits (fsync) and only then answers every caller of the batch.
+
+use redb::{Database, ReadableTable};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    Clock, EXPIRY, Job, LEASES, MAX_BATCH, Op, RECORDS,
+    index::{expiry_key, lease_key, list_unresolved, purge_expired},
+};
+use crate::{
+    domain::ledger::{self, Millis, Record, Step, Write},
+    store::Reply,
+};
+
+/// The writer thread's state.
+pub(super) struct Writer {
+    pub(super) db: Database,
+    pub(super) clock: Clock,
+}
+
+/// A reply waiting for its batch to commit.
+type Pending = Box<dyn FnOnce() + Send>;
+
+impl Writer {
+    pub(super) fn run(self, mut rx: mpsc::Receiver<Job>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut batch = vec![first];
+            while batch.len() < MAX_BATCH {
+                match rx.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            if let Err(e) = self.commit_batch(batch) {
+                // Dropping the pending replies tells every caller in the batch "unavailable":
+                // nothing of the batch was committed.
+                tracing::error!(error = %e, "embedded store transaction failed; the batch was not committed");
+            }
+        }
+    }
+
+    fn commit_batch(&self, batch: Vec<Job>) -> Result<(), redb::Error> {
+        let now = (self.clock)();
+        let txn = self.db.begin_write()?;
+        let mut replies: Vec<Pending> = Vec::with_capacity(batch.len());
+        let mut dirty = false;
+        {
+            let mut records = txn.open_table(RECORDS)?;
+            let mut expiry = txn.open_table(EXPIRY)?;
+            let mut leases = txn.open_table(LEASES)?;
+            for job in batch {
+                if let Op::List(request, tx) = job.op {
+                    let reply = Reply {
+                        now,
+                        result: Ok(list_unresolved(&records, &leases, &request, now)?),
+                    };
+                    replies.push(Box::new(move || drop(tx.send(reply))));
+                    continue;
+                }
+                let current = match records.get(job.key.as_slice())? {
+                    Some(bytes) => Some(decode(bytes.value())?),
+                    None => None,
+                };
+                let (write, reply) = apply(job.op, current.as_ref(), now);
+                if let Write::Put(record) = write {
+                    if let Some(old) = &current {
+                        expiry.remove(expiry_key(old.expires_at, &job.key).as_slice())?;
+                        if let Some(entry) = lease_key(old, &job.key) {
+                            leases.remove(entry.as_slice())?;
+                        }
+                    }
+                    let bytes = rmp_serde::to_vec(&record)
+                        .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+                    records.insert(job.key.as_slice(), bytes.as_slice())?;
+                    expiry.insert(expiry_key(record.expires_at, &job.key).as_slice(), ())?;
+                    if let Some(entry) = lease_key(&record, &job.key) {
+                        leases.insert(entry.as_slice(), ())?;
+                    }
+                    dirty = true;
+                }
+                replies.push(reply);
+            }
+            dirty |= purge_expired(&mut records, &mut expiry, &mut leases, now)?;
+        }
+        if dirty {
+            txn.commit()?;
+        } else {
+            // Reads, pings, listings and refusals changed nothing: no fsync for them.
+            txn.abort()?;
+        }
+        for reply in replies {
+            reply();
+        }
+        Ok(())
+    }
+}
+
+/// Runs one ledger step and packages its reply for after the commit.
+fn apply(op: Op, current: Option<&Record>, now: Millis) -> (Write, Pending) {
+    fn finish<T: Send + 'static>(
+        step: Step<T>,
+        now: Millis,
+        tx: oneshot::Sender<Reply<T>>,
+    ) -> (Write, Pending) {
+        let reply = Reply {
+            now,
+            result: step.reply,
+        };
+        (step.write, Box::new(move || drop(tx.send(reply))))
+    }
+    match op {
+        Op::Token(req, tx) => finish(ledger::request_token(current, &req, now), now, tx),
+        Op::Complete(token, receipt, tx) => {
+            finish(ledger::complete(current, &token, &receipt, now), now, tx)
+        }
+        Op::Release(token, tx) => finish(ledger::release(current, &token, now), now, tx),
+        Op::Extend(token, ttl, tx) => {
+            finish(ledger::extend_lease(current, &token, ttl, now), now, tx)
+        }
+        Op::Get(tx) => {
+            let reply = Reply {
+                now,
+                result: Ok(ledger::view(current, now)),
+            };
+            (Write::Nothing, Box::new(move || drop(tx.send(reply))))
+        }
+        Op::External(ext, tx) => finish(ledger::record_external(current, &ext, now), now, tx),
+        Op::Resolve(resolution, tx) => {
+            finish(ledger::resolve_expired(current, &resolution, now), now, tx)
+        }
+        Op::List(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
+        Op::Ping(tx) => (
+            Write::Nothing,
+            Box::new(move || {
+                let _ = tx.send(());
+            }),
+        ),
+    }
+}
+
+pub(super) fn decode(bytes: &[u8]) -> Result<Record, redb::Error> {
+    rmp_serde::from_slice(bytes).map_err(|e| redb::Error::Corrupted(format!("record: {e}")))
+}

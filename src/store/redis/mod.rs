@@ -1,0 +1,251 @@
+//! The Redis store: every state-machine step is one Lua script call (one round trip), so checking
+//! and writing are one atomic step across any number of gate replicas. The scripts under
+//! `redis/` mirror [`crate::domain::ledger`]; the conformance suite holds them to it.
+//!
+//! Owns: the per-call deadline, the durability level (`WAIT` after state changes, checked here),
+//! and turning decoded script replies ([`reply`], the one place they are decoded) into ledger types. Does not decide anything. The
+//! connection to standalone, Cluster or Sentinel deployments is [`connection`]'s.
+
+mod connection;
+mod health;
+pub mod keys;
+mod listing;
+mod operator;
+mod reply;
+mod sentinel;
+mod worker;
+
+use std::{sync::Arc, time::Duration};
+
+use redis::{Script, Value};
+
+pub use connection::Topology;
+use connection::{Conn, Wait};
+use reply::{Decoded, decode, unexpected};
+pub use sentinel::FAILOVER_PAUSE;
+
+use super::StoreError;
+use crate::domain::{ActionKey, ledger::Millis};
+
+const PRELUDE: &str = include_str!("prelude.lua");
+
+/// The loaded scripts, one per transition.
+struct Scripts {
+    request_token: Script,
+    complete: Script,
+    release: Script,
+    extend_lease: Script,
+    get: Script,
+    /// Not a transition: a no-op write that lets `WAIT` cover an earlier write (see the file).
+    sync: Script,
+    record_external: Script,
+    resolve_expired: Script,
+    unresolved: Script,
+}
+
+impl Scripts {
+    fn load() -> Self {
+        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        Self {
+            request_token: with_prelude(include_str!("request_token.lua")),
+            complete: with_prelude(include_str!("complete.lua")),
+            release: with_prelude(include_str!("release.lua")),
+            extend_lease: with_prelude(include_str!("extend_lease.lua")),
+            get: with_prelude(include_str!("get.lua")),
+            sync: Script::new(include_str!("sync.lua")),
+            record_external: with_prelude(include_str!("record_external.lua")),
+            resolve_expired: with_prelude(include_str!("resolve_expired.lua")),
+            unresolved: with_prelude(include_str!("unresolved.lua")),
+        }
+    }
+}
+
+/// Settings of the Redis connection (defaults: [`crate::config::defaults::redis`]).
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Deadline for one store call, connection included; past it the call fails closed.
+    pub call_timeout: Duration,
+    /// The deployment's durability level: every state change waits (`WAIT`) for at least this
+    /// many replicas before it is acknowledged; a policy may ask for more. 0: no waiting.
+    pub durability_replicas: u32,
+    /// How long `WAIT` lets the replicas take (below `call_timeout`); past it, too few confirmed.
+    pub durability_timeout: Duration,
+    /// Connections reserved for calls that wait for replicas (each `WAIT` blocks its connection);
+    /// 0 when no durability level is configured anywhere.
+    pub wait_lanes: usize,
+    /// Sentinel: how often the master's `ROLE` and the sentinels' answer are checked.
+    pub sentinel_check_interval: Duration,
+    /// Username for the data nodes, unless their URL names one.
+    pub username: Option<String>,
+    /// Password for the data nodes, unless their URL names one.
+    pub password: Option<String>,
+}
+
+/// Settings for unit tests of this module's parts (values of no importance).
+#[cfg(test)]
+fn test_options() -> RedisOptions {
+    RedisOptions {
+        call_timeout: Duration::from_secs(1),
+        durability_replicas: 0,
+        durability_timeout: Duration::from_millis(500),
+        wait_lanes: 0,
+        sentinel_check_interval: Duration::from_secs(1),
+        username: None,
+        password: None,
+    }
+}
+
+/// A cheap, cloneable handle on one Redis deployment.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Conn,
+    scripts: Arc<Scripts>,
+    options: RedisOptions,
+    /// Agents this process already added to the `og:agents` hint set.
+    agents_seen: Arc<listing::SeenAgents>,
+}
+
+impl RedisStore {
+    /// Connects to the standalone Redis at `url` (`redis://`, `rediss://`, `unix://`).
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
+        Self::connect_to(&Topology::Standalone { url: url.into() }, options).await
+    }
+
+    /// Connects to `topology`. Fails when Redis cannot be reached within the call timeout; once
+    /// connected, the handle reconnects (and, with Sentinel, follows failovers) by itself.
+    pub async fn connect_to(
+        topology: &Topology,
+        options: RedisOptions,
+    ) -> Result<Self, StoreError> {
+        let conn = tokio::time::timeout(options.call_timeout, Conn::connect(topology, &options))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "timed out connecting to Redis ({})",
+                    topology.name()
+                ))
+            })?
+            .map_err(unavailable)?;
+        Ok(Self {
+            conn,
+            scripts: Arc::new(Scripts::load()),
+            options,
+            agents_seen: Arc::default(),
+        })
+    }
+
+    /// The `WAIT` a state change needs: the deployment's level or the policy's, whichever is higher.
+    fn wait_for(&self, replicas: u32) -> Option<Wait> {
+        let replicas = replicas.max(self.options.durability_replicas);
+        (replicas > 0).then_some(Wait {
+            replicas,
+            timeout: self.options.durability_timeout,
+        })
+    }
+
+    /// Runs a per-action script: KEYS = [record, the agent's lease index], ARGV = [member, args…],
+    /// followed by `WAIT` on the same connection when `wait` asks for it.
+    async fn run_raw(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Value, u32), StoreError> {
+        let mut invocation = script.key(keys::record(key));
+        invocation
+            .key(keys::lease_index(&key.agent_id))
+            .arg(key.encode());
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, wait))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable("Redis did not answer within the call timeout".into())
+            })?
+            .map_err(classify)
+    }
+
+    async fn run(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Millis, Decoded, u32), StoreError> {
+        let (value, acknowledged) = self.run_raw(script, key, args, wait).await?;
+        let (now, decoded) = decode(value)?;
+        Ok((now, decoded, acknowledged))
+    }
+
+    /// Invokes a prepared script (not a per-action one) with the call deadline and decodes its
+    /// reply.
+    async fn invoke(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<(Millis, Decoded), StoreError> {
+        let (value, _) =
+            tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, None))
+                .await
+                .map_err(|_| {
+                    StoreError::Unavailable("Redis did not answer within the call timeout".into())
+                })?
+                .map_err(classify)?;
+        decode(value)
+    }
+
+    /// For a reply that hands out or confirms an earlier write (a re-delivered grant, a repeated
+    /// Complete): a no-op write plus `WAIT`, so the count covers that earlier write too.
+    async fn sync(
+        &self,
+        key: &ActionKey,
+        wait: Option<Wait>,
+        acknowledged: u32,
+    ) -> Result<u32, StoreError> {
+        if wait.is_none() {
+            return Ok(acknowledged);
+        }
+        Ok(self.run_raw(&self.scripts.sync, key, &[], wait).await?.1)
+    }
+}
+
+/// Fails closed when fewer replicas than asked confirmed a state change.
+fn confirmed(wait: Option<Wait>, acknowledged: u32, what: &str) -> Result<(), StoreError> {
+    match wait {
+        Some(wait) if acknowledged < wait.replicas => Err(StoreError::Unavailable(format!(
+            "only {acknowledged} of {} replicas confirmed the {what} within {} ms; not acknowledged",
+            wait.replicas,
+            wait.timeout.as_millis()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+/// Connection trouble, failover and overload fail closed as UNAVAILABLE; anything else Redis says
+/// (a script error) is a bug or a foreign record, not something a retry fixes.
+fn classify(e: redis::RedisError) -> StoreError {
+    use redis::{ErrorKind, ServerErrorKind as S};
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Io
+                | ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly
+                )
+        );
+    if transient {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Corrupt(e.to_string())
+    }
+}

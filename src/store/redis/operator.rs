@@ -1,0 +1,102 @@
+//! The operator transitions on Redis: an external completion, the settlement of an expired lease,
+//! and the listing of unresolved actions (in [`super::listing`]).
+
+use super::{Decoded, RedisStore, confirmed, listing, unexpected};
+use crate::{
+    domain::{
+        ActionKey, fingerprint,
+        ledger::{CompleteOutcome, ExternalCompletion, Refusal, Resolution, Resolved},
+    },
+    store::{ListCursor, Page, Reply, StoreError},
+};
+
+impl RedisStore {
+    pub async fn record_external(
+        &self,
+        key: &ActionKey,
+        ext: &ExternalCompletion,
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
+        let (fp, digests, retention, sliding) = match &ext.request {
+            Some(r) => (
+                r.fingerprint.as_str(),
+                r.digests.as_str(),
+                r.retention.to_string(),
+                r.sliding,
+            ),
+            None => ("", "", "0".to_owned(), false),
+        };
+        let args: [&[u8]; 8] = [
+            &ext.receipt,
+            ext.note.as_bytes(),
+            ext.operator.as_bytes(),
+            if ext.request.is_some() { b"1" } else { b"0" },
+            fp.as_bytes(),
+            digests.as_bytes(),
+            retention.as_bytes(),
+            if sliding { b"1" } else { b"0" },
+        ];
+        // An operator's write is held to the deployment's durability level like a Complete.
+        let wait = self.wait_for(0);
+        let (now, decoded, acknowledged) = self
+            .run(&self.scripts.record_external, key, &args, wait)
+            .await?;
+        if matches!(decoded, Decoded::Completed { recorded: true, .. }) {
+            confirmed(wait, acknowledged, "operator completion")?;
+        }
+        let result = match decoded {
+            Decoded::Completed {
+                completion,
+                recorded,
+                double_execution,
+            } => Ok(CompleteOutcome {
+                completion,
+                recorded,
+                double_execution,
+            }),
+            Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
+                differing: fingerprint::differing_fields(&stored, digests),
+            }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("record_external", &other)),
+        };
+        Ok(Reply { now, result })
+    }
+
+    pub async fn resolve_expired(
+        &self,
+        key: &ActionKey,
+        resolution: &Resolution,
+    ) -> Result<Reply<Resolved>, StoreError> {
+        let args: [&[u8]; 4] = match resolution {
+            Resolution::Completed {
+                receipt,
+                note,
+                operator,
+            } => [b"completed", receipt, note.as_bytes(), operator.as_bytes()],
+            Resolution::Failed => [b"failed", b"", b"", b""],
+        };
+        let wait = self.wait_for(0);
+        let (now, decoded, acknowledged) = self
+            .run(&self.scripts.resolve_expired, key, &args, wait)
+            .await?;
+        if !matches!(decoded, Decoded::Refused(_)) {
+            confirmed(wait, acknowledged, "resolution")?;
+        }
+        let result = match decoded {
+            Decoded::Completed { completion, .. } => Ok(Resolved::Completed(completion)),
+            Decoded::Released(fencing) => Ok(Resolved::Released { fencing }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("resolve_expired", &other)),
+        };
+        Ok(Reply { now, result })
+    }
+
+    pub async fn list_unresolved(
+        &self,
+        agent_id: Option<&str>,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<Page>, StoreError> {
+        listing::list(self, agent_id, after, limit).await
+    }
+}

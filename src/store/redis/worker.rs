@@ -1,0 +1,180 @@
+//! The worker transitions on Redis: RequestToken, Complete, Release, ExtendLease and GetAction,
+//! each one script call, held to the durability level (`WAIT`) before it is acknowledged.
+
+use super::{Decoded, RedisStore, confirmed, unexpected};
+use crate::{
+    domain::{
+        ActionKey, fingerprint,
+        ledger::{
+            ActionView, CompleteOutcome, GrantKind, Millis, OnExpiry, Refusal, TokenOutcome,
+            TokenRequest,
+        },
+    },
+    store::{Acked, Reply, StoreError},
+};
+
+impl RedisStore {
+    /// RequestToken; a grant is handed out only once `replicas` replicas (or the deployment's
+    /// level, if higher) confirmed it. Otherwise UNAVAILABLE: the record stays AUTHORIZED until
+    /// its lease ends, and nobody holds its token.
+    pub async fn request_token(
+        &self,
+        key: &ActionKey,
+        req: &TokenRequest,
+        replicas: u32,
+    ) -> Result<Acked<TokenOutcome>, StoreError> {
+        let (lease, retention) = (req.lease.to_string(), req.retention.to_string());
+        let on_expiry = match req.on_expiry {
+            OnExpiry::Reconcile => "reconcile",
+            OnExpiry::Regrant => "regrant",
+        };
+        let args: [&[u8]; 8] = [
+            req.fingerprint.as_bytes(),
+            req.digests.as_bytes(),
+            req.holder.as_bytes(),
+            req.new_token.as_bytes(),
+            lease.as_bytes(),
+            retention.as_bytes(),
+            if req.sliding { b"1" } else { b"0" },
+            on_expiry.as_bytes(),
+        ];
+        let wait = self.wait_for(replicas);
+        let (now, decoded, mut acknowledged) = self
+            .run(&self.scripts.request_token, key, &args, wait)
+            .await?;
+        if matches!(decoded, Decoded::Granted(_, GrantKind::New)) {
+            self.remember_agent(&key.agent_id).await;
+        }
+        let result = match decoded {
+            Decoded::Granted(grant, kind) => {
+                if kind == GrantKind::Redelivered {
+                    acknowledged = self.sync(key, wait, acknowledged).await?;
+                }
+                confirmed(wait, acknowledged, "grant")?;
+                Ok(TokenOutcome::Granted(grant, kind))
+            }
+            Decoded::Completed { completion, .. } => Ok(TokenOutcome::AlreadyCompleted(completion)),
+            Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
+                differing: fingerprint::differing_fields(&stored, &req.digests),
+            }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("request_token", &other)),
+        };
+        Ok(Acked {
+            reply: Reply { now, result },
+            replicas: acknowledged,
+        })
+    }
+
+    /// Complete; acknowledged only once enough replicas confirmed the completion (a repeated
+    /// Complete checks the stored one), else UNAVAILABLE so that the worker retries it.
+    pub async fn complete(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        receipt: &[u8],
+        replicas: u32,
+    ) -> Result<Acked<CompleteOutcome>, StoreError> {
+        let wait = self.wait_for(replicas);
+        let (now, decoded, mut acknowledged) = self
+            .run(
+                &self.scripts.complete,
+                key,
+                &[token.as_bytes(), receipt],
+                wait,
+            )
+            .await?;
+        let result = match decoded {
+            Decoded::Completed {
+                completion,
+                recorded,
+                double_execution,
+            } => {
+                if !recorded {
+                    acknowledged = self.sync(key, wait, acknowledged).await?;
+                }
+                confirmed(wait, acknowledged, "completion")?;
+                Ok(CompleteOutcome {
+                    completion,
+                    recorded,
+                    double_execution,
+                })
+            }
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("complete", &other)),
+        };
+        Ok(Acked {
+            reply: Reply { now, result },
+            replicas: acknowledged,
+        })
+    }
+
+    /// Release, acknowledged once enough replicas confirmed it.
+    pub async fn release(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        replicas: u32,
+    ) -> Result<Acked<u64>, StoreError> {
+        let wait = self.wait_for(replicas);
+        let (now, decoded, acknowledged) = self
+            .run(&self.scripts.release, key, &[token.as_bytes()], wait)
+            .await?;
+        let result = match decoded {
+            Decoded::Released(fencing) => {
+                confirmed(wait, acknowledged, "release")?;
+                Ok(fencing)
+            }
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("release", &other)),
+        };
+        Ok(Acked {
+            reply: Reply { now, result },
+            replicas: acknowledged,
+        })
+    }
+
+    /// ExtendLease, acknowledged once enough replicas confirmed it (a lost extension would let
+    /// the lease end early on the new master after a failover).
+    pub async fn extend_lease(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        ttl: Millis,
+        replicas: u32,
+    ) -> Result<Acked<Millis>, StoreError> {
+        let wait = self.wait_for(replicas);
+        let ttl = ttl.to_string();
+        let (now, decoded, acknowledged) = self
+            .run(
+                &self.scripts.extend_lease,
+                key,
+                &[token.as_bytes(), ttl.as_bytes()],
+                wait,
+            )
+            .await?;
+        let result = match decoded {
+            Decoded::Extended(at) => {
+                confirmed(wait, acknowledged, "lease extension")?;
+                Ok(at)
+            }
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("extend_lease", &other)),
+        };
+        Ok(Acked {
+            reply: Reply { now, result },
+            replicas: acknowledged,
+        })
+    }
+
+    pub async fn get(&self, key: &ActionKey) -> Result<Reply<ActionView>, StoreError> {
+        let (now, decoded, _) = self.run(&self.scripts.get, key, &[], None).await?;
+        match decoded {
+            Decoded::View(view) => Ok(Reply {
+                now,
+                result: Ok(view),
+            }),
+            other => Err(unexpected("get", &other)),
+        }
+    }
+}
