@@ -19,12 +19,17 @@ from oncegate import (
     Grant,
     InProgress,
     InvalidRequest,
+    InvalidRequestError,
     KeyReused,
+    OncegateError,
     OutcomeUnknown,
+    OutcomeUnknownError,
     ReleaseReason,
+    Scope,
     TokenMismatch,
     fingerprint,
 )
+from oncegate.models import ActionRef
 
 from fake_gate import FakeGate
 
@@ -315,3 +320,25 @@ def test_decorated_signature_hides_the_grant(fake_gate: Gate) -> None:
 
     assert list(inspect.signature(transfer).parameters) == ["amount", "currency"]
     assert "grant" not in transfer.__annotations__
+
+
+def test_definite_oncegate_error_still_leaves_an_unknown_outcome_unknown(
+    fake_gate: Gate, fake: FakeGate, run_id: str
+) -> None:
+    # OutcomeUnknownError joined the OncegateError hierarchy; `definite=(OncegateError,)` must not
+    # start releasing a token after an unknown outcome (here from a guard nested in the function).
+    def nested(grant: Grant) -> None:
+        raise OutcomeUnknownError("inner", action=ActionRef(Scope("a", "r"), "inner:key"), grant=grant)
+
+    with pytest.raises(OutcomeUnknownError) as raised:
+        fake_gate.run("pay", {"a": 1}, nested, definite=(OncegateError,), **scope_kwargs(run_id))
+    inner = raised.value.__cause__
+    assert isinstance(inner, OutcomeUnknownError) and str(inner) == "inner"
+    assert fake.calls["Release"] == 0
+
+    def refused(grant: Grant) -> None:
+        raise InvalidRequestError("the provider's gate refused")
+
+    with pytest.raises(InvalidRequestError):
+        fake_gate.run("pay", {"b": 1}, refused, definite=(OncegateError,), **scope_kwargs(run_id))
+    assert fake.calls["Release"] == 1

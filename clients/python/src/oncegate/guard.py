@@ -308,7 +308,7 @@ class Attempt:
                 _reconcile_hint(grant),
             )
             return
-        if isinstance(exc, (DefiniteFailure, *self._options.definite)):
+        if _is_definite(exc, self._options.definite):
             try:
                 self._release(ReleaseReason.DEFINITE_FAILURE)
             except OncegateError as err:
@@ -460,6 +460,16 @@ class Attempt:
                 list(self._key_fields_hint),
                 local,
             )
+
+
+def _is_definite(exc: Exception, definite: tuple[type[BaseException], ...]) -> bool:
+    if isinstance(exc, DefiniteFailure):
+        return True
+    if isinstance(exc, OutcomeUnknown):
+        # An unknown outcome (from a guard nested in the function) only became an OncegateError
+        # when the exceptions got one root: `definite=(OncegateError,)` must not release after it.
+        definite = tuple(cls for cls in definite if cls is not OncegateError)
+    return isinstance(exc, definite)
 
 
 def _reconcile_hint(grant: Grant) -> str:

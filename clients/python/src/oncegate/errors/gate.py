@@ -1,10 +1,14 @@
-"""Exceptions by reason: what the gate refused, and what the guard could not settle.
+"""What the gate answered: one exception class per ``ErrorReason``, and the decoding of a status.
 
 Every gate error is a gRPC status carrying one ``google.rpc.ErrorInfo`` (domain ``oncegate``) in
 its rich details. :func:`from_rpc_error` turns such a status into the :class:`OncegateError`
 subclass named by the reason, with the metadata, ``RetryInfo`` and ``BadRequest`` details decoded.
 A status without an oncegate ``ErrorInfo`` (a deadline, a refused connection, a proxy's answer)
 becomes a :class:`TransportError`.
+
+Each class's ``REASON`` is read from the generated ``ErrorReason`` enum, so a reason this module
+names is one the proto defines. This module does not own the errors of the guard (see
+:mod:`oncegate.errors.outcome`) nor the public names (see :mod:`oncegate.errors`).
 """
 
 from __future__ import annotations
@@ -12,37 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import grpc
 from google.protobuf import timestamp_pb2
 from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
-if TYPE_CHECKING:
-    from oncegate.models import ActionRef, Grant
-
-__all__ = [
-    "DOMAIN",
-    "AlreadyCompleted",
-    "CompletedByOther",
-    "CompletionUnrecorded",
-    "DefiniteFailure",
-    "FieldViolation",
-    "ForbiddenScope",
-    "InProgress",
-    "InvalidRequest",
-    "KeyReused",
-    "LeaseExpiredUnresolved",
-    "OncegateError",
-    "OutcomeUnknown",
-    "RateLimited",
-    "StoreUnavailable",
-    "TokenMismatch",
-    "TokenUnknown",
-    "TransportError",
-    "Unauthenticated",
-    "from_rpc_error",
-]
+from oncegate.v1.oncegate_pb2 import ErrorReason
 
 DOMAIN = "oncegate"
 """The ``ErrorInfo.domain`` of every gate error."""
@@ -59,7 +39,8 @@ class FieldViolation:
 
 
 class OncegateError(Exception):
-    """A gate call that did not succeed.
+    """The root of every oncegate exception: a gate call that did not succeed, or (in the
+    subclasses of :mod:`oncegate.errors.outcome`) an outcome the guard could not settle.
 
     Attributes:
         reason: The ``ErrorInfo`` reason (``IDEMPOTENCY_KEY_REUSED``...), or ``None`` when the status
@@ -101,11 +82,11 @@ class OncegateError(Exception):
         return f"{label}: {self.message}"
 
 
-class KeyReused(OncegateError):
+class KeyReusedError(OncegateError):
     """The idempotency key names a stored request whose key fields differ. Never retry, and never
     mint a new key on your own: the request changed, find out why."""
 
-    REASON = "IDEMPOTENCY_KEY_REUSED"
+    REASON = ErrorReason.Name(ErrorReason.IDEMPOTENCY_KEY_REUSED)
 
     @property
     def differing_fields(self) -> tuple[str, ...]:
@@ -114,18 +95,18 @@ class KeyReused(OncegateError):
         return tuple(name for name in raw.split(",") if name)
 
 
-class InProgress(OncegateError):
+class InProgressError(OncegateError):
     """Another holder's lease on the action is live. Retry the same request after ``retry_after``."""
 
-    REASON = "IDEMPOTENCY_IN_PROGRESS"
+    REASON = ErrorReason.Name(ErrorReason.IDEMPOTENCY_IN_PROGRESS)
     _RETRYABLE = True
 
 
-class LeaseExpiredUnresolved(OncegateError):
+class LeaseExpiredUnresolvedError(OncegateError):
     """A grant's lease ended without Complete or Release. Reconcile with the provider (using the
     provider key), then Complete or Release with the old token."""
 
-    REASON = "LEASE_EXPIRED_UNRESOLVED"
+    REASON = ErrorReason.Name(ErrorReason.LEASE_EXPIRED_UNRESOLVED)
 
     @property
     def token(self) -> str:
@@ -143,22 +124,22 @@ class LeaseExpiredUnresolved(OncegateError):
         return _timestamp(self.metadata.get("lease_expired_at"))
 
 
-class TokenMismatch(OncegateError):
+class TokenMismatchError(OncegateError):
     """The token was never granted for this action."""
 
-    REASON = "TOKEN_MISMATCH"
+    REASON = ErrorReason.Name(ErrorReason.TOKEN_MISMATCH)
 
 
-class TokenUnknown(OncegateError):
+class TokenUnknownError(OncegateError):
     """The action has no record."""
 
-    REASON = "TOKEN_UNKNOWN"
+    REASON = ErrorReason.Name(ErrorReason.TOKEN_UNKNOWN)
 
 
-class CompletedByOther(OncegateError):
+class CompletedByOtherError(OncegateError):
     """Another token completed the action: it ran more than once."""
 
-    REASON = "COMPLETED_BY_OTHER"
+    REASON = ErrorReason.Name(ErrorReason.COMPLETED_BY_OTHER)
 
     @property
     def fencing(self) -> int | None:
@@ -171,16 +152,16 @@ class CompletedByOther(OncegateError):
         return _timestamp(self.metadata.get("completed_at"))
 
 
-class AlreadyCompleted(OncegateError):
+class AlreadyCompletedError(OncegateError):
     """Release or ExtendLease of an action that already completed."""
 
-    REASON = "ALREADY_COMPLETED"
+    REASON = ErrorReason.Name(ErrorReason.ALREADY_COMPLETED)
 
 
-class InvalidRequest(OncegateError):
+class InvalidRequestError(OncegateError):
     """The request is malformed; ``field_violations`` say where."""
 
-    REASON = "INVALID_REQUEST"
+    REASON = ErrorReason.Name(ErrorReason.INVALID_REQUEST)
 
     @property
     def field(self) -> str:
@@ -188,29 +169,29 @@ class InvalidRequest(OncegateError):
         return self.metadata.get("field", "")
 
 
-class Unauthenticated(OncegateError):
+class UnauthenticatedError(OncegateError):
     """The credential is missing or wrong."""
 
-    REASON = "UNAUTHENTICATED"
+    REASON = ErrorReason.Name(ErrorReason.UNAUTHENTICATED)
 
 
-class ForbiddenScope(OncegateError):
+class ForbiddenScopeError(OncegateError):
     """The credential may not act in this scope."""
 
-    REASON = "FORBIDDEN_SCOPE"
+    REASON = ErrorReason.Name(ErrorReason.FORBIDDEN_SCOPE)
 
 
-class StoreUnavailable(OncegateError):
+class StoreUnavailableError(OncegateError):
     """The gate's store is unreachable; nothing was granted. Retry with backoff."""
 
-    REASON = "STORE_UNAVAILABLE"
+    REASON = ErrorReason.Name(ErrorReason.STORE_UNAVAILABLE)
     _RETRYABLE = True
 
 
-class RateLimited(OncegateError):
+class RateLimitedError(OncegateError):
     """Too many requests; retry after ``retry_after``."""
 
-    REASON = "RATE_LIMITED"
+    REASON = ErrorReason.Name(ErrorReason.RATE_LIMITED)
     _RETRYABLE = True
 
 
@@ -235,77 +216,32 @@ class TransportError(OncegateError):
         return self.code in self._RETRYABLE_CODES
 
 
-_BY_REASON: dict[str, type[OncegateError]] = {
-    cls.REASON: cls
-    for cls in (
-        KeyReused,
-        InProgress,
-        LeaseExpiredUnresolved,
-        TokenMismatch,
-        TokenUnknown,
-        CompletedByOther,
-        AlreadyCompleted,
-        InvalidRequest,
-        Unauthenticated,
-        ForbiddenScope,
-        StoreUnavailable,
-        RateLimited,
-    )
-    if cls.REASON is not None
+BY_REASON: Mapping[str, type[OncegateError]] = {
+    **{
+        cls.REASON: cls
+        for cls in (
+            KeyReusedError,
+            InProgressError,
+            LeaseExpiredUnresolvedError,
+            TokenMismatchError,
+            TokenUnknownError,
+            CompletedByOtherError,
+            AlreadyCompletedError,
+            InvalidRequestError,
+            UnauthenticatedError,
+            ForbiddenScopeError,
+            StoreUnavailableError,
+            RateLimitedError,
+        )
+        if cls.REASON is not None
+    },
+    # Two reasons get the generic class, with `reason` set: LEASE_NOT_EXPIRED answers only the
+    # operator RPC ResolveExpired, which this client does not call; INTERNAL is a fault on the
+    # server's side (logged there) that a caller can only report, not handle or retry.
+    ErrorReason.Name(ErrorReason.LEASE_NOT_EXPIRED): OncegateError,
+    ErrorReason.Name(ErrorReason.INTERNAL): OncegateError,
 }
-
-
-class DefiniteFailure(Exception):
-    """Raise it (or a subclass) from a guarded function when the action definitely had no effect,
-    e.g. the provider declined it. The guard then releases the token so that the action can be
-    granted again, and re-raises."""
-
-
-class OutcomeUnknown(Exception):
-    """The guarded action may or may not have taken effect, so the guard did not release its token.
-
-    Reconcile: ask the provider with ``grant.provider_key`` whether the action happened, then call
-    ``gate.complete(action, grant.token, receipt)`` if it did or ``gate.release(action,
-    grant.token)`` if it did not. Until then the action stays authorized (and later expired), and
-    the gate refuses to run it again. The cause is chained as ``__cause__``.
-    """
-
-    def __init__(self, message: str, *, action: ActionRef, grant: Grant) -> None:
-        super().__init__(message)
-        self.action = action
-        self.grant = grant
-
-    @property
-    def token(self) -> str:
-        """The token to Complete or Release with after reconciling."""
-        return self.grant.token
-
-    @property
-    def fencing(self) -> int:
-        """The fencing number of the grant."""
-        return self.grant.fencing
-
-    @property
-    def provider_key(self) -> str:
-        """The key the provider was given, to look the action up there."""
-        return self.grant.provider_key
-
-
-class CompletionUnrecorded(OutcomeUnknown):
-    """The action ran and returned, but the gate never acknowledged the Complete.
-
-    ``result`` is what the function returned and ``receipt`` its encoded form (``None`` when the
-    result could not be encoded): retry ``gate.complete(action, token, receipt)`` later. Until it
-    is recorded the gate does not know the action happened, so it is an unknown outcome to
-    everyone else.
-    """
-
-    def __init__(
-        self, message: str, *, action: ActionRef, grant: Grant, result: Any, receipt: bytes | None
-    ) -> None:
-        super().__init__(message, action=action, grant=grant)
-        self.result = result
-        self.receipt = receipt
+"""The exception class of each ``ErrorReason`` (every value but ``ERROR_REASON_UNSPECIFIED``)."""
 
 
 def from_rpc_error(error: grpc.RpcError) -> OncegateError:
@@ -337,7 +273,7 @@ def from_rpc_error(error: grpc.RpcError) -> OncegateError:
     if retry_after is None and "retry_after_ms" in metadata:
         millis = _int(metadata["retry_after_ms"])
         retry_after = millis / 1000 if millis is not None else None
-    cls = _BY_REASON.get(info.reason, OncegateError)
+    cls = BY_REASON.get(info.reason, OncegateError)
     return cls(
         message,
         reason=info.reason,
