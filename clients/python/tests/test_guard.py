@@ -17,7 +17,9 @@ from oncegate import (
     DefiniteFailure,
     Gate,
     Grant,
+    GuardOptions,
     InProgress,
+    InProgressError,
     InvalidRequest,
     InvalidRequestError,
     KeyReused,
@@ -342,3 +344,33 @@ def test_definite_oncegate_error_still_leaves_an_unknown_outcome_unknown(
     with pytest.raises(InvalidRequestError):
         fake_gate.run("pay", {"b": 1}, refused, definite=(OncegateError,), **scope_kwargs(run_id))
     assert fake.calls["Release"] == 1
+
+
+def test_max_wait_bounds_the_wait_for_another_holder(fake_gate: Gate, run_id: str) -> None:
+    fake_gate.request_token("pay", {"a": 1}, holder="other", **scope_kwargs(run_id))
+    began = time.monotonic()
+    with pytest.raises(InProgressError):
+        fake_gate.run(
+            "pay", {"a": 1}, lambda grant: None, max_wait=0.3, poll_interval=0.05, **scope_kwargs(run_id)
+        )
+    assert 0.3 <= time.monotonic() - began < 2
+    assert GuardOptions().max_wait == 30.0
+
+
+def test_wait_timeout_is_a_deprecated_name_of_max_wait(fake_gate: Gate, run_id: str) -> None:
+    with pytest.warns(DeprecationWarning, match="use max_wait") as warned:
+        options = GuardOptions(wait_timeout=2.5)
+    assert options == GuardOptions(max_wait=2.5) and options.max_wait == 2.5
+    assert warned[0].filename == __file__  # the warning names the caller's line, not the package's
+    with pytest.warns(DeprecationWarning, match="use max_wait"):
+        assert options.wait_timeout == 2.5
+    with pytest.raises(TypeError, match="not both"):
+        GuardOptions(max_wait=1.0, wait_timeout=2.0)
+    fake_gate.request_token("pay", {"a": 1}, holder="other", **scope_kwargs(run_id))
+    began = time.monotonic()
+    with pytest.warns(DeprecationWarning) as warned, pytest.raises(InProgressError):
+        fake_gate.run(
+            "pay", {"a": 1}, lambda grant: None, wait_timeout=0.3, poll_interval=0.05, **scope_kwargs(run_id)
+        )
+    assert 0.3 <= time.monotonic() - began < 2
+    assert warned[0].filename == __file__

@@ -15,6 +15,15 @@ Quick start::
 
 See :class:`Gate` for the raw RPCs, :mod:`oncegate.guard` for the protocol the guard follows,
 :mod:`oncegate.errors` for the exceptions, and :func:`fingerprint` to compute keys offline.
+
+The modules, bottom up; each imports only those below it (``tests/test_layers.py`` checks it):
+
+- ``v1``: the generated gRPC stubs.
+- ``models``, ``fingerprints``: plain values; the offline fingerprint. No IO.
+- ``errors``: one exception hierarchy under :class:`OncegateError`; statuses decoded by reason.
+- ``rpc``: :class:`~oncegate.rpc.GateRpc`, the channel and the five worker RPCs.
+- ``guard``: the at-most-once protocol (attempt, heartbeat, decorator) over ``rpc``.
+- ``client``: :class:`Gate`, the RPCs plus the guard's entry points.
 """
 
 from oncegate.client import Gate
