@@ -1,4 +1,4 @@
-"""Every oncegate exception, in one hierarchy::
+"""Every exception of a gate call or of the guard, in one hierarchy::
 
     OncegateError                       a gate call failed, or the guard could not settle
     ├── KeyReusedError                  IDEMPOTENCY_KEY_REUSED
