@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from oncegate import (
+    ActionRef,
     ActionState,
     CompletionUnrecorded,
     Decision,
@@ -31,7 +32,6 @@ from oncegate import (
     TokenMismatch,
     fingerprint,
 )
-from oncegate.models import ActionRef
 
 from fake_gate import FakeGate
 

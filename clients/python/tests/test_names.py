@@ -7,6 +7,7 @@ import pytest
 import oncegate
 import oncegate.errors
 from oncegate import (
+    ActionRef,
     CompleteUnacknowledgedError,
     DefiniteFailureError,
     Grant,
@@ -14,7 +15,6 @@ from oncegate import (
     OutcomeUnknownError,
     Scope,
 )
-from oncegate.models import ActionRef
 
 ALIASES = {
     "AlreadyCompleted": "AlreadyCompletedError",

@@ -24,6 +24,27 @@ from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-unty
 
 from oncegate.v1.oncegate_pb2 import ErrorReason
 
+__all__ = [
+    "BY_REASON",
+    "DOMAIN",
+    "AlreadyCompletedError",
+    "CompletedByOtherError",
+    "FieldViolation",
+    "ForbiddenScopeError",
+    "InProgressError",
+    "InvalidRequestError",
+    "KeyReusedError",
+    "LeaseExpiredUnresolvedError",
+    "OncegateError",
+    "RateLimitedError",
+    "StoreUnavailableError",
+    "TokenMismatchError",
+    "TokenUnknownError",
+    "TransportError",
+    "UnauthenticatedError",
+    "from_rpc_error",
+]
+
 DOMAIN = "oncegate"
 """The ``ErrorInfo.domain`` of every gate error."""
 

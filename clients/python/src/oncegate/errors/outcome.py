@@ -16,6 +16,8 @@ from oncegate.errors.gate import OncegateError
 if TYPE_CHECKING:
     from oncegate.models import ActionRef, Grant
 
+__all__ = ["CompleteUnacknowledgedError", "DefiniteFailureError", "OutcomeUnknownError"]
+
 
 class DefiniteFailureError(OncegateError):
     """Raise it (or a subclass) from a guarded function when the action definitely had no effect,

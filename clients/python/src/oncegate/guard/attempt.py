@@ -42,6 +42,8 @@ from oncegate.models import (
 if TYPE_CHECKING:
     from oncegate.rpc import GateRpc
 
+__all__ = ["Attempt"]
+
 T = TypeVar("T")
 
 logger = logging.getLogger("oncegate")

@@ -8,6 +8,8 @@ from __future__ import annotations
 import random
 import time
 
+__all__ = ["Backoff"]
+
 
 class Backoff:
     """Exponential backoff with jitter within a time budget."""

@@ -12,6 +12,8 @@ from contextvars import ContextVar
 
 from oncegate.models import Scope
 
+__all__ = ["current_scope", "resolve_scope", "scope"]
+
 _current_scope: ContextVar[Scope | None] = ContextVar("oncegate_scope", default=None)
 
 

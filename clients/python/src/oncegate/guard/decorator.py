@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from oncegate.models import Grant
     from oncegate.rpc import GateRpc
 
+__all__ = ["CONTROL_ARGUMENTS", "action"]
+
 T = TypeVar("T")
 
 CONTROL_ARGUMENTS = ("agent_id", "run_id", "idempotency_key", "intent_id")

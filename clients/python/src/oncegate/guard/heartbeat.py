@@ -15,6 +15,8 @@ if TYPE_CHECKING:
     from oncegate.models import ActionRef
     from oncegate.rpc import GateRpc
 
+__all__ = ["Heartbeat"]
+
 logger = logging.getLogger("oncegate")
 
 

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from oncegate.fingerprints import ParamsError, fingerprint
 from oncegate.guard.options import Request
 
+__all__ = ["check_key_fields_hint"]
+
 logger = logging.getLogger("oncegate")
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 from oncegate.models import Scope
 
+__all__ = ["DEFAULT_MAX_WAIT", "GuardOptions", "Request", "json_decode", "json_encode"]
+
 DEFAULT_MAX_WAIT = 30.0
 """Seconds a guarded attempt waits, by default, while another holder's attempt is in progress."""
 
