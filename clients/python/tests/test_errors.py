@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-import oncegate.errors.gate
+import oncegate.errors
 from oncegate import (
     CompletedByOther,
     InProgress,
@@ -22,7 +22,7 @@ from oncegate import (
     TransportError,
 )
 from oncegate.errors import from_rpc_error
-from oncegate.errors.gate import BY_REASON
+from oncegate.errors.status import BY_REASON
 from oncegate.v1.oncegate_pb2 import ErrorReason
 
 from fake_gate import Abort
@@ -160,7 +160,7 @@ def test_every_error_reason_of_the_proto_has_a_class() -> None:
     assert set(BY_REASON) == set(REASONS)
     for reason, cls in BY_REASON.items():
         assert cls is OncegateError or reason == cls.REASON
-    # The generic class serves exactly the two reasons a client cannot act on (see errors/gate.py).
+    # The generic class serves exactly the two reasons a client cannot act on (see errors/status.py).
     assert {reason for reason, cls in BY_REASON.items() if cls is OncegateError} == {
         "LEASE_NOT_EXPIRED",
         "INTERNAL",
@@ -175,10 +175,10 @@ def test_each_reason_decodes_to_its_class(reason: str) -> None:
 
 
 def test_reasons_are_read_from_the_proto_not_typed_by_hand() -> None:
-    source = Path(oncegate.errors.gate.__file__).read_text(encoding="utf-8")
     typed = [
-        node.value
-        for node in ast.walk(ast.parse(source))
+        (path.name, node.value)
+        for path in sorted(Path(oncegate.errors.__file__).parent.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.Constant) and node.value in REASON_NAMES
     ]
     assert typed == []

@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"oncegate.v1", "oncegate.v1.oncegate_pb2", "oncegate.v1.oncegate_pb2_grpc"},
     {"oncegate.fingerprints", "oncegate.models"},
     {"oncegate.errors.gate"},
-    {"oncegate.errors.outcome"},
+    {"oncegate.errors.outcome", "oncegate.errors.status"},
     {"oncegate.errors"},
     {"oncegate.rpc"},
     {"oncegate.guard.options", "oncegate.guard.context", "oncegate.guard.backoff"},

@@ -20,8 +20,9 @@
 
 ``LEASE_NOT_EXPIRED`` (an answer to an operator RPC) and ``INTERNAL`` (a server fault) come as
 :class:`OncegateError` itself, with ``reason`` set. :mod:`oncegate.errors.gate` owns the gate's
-errors and :func:`from_rpc_error`; :mod:`oncegate.errors.outcome` the guard's. This module only
-names them, and keeps the names from before the ``Error`` suffix as aliases for one release.
+errors, :mod:`oncegate.errors.status` decodes them (:func:`from_rpc_error`), and
+:mod:`oncegate.errors.outcome` owns the guard's. This module only names them, and keeps the names
+from before the ``Error`` suffix as aliases for one release.
 """
 
 from oncegate.errors.gate import (
@@ -41,9 +42,9 @@ from oncegate.errors.gate import (
     TokenUnknownError,
     TransportError,
     UnauthenticatedError,
-    from_rpc_error,
 )
 from oncegate.errors.outcome import CompleteUnacknowledgedError, DefiniteFailureError, OutcomeUnknownError
+from oncegate.errors.status import from_rpc_error
 
 # Deprecated: the names before the Error suffix, each the very class it names (so `except KeyReused`
 # still catches). They go in the next release.

@@ -1,14 +1,9 @@
-"""What the gate answered: one exception class per ``ErrorReason``, and the decoding of a status.
-
-Every gate error is a gRPC status carrying one ``google.rpc.ErrorInfo`` (domain ``oncegate``) in
-its rich details. :func:`from_rpc_error` turns such a status into the :class:`OncegateError`
-subclass named by the reason, with the metadata, ``RetryInfo`` and ``BadRequest`` details decoded.
-A status without an oncegate ``ErrorInfo`` (a deadline, a refused connection, a proxy's answer)
-becomes a :class:`TransportError`.
+"""What the gate answers with: the root :class:`OncegateError` and one subclass per ``ErrorReason``.
 
 Each class's ``REASON`` is read from the generated ``ErrorReason`` enum, so a reason this module
-names is one the proto defines. This module does not own the errors of the guard (see
-:mod:`oncegate.errors.outcome`) nor the public names (see :mod:`oncegate.errors`).
+names is one the proto defines; the properties read the ``ErrorInfo`` metadata the reason carries.
+This module does not decode statuses (:mod:`oncegate.errors.status` does), nor own the guard's
+errors (:mod:`oncegate.errors.outcome`) or the public names (:mod:`oncegate.errors`).
 """
 
 from __future__ import annotations
@@ -16,16 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import grpc
 from google.protobuf import timestamp_pb2
-from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-untyped]
 
 from oncegate.v1.oncegate_pb2 import ErrorReason
 
 __all__ = [
-    "BY_REASON",
     "DOMAIN",
     "AlreadyCompletedError",
     "CompletedByOtherError",
@@ -42,13 +35,10 @@ __all__ = [
     "TokenUnknownError",
     "TransportError",
     "UnauthenticatedError",
-    "from_rpc_error",
 ]
 
 DOMAIN = "oncegate"
 """The ``ErrorInfo.domain`` of every gate error."""
-
-_STATUS_DETAILS_KEY = "grpc-status-details-bin"
 
 
 @dataclass(frozen=True)
@@ -137,12 +127,12 @@ class LeaseExpiredUnresolvedError(OncegateError):
     @property
     def fencing(self) -> int | None:
         """The fencing number of the unresolved grant."""
-        return _int(self.metadata.get("fencing"))
+        return parse_int(self.metadata.get("fencing"))
 
     @property
     def lease_expired_at(self) -> datetime | None:
         """When the lease ended."""
-        return _timestamp(self.metadata.get("lease_expired_at"))
+        return parse_timestamp(self.metadata.get("lease_expired_at"))
 
 
 class TokenMismatchError(OncegateError):
@@ -165,12 +155,12 @@ class CompletedByOtherError(OncegateError):
     @property
     def fencing(self) -> int | None:
         """The fencing number of the grant that completed the action."""
-        return _int(self.metadata.get("fencing"))
+        return parse_int(self.metadata.get("fencing"))
 
     @property
     def completed_at(self) -> datetime | None:
         """When the action was completed."""
-        return _timestamp(self.metadata.get("completed_at"))
+        return parse_timestamp(self.metadata.get("completed_at"))
 
 
 class AlreadyCompletedError(OncegateError):
@@ -237,91 +227,15 @@ class TransportError(OncegateError):
         return self.code in self._RETRYABLE_CODES
 
 
-BY_REASON: Mapping[str, type[OncegateError]] = {
-    **{
-        cls.REASON: cls
-        for cls in (
-            KeyReusedError,
-            InProgressError,
-            LeaseExpiredUnresolvedError,
-            TokenMismatchError,
-            TokenUnknownError,
-            CompletedByOtherError,
-            AlreadyCompletedError,
-            InvalidRequestError,
-            UnauthenticatedError,
-            ForbiddenScopeError,
-            StoreUnavailableError,
-            RateLimitedError,
-        )
-        if cls.REASON is not None
-    },
-    # Two reasons get the generic class, with `reason` set: LEASE_NOT_EXPIRED answers only the
-    # operator RPC ResolveExpired, which this client does not call; INTERNAL is a fault on the
-    # server's side (logged there) that a caller can only report, not handle or retry.
-    ErrorReason.Name(ErrorReason.LEASE_NOT_EXPIRED): OncegateError,
-    ErrorReason.Name(ErrorReason.INTERNAL): OncegateError,
-}
-"""The exception class of each ``ErrorReason`` (every value but ``ERROR_REASON_UNSPECIFIED``)."""
-
-
-def from_rpc_error(error: grpc.RpcError) -> OncegateError:
-    """Maps a failed gRPC call to the exception for its ``ErrorInfo`` reason."""
-    code: grpc.StatusCode | None = error.code() if hasattr(error, "code") else None
-    message: str = (error.details() if hasattr(error, "details") else None) or str(error)
-    trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
-    status = _rich_status(trailing or ())
-    info = None
-    retry_after = None
-    violations: list[FieldViolation] = []
-    for detail in status.details if status is not None else ():
-        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
-            candidate = error_details_pb2.ErrorInfo()
-            detail.Unpack(candidate)
-            if candidate.domain == DOMAIN and info is None:
-                info = candidate
-        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
-            retry = error_details_pb2.RetryInfo()
-            detail.Unpack(retry)
-            retry_after = retry.retry_delay.ToTimedelta().total_seconds()
-        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
-            bad = error_details_pb2.BadRequest()
-            detail.Unpack(bad)
-            violations.extend(FieldViolation(v.field, v.description) for v in bad.field_violations)
-    if info is None:
-        return TransportError(message, code=code, retry_after=retry_after, field_violations=violations)
-    metadata = dict(info.metadata)
-    if retry_after is None and "retry_after_ms" in metadata:
-        millis = _int(metadata["retry_after_ms"])
-        retry_after = millis / 1000 if millis is not None else None
-    cls = BY_REASON.get(info.reason, OncegateError)
-    return cls(
-        message,
-        reason=info.reason,
-        code=code,
-        metadata=metadata,
-        retry_after=retry_after,
-        field_violations=violations,
-    )
-
-
-def _rich_status(trailing: Iterable[Any]) -> status_pb2.Status | None:
-    for key, value in trailing:
-        if key == _STATUS_DETAILS_KEY and isinstance(value, bytes):
-            status = status_pb2.Status()
-            status.ParseFromString(value)
-            return status
-    return None
-
-
-def _int(value: str | None) -> int | None:
+def parse_int(value: str | None) -> int | None:
+    """Parses an integer metadata value; ``None`` when absent or not an integer."""
     try:
         return int(value) if value else None
     except ValueError:
         return None
 
 
-def _timestamp(value: str | None) -> datetime | None:
+def parse_timestamp(value: str | None) -> datetime | None:
     """Parses an RFC 3339 time (nanosecond precision allowed) into an aware UTC datetime."""
     if not value:
         return None
