@@ -41,7 +41,16 @@ from pathlib import Path
 from typing import Any
 
 import oncegate
-from oncegate import ActionRef, Gate, Grant, InProgress, KeyReused, OutcomeUnknown, Scope, TransportError
+from oncegate import (
+    ActionRef,
+    Gate,
+    Grant,
+    InProgressError,
+    KeyReusedError,
+    OutcomeUnknownError,
+    Scope,
+    TransportError,
+)
 
 HERE = Path(__file__).resolve().parent
 TRANSFER_KEY_FIELDS = ["/amount", "/currency", "/to"]
@@ -98,7 +107,7 @@ def money(cents: int, currency: str) -> str:
 def make_transfer_tool(gate: Gate, bank: FakeBank) -> Callable[..., dict[str, Any]]:
     """The agent's side-effecting tool, wrapped by the gate's decorator."""
 
-    @gate.action("payments.transfer", key_fields_hint=TRANSFER_KEY_FIELDS, wait_timeout=1.0)
+    @gate.action("payments.transfer", key_fields_hint=TRANSFER_KEY_FIELDS, max_wait=1.0)
     def transfer(amount: int, currency: str, to: str, memo: str, *, grant: Grant) -> dict[str, Any]:
         say("gate", f"granted a token (fencing {grant.fencing}); the tool calls the bank")
         done = bank.transfer(
@@ -157,7 +166,7 @@ class Agent:
         say("agent", "the model re-reads the PDF and now believes invoice 42 is 51.00 EUR")
         try:
             self.call(amount=5100, currency="EUR", to=IBAN, memo="Invoice 42", idempotency_key="invoice-42")
-        except KeyReused as err:
+        except KeyReusedError as err:
             say("gate", f"{err.reason}: differing key fields {', '.join(err.differing_fields)}")
             say("agent", "stops and asks a human; it never mints a new key to force the payment through")
         say("bank", f"{self.count(42)} transfer for invoice 42, still 50.00 EUR")
@@ -168,20 +177,21 @@ class Agent:
         self.bank.lose_next_reply = True
         try:
             self.call(**invoice, idempotency_key="invoice-43")
-        except OutcomeUnknown as unknown:
+        except OutcomeUnknownError as unknown:
             say("tool", f"{type(unknown.__cause__).__name__}: {unknown.__cause__}")
-            say("gate", f"OutcomeUnknown: token kept, not released; action is {self.state(unknown.action)}")
+            state = self.state(unknown.action)
+            say("gate", f"OutcomeUnknownError: token kept, not released; action is {state}")
             try:
                 self.call(**invoice, idempotency_key="invoice-43")
-            except InProgress:
+            except InProgressError:
                 say("gate", "IDEMPOTENCY_IN_PROGRESS: it will not run again while the outcome is unknown")
             self.reconcile(unknown)
         else:
-            raise RuntimeError("the lost bank reply should have surfaced as OutcomeUnknown")
+            raise RuntimeError("the lost bank reply should have surfaced as OutcomeUnknownError")
         self.call(**invoice, idempotency_key="invoice-43")
         say("bank", f"{self.count(43)} transfer for invoice 43")
 
-    def reconcile(self, unknown: OutcomeUnknown) -> None:
+    def reconcile(self, unknown: OutcomeUnknownError) -> None:
         """What a reconciler does with an unknown outcome: ask the provider, then settle the gate."""
         found = self.bank.lookup(unknown.provider_key)
         if found is None:

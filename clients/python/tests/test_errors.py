@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+import oncegate.errors
 from oncegate import (
     CompletedByOther,
     InProgress,
@@ -19,6 +22,8 @@ from oncegate import (
     TransportError,
 )
 from oncegate.errors import from_rpc_error
+from oncegate.errors.status import BY_REASON
+from oncegate.v1.oncegate_pb2 import ErrorReason
 
 from fake_gate import Abort
 
@@ -145,3 +150,37 @@ def test_error_info_of_another_domain_is_ignored() -> None:
         for key, value in status.trailing_metadata
     )
     assert isinstance(from_rpc_error(FailedCall(foreign)), TransportError)
+
+
+REASON_NAMES = frozenset(ErrorReason.keys())
+REASONS = sorted(REASON_NAMES - {"ERROR_REASON_UNSPECIFIED"})
+
+
+def test_every_error_reason_of_the_proto_has_a_class() -> None:
+    assert set(BY_REASON) == set(REASONS)
+    for reason, cls in BY_REASON.items():
+        assert cls is OncegateError or reason == cls.REASON
+    # The generic class serves exactly the two reasons a client cannot act on (see errors/status.py).
+    assert {reason for reason, cls in BY_REASON.items() if cls is OncegateError} == {
+        "LEASE_NOT_EXPIRED",
+        "INTERNAL",
+    }
+
+
+@pytest.mark.parametrize("reason", REASONS)
+def test_each_reason_decodes_to_its_class(reason: str) -> None:
+    error = error_for(Abort(grpc.StatusCode.FAILED_PRECONDITION, reason, "refused"))
+    assert type(error) is BY_REASON[reason]
+    assert error.reason == reason and str(error) == f"{reason}: refused"
+
+
+def test_reasons_are_read_from_the_proto_not_typed_by_hand() -> None:
+    typed = [
+        (path.name, node.value)
+        for path in sorted(Path(oncegate.errors.__file__).parent.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Constant) and node.value in REASON_NAMES
+    ]
+    assert typed == []
+    specific = [cls for cls in BY_REASON.values() if cls is not OncegateError]
+    assert all(cls.REASON is not None and cls.REASON in REASON_NAMES for cls in specific)

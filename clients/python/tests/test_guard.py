@@ -11,17 +11,24 @@ from typing import Any
 import pytest
 
 from oncegate import (
+    ActionRef,
     ActionState,
     CompletionUnrecorded,
     Decision,
     DefiniteFailure,
     Gate,
     Grant,
+    GuardOptions,
     InProgress,
+    InProgressError,
     InvalidRequest,
+    InvalidRequestError,
     KeyReused,
+    OncegateError,
     OutcomeUnknown,
+    OutcomeUnknownError,
     ReleaseReason,
+    Scope,
     TokenMismatch,
     fingerprint,
 )
@@ -315,3 +322,55 @@ def test_decorated_signature_hides_the_grant(fake_gate: Gate) -> None:
 
     assert list(inspect.signature(transfer).parameters) == ["amount", "currency"]
     assert "grant" not in transfer.__annotations__
+
+
+def test_definite_oncegate_error_still_leaves_an_unknown_outcome_unknown(
+    fake_gate: Gate, fake: FakeGate, run_id: str
+) -> None:
+    # OutcomeUnknownError joined the OncegateError hierarchy; `definite=(OncegateError,)` must not
+    # start releasing a token after an unknown outcome (here from a guard nested in the function).
+    def nested(grant: Grant) -> None:
+        raise OutcomeUnknownError("inner", action=ActionRef(Scope("a", "r"), "inner:key"), grant=grant)
+
+    with pytest.raises(OutcomeUnknownError) as raised:
+        fake_gate.run("pay", {"a": 1}, nested, definite=(OncegateError,), **scope_kwargs(run_id))
+    inner = raised.value.__cause__
+    assert isinstance(inner, OutcomeUnknownError) and str(inner) == "inner"
+    assert fake.calls["Release"] == 0
+
+    def refused(grant: Grant) -> None:
+        raise InvalidRequestError("the provider's gate refused")
+
+    with pytest.raises(InvalidRequestError):
+        fake_gate.run("pay", {"b": 1}, refused, definite=(OncegateError,), **scope_kwargs(run_id))
+    assert fake.calls["Release"] == 1
+
+
+def test_max_wait_bounds_the_wait_for_another_holder(fake_gate: Gate, run_id: str) -> None:
+    fake_gate.request_token("pay", {"a": 1}, holder="other", **scope_kwargs(run_id))
+    began = time.monotonic()
+    with pytest.raises(InProgressError):
+        fake_gate.run(
+            "pay", {"a": 1}, lambda grant: None, max_wait=0.3, poll_interval=0.05, **scope_kwargs(run_id)
+        )
+    assert 0.3 <= time.monotonic() - began < 2
+    assert GuardOptions().max_wait == 30.0
+
+
+def test_wait_timeout_is_a_deprecated_name_of_max_wait(fake_gate: Gate, run_id: str) -> None:
+    with pytest.warns(DeprecationWarning, match="use max_wait") as warned:
+        options = GuardOptions(wait_timeout=2.5)
+    assert options == GuardOptions(max_wait=2.5) and options.max_wait == 2.5
+    assert warned[0].filename == __file__  # the warning names the caller's line, not the package's
+    with pytest.warns(DeprecationWarning, match="use max_wait"):
+        assert options.wait_timeout == 2.5
+    with pytest.raises(TypeError, match="not both"):
+        GuardOptions(max_wait=1.0, wait_timeout=2.0)
+    fake_gate.request_token("pay", {"a": 1}, holder="other", **scope_kwargs(run_id))
+    began = time.monotonic()
+    with pytest.warns(DeprecationWarning) as warned, pytest.raises(InProgressError):
+        fake_gate.run(
+            "pay", {"a": 1}, lambda grant: None, wait_timeout=0.3, poll_interval=0.05, **scope_kwargs(run_id)
+        )
+    assert 0.3 <= time.monotonic() - began < 2
+    assert warned[0].filename == __file__

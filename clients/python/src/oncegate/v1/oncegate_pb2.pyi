@@ -42,6 +42,24 @@ class Resolution(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESOLUTION_UNSPECIFIED: _ClassVar[Resolution]
     RESOLUTION_COMPLETED: _ClassVar[Resolution]
     RESOLUTION_FAILED: _ClassVar[Resolution]
+
+class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ERROR_REASON_UNSPECIFIED: _ClassVar[ErrorReason]
+    IDEMPOTENCY_KEY_REUSED: _ClassVar[ErrorReason]
+    IDEMPOTENCY_IN_PROGRESS: _ClassVar[ErrorReason]
+    LEASE_EXPIRED_UNRESOLVED: _ClassVar[ErrorReason]
+    TOKEN_MISMATCH: _ClassVar[ErrorReason]
+    TOKEN_UNKNOWN: _ClassVar[ErrorReason]
+    COMPLETED_BY_OTHER: _ClassVar[ErrorReason]
+    ALREADY_COMPLETED: _ClassVar[ErrorReason]
+    LEASE_NOT_EXPIRED: _ClassVar[ErrorReason]
+    INVALID_REQUEST: _ClassVar[ErrorReason]
+    UNAUTHENTICATED: _ClassVar[ErrorReason]
+    FORBIDDEN_SCOPE: _ClassVar[ErrorReason]
+    RATE_LIMITED: _ClassVar[ErrorReason]
+    STORE_UNAVAILABLE: _ClassVar[ErrorReason]
+    INTERNAL: _ClassVar[ErrorReason]
 DECISION_UNSPECIFIED: Decision
 DECISION_GRANTED: Decision
 DECISION_ALREADY_COMPLETED: Decision
@@ -59,6 +77,21 @@ ACTION_STATE_EXPIRED: ActionState
 RESOLUTION_UNSPECIFIED: Resolution
 RESOLUTION_COMPLETED: Resolution
 RESOLUTION_FAILED: Resolution
+ERROR_REASON_UNSPECIFIED: ErrorReason
+IDEMPOTENCY_KEY_REUSED: ErrorReason
+IDEMPOTENCY_IN_PROGRESS: ErrorReason
+LEASE_EXPIRED_UNRESOLVED: ErrorReason
+TOKEN_MISMATCH: ErrorReason
+TOKEN_UNKNOWN: ErrorReason
+COMPLETED_BY_OTHER: ErrorReason
+ALREADY_COMPLETED: ErrorReason
+LEASE_NOT_EXPIRED: ErrorReason
+INVALID_REQUEST: ErrorReason
+UNAUTHENTICATED: ErrorReason
+FORBIDDEN_SCOPE: ErrorReason
+RATE_LIMITED: ErrorReason
+STORE_UNAVAILABLE: ErrorReason
+INTERNAL: ErrorReason
 
 class Scope(_message.Message):
     __slots__ = ("agent_id", "run_id")

@@ -1,0 +1,106 @@
+"""Every exception of a gate call or of the guard, in one hierarchy::
+
+    OncegateError                       a gate call failed, or the guard could not settle
+    ├── KeyReusedError                  IDEMPOTENCY_KEY_REUSED
+    ├── InProgressError                 IDEMPOTENCY_IN_PROGRESS
+    ├── LeaseExpiredUnresolvedError     LEASE_EXPIRED_UNRESOLVED
+    ├── TokenMismatchError              TOKEN_MISMATCH
+    ├── TokenUnknownError               TOKEN_UNKNOWN
+    ├── CompletedByOtherError           COMPLETED_BY_OTHER
+    ├── AlreadyCompletedError           ALREADY_COMPLETED
+    ├── InvalidRequestError             INVALID_REQUEST
+    ├── UnauthenticatedError            UNAUTHENTICATED
+    ├── ForbiddenScopeError             FORBIDDEN_SCOPE
+    ├── StoreUnavailableError           STORE_UNAVAILABLE
+    ├── RateLimitedError                RATE_LIMITED
+    ├── TransportError                  no oncegate ErrorInfo: the gate was not reached
+    ├── OutcomeUnknownError             the guard kept the token: reconcile
+    │   └── CompleteUnacknowledgedError the action ran; its Complete was not acknowledged
+    └── DefiniteFailureError            raised by a guarded function: release the token
+
+``LEASE_NOT_EXPIRED`` (an answer to an operator RPC) and ``INTERNAL`` (a server fault) come as
+:class:`OncegateError` itself, with ``reason`` set. :mod:`oncegate.errors.gate` owns the gate's
+errors, :mod:`oncegate.errors.status` decodes them (:func:`from_rpc_error`), and
+:mod:`oncegate.errors.outcome` owns the guard's. This module only names them, and keeps the names
+from before the ``Error`` suffix as aliases for one release.
+"""
+
+from oncegate.errors.gate import (
+    DOMAIN,
+    AlreadyCompletedError,
+    CompletedByOtherError,
+    FieldViolation,
+    ForbiddenScopeError,
+    InProgressError,
+    InvalidRequestError,
+    KeyReusedError,
+    LeaseExpiredUnresolvedError,
+    OncegateError,
+    RateLimitedError,
+    StoreUnavailableError,
+    TokenMismatchError,
+    TokenUnknownError,
+    TransportError,
+    UnauthenticatedError,
+)
+from oncegate.errors.outcome import CompleteUnacknowledgedError, DefiniteFailureError, OutcomeUnknownError
+from oncegate.errors.status import from_rpc_error
+
+# Deprecated: the names before the Error suffix, each the very class it names (so `except KeyReused`
+# still catches). They go in the next release.
+AlreadyCompleted = AlreadyCompletedError
+CompletedByOther = CompletedByOtherError
+CompletionUnrecorded = CompleteUnacknowledgedError
+DefiniteFailure = DefiniteFailureError
+ForbiddenScope = ForbiddenScopeError
+InProgress = InProgressError
+InvalidRequest = InvalidRequestError
+KeyReused = KeyReusedError
+LeaseExpiredUnresolved = LeaseExpiredUnresolvedError
+OutcomeUnknown = OutcomeUnknownError
+RateLimited = RateLimitedError
+StoreUnavailable = StoreUnavailableError
+TokenMismatch = TokenMismatchError
+TokenUnknown = TokenUnknownError
+Unauthenticated = UnauthenticatedError
+
+__all__ = [
+    "DOMAIN",
+    "AlreadyCompletedError",
+    "CompleteUnacknowledgedError",
+    "CompletedByOtherError",
+    "DefiniteFailureError",
+    "FieldViolation",
+    "ForbiddenScopeError",
+    "InProgressError",
+    "InvalidRequestError",
+    "KeyReusedError",
+    "LeaseExpiredUnresolvedError",
+    "OncegateError",
+    "OutcomeUnknownError",
+    "RateLimitedError",
+    "StoreUnavailableError",
+    "TokenMismatchError",
+    "TokenUnknownError",
+    "TransportError",
+    "UnauthenticatedError",
+    "from_rpc_error",
+]
+# The deprecated aliases, for one release.
+__all__ += [
+    "AlreadyCompleted",
+    "CompletedByOther",
+    "CompletionUnrecorded",
+    "DefiniteFailure",
+    "ForbiddenScope",
+    "InProgress",
+    "InvalidRequest",
+    "KeyReused",
+    "LeaseExpiredUnresolved",
+    "OutcomeUnknown",
+    "RateLimited",
+    "StoreUnavailable",
+    "TokenMismatch",
+    "TokenUnknown",
+    "Unauthenticated",
+]

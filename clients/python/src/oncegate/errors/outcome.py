@@ -1,0 +1,85 @@
+"""What the guard could not settle, and the marker of a definite failure.
+
+:class:`OutcomeUnknownError` (and :class:`CompleteUnacknowledgedError`, the Rust guard's
+``GuardError::CompleteUnacknowledged``) are raised by the guard; :class:`DefiniteFailureError` is
+raised by the guarded function. All three sit under :class:`~oncegate.errors.OncegateError` with
+``reason`` ``None``, and print as their message alone, as they did before joining the hierarchy.
+This module does not decide when they are raised: the guard does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from oncegate.errors.gate import OncegateError
+
+if TYPE_CHECKING:
+    from oncegate.models import ActionRef, Grant
+
+__all__ = ["CompleteUnacknowledgedError", "DefiniteFailureError", "OutcomeUnknownError"]
+
+
+class DefiniteFailureError(OncegateError):
+    """Raise it (or a subclass) from a guarded function when the action definitely had no effect,
+    e.g. the provider declined it. The guard then releases the token so that the action can be
+    granted again, and re-raises.
+
+    It takes any arguments, as :class:`Exception` does.
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(Exception.__str__(Exception(*args)))
+        self.args = args
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+
+class OutcomeUnknownError(OncegateError):
+    """The guarded action may or may not have taken effect, so the guard did not release its token.
+
+    Reconcile: ask the provider with ``grant.provider_key`` whether the action happened, then call
+    ``gate.complete(action, grant.token, receipt)`` if it did or ``gate.release(action,
+    grant.token)`` if it did not. Until then the action stays authorized (and later expired), and
+    the gate refuses to run it again. The cause is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, action: ActionRef, grant: Grant) -> None:
+        super().__init__(message)
+        self.action = action
+        self.grant = grant
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+    @property
+    def token(self) -> str:
+        """The token to Complete or Release with after reconciling."""
+        return self.grant.token
+
+    @property
+    def fencing(self) -> int:
+        """The fencing number of the grant."""
+        return self.grant.fencing
+
+    @property
+    def provider_key(self) -> str:
+        """The key the provider was given, to look the action up there."""
+        return self.grant.provider_key
+
+
+class CompleteUnacknowledgedError(OutcomeUnknownError):
+    """The action ran and returned, but the gate never acknowledged the Complete.
+
+    ``result`` is what the function returned and ``receipt`` its encoded form (``None`` when the
+    result could not be encoded): retry ``gate.complete(action, token, receipt)`` later. Until it
+    is recorded the gate does not know the action happened, so it is an unknown outcome to
+    everyone else.
+    """
+
+    def __init__(
+        self, message: str, *, action: ActionRef, grant: Grant, result: Any, receipt: bytes | None
+    ) -> None:
+        super().__init__(message, action=action, grant=grant)
+        self.result = result
+        self.receipt = receipt

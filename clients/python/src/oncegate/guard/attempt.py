@@ -1,0 +1,306 @@
+"""One guarded attempt: ask for a token, let the body run the action, settle what happened.
+
+:class:`Attempt` follows the protocol described in :mod:`oncegate.guard`, over the RPC layer
+(:class:`~oncegate.rpc.GateRpc`) and nothing above it. It owns the decisions about an outcome:
+replay, complete, release after a definite failure, or keep the token and raise
+:class:`~oncegate.errors.OutcomeUnknownError`. The decorator and :class:`~oncegate.Gate` only
+build attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from oncegate.errors import (
+    CompleteUnacknowledgedError,
+    DefiniteFailureError,
+    InProgressError,
+    OncegateError,
+    OutcomeUnknownError,
+)
+from oncegate.guard.backoff import Backoff
+from oncegate.guard.heartbeat import Heartbeat
+from oncegate.guard.hint import check_key_fields_hint
+from oncegate.guard.options import GuardOptions, Request
+from oncegate.models import (
+    ActionRef,
+    Completion,
+    Decision,
+    Grant,
+    ReleaseReason,
+    RequestTokenResult,
+)
+
+if TYPE_CHECKING:
+    from oncegate.rpc import GateRpc
+
+__all__ = ["Attempt"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("oncegate")
+
+
+def _default_holder() -> str:
+    return f"py:{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex}"
+
+
+class Attempt:
+    """One guarded attempt of one action, used as a context manager.
+
+    Entering asks the gate for a token. Then either ``replayed`` is true, ``result`` is the decoded
+    stored receipt and the action must not run; or ``grant`` is set, the lease is extended in the
+    background, and the body runs the action and calls :meth:`complete` (or :meth:`skip`).
+
+    Leaving the block settles the attempt: an exception marked definite releases the token and
+    propagates; any other exception, or a block that ended without :meth:`complete` or
+    :meth:`skip`, raises :class:`~oncegate.errors.OutcomeUnknownError` and leaves the token unreleased.
+    ``KeyboardInterrupt`` and other non-``Exception`` errors propagate unchanged, also without
+    a release.
+
+    Example::
+
+        with gate.attempt("payments.transfer", params, agent_id="a", run_id="r") as attempt:
+            if not attempt.replayed:
+                attempt.complete(provider.pay(**params, key=attempt.grant.provider_key))
+            receipt = attempt.result
+    """
+
+    def __init__(
+        self,
+        gate: GateRpc,
+        request: Request,
+        options: GuardOptions,
+        *,
+        key_fields_hint: Sequence[str] | None = None,
+    ) -> None:
+        self._gate = gate
+        self._request = request
+        self._options = options
+        self._key_fields_hint = key_fields_hint
+        self._heartbeat: Heartbeat | None = None
+        self._settled = False
+        self.holder = options.holder or _default_holder()
+        self.action: ActionRef | None = None
+        """The action reference, set once the gate answered."""
+        self.fingerprint: str | None = None
+        """The gate's fingerprint of the request."""
+        self.grant: Grant | None = None
+        """The grant, when the gate granted a token."""
+        self.completion: Completion | None = None
+        """The stored completion, on a replay or after :meth:`complete`."""
+        self.result: Any = None
+        """The decoded receipt on a replay, or the value passed to :meth:`complete`."""
+
+    @property
+    def replayed(self) -> bool:
+        """True when the action had already completed and must not run."""
+        return self.grant is None and self.completion is not None
+
+    def __enter__(self) -> Attempt:
+        answer = self._ask()
+        self.action = answer.action
+        self.fingerprint = answer.fingerprint
+        if self._key_fields_hint is not None:
+            check_key_fields_hint(self._request, self._key_fields_hint, answer.fingerprint)
+        if answer.decision is Decision.ALREADY_COMPLETED:
+            assert answer.completion is not None
+            self.completion = answer.completion
+            self.result = self._options.decode(answer.completion.receipt)
+            self._settled = True
+            return self
+        assert answer.grant is not None
+        self.grant = answer.grant
+        ttl = self._lease_seconds(answer.grant)
+        if self._options.heartbeat and ttl is not None:
+            self._heartbeat = Heartbeat(self._gate, answer.action, answer.grant.token, ttl)
+            self._heartbeat.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop_heartbeat()
+        if self._settled:
+            return
+        self._settled = True
+        action, grant = self._granted()
+        if exc is None:
+            raise OutcomeUnknownError(
+                f"{self._request.action} ({action.key}): the guarded block ended without complete() "
+                f"or skip(), so the gate cannot know whether the action ran. {_reconcile_hint(grant)}",
+                action=action,
+                grant=grant,
+            )
+        if not isinstance(exc, Exception):
+            logger.warning(
+                "oncegate: %s (%s) interrupted by %s; the token stays unreleased. %s",
+                self._request.action,
+                action.key,
+                type(exc).__name__,
+                _reconcile_hint(grant),
+            )
+            return
+        if _is_definite(exc, self._options.definite):
+            try:
+                self._release(ReleaseReason.DEFINITE_FAILURE)
+            except OncegateError as err:
+                logger.warning(
+                    "oncegate: could not release %s after a definite failure (%s); it will need "
+                    "reconciling once its lease ends",
+                    action.key,
+                    err,
+                )
+            return
+        raise OutcomeUnknownError(
+            f"{self._request.action} ({action.key}): the outcome is unknown after "
+            f"{type(exc).__name__}: {exc}. {_reconcile_hint(grant)}",
+            action=action,
+            grant=grant,
+        ) from exc
+
+    def complete(self, result: T) -> T:
+        """Records the action's result as its receipt and returns ``result``.
+
+        Retries transient failures until the gate acknowledges or ``retry_timeout`` passes.
+
+        Raises:
+            CompleteUnacknowledgedError: the gate never acknowledged (or the result could not be
+                encoded); it carries the result and the receipt to complete with later.
+            OncegateError: the gate refused, e.g. :class:`~oncegate.errors.CompletedByOtherError`
+                when another token already completed the action.
+        """
+        action, grant = self._granted()
+        self._stop_heartbeat()
+        self._settled = True
+        try:
+            receipt = self._options.encode(result)
+        except Exception as err:
+            raise CompleteUnacknowledgedError(
+                f"{self._request.action} ({action.key}) ran, but its result could not be encoded "
+                f"as a receipt: {err}",
+                action=action,
+                grant=grant,
+                result=result,
+                receipt=None,
+            ) from err
+        backoff = Backoff(self._options.retry_timeout)
+        while True:
+            try:
+                self.completion = self._gate.complete(action, grant.token, receipt)
+                break
+            except OncegateError as err:
+                if not err.retryable:
+                    raise
+                if not backoff.sleep(err.retry_after):
+                    raise CompleteUnacknowledgedError(
+                        f"{self._request.action} ({action.key}) ran, but the gate did not "
+                        f"acknowledge its completion: {err}. Retry gate.complete() with this "
+                        "exception's action, token and receipt.",
+                        action=action,
+                        grant=grant,
+                        result=result,
+                        receipt=receipt,
+                    ) from err
+        self.result = result
+        return result
+
+    def skip(self) -> None:
+        """Gives the token back without running the action (``RELEASE_REASON_NOT_ATTEMPTED``)."""
+        self._granted()
+        self._stop_heartbeat()
+        self._settled = True
+        self._release(ReleaseReason.NOT_ATTEMPTED)
+
+    def run(self, fn: Callable[[Grant], T]) -> T:
+        """Enters the attempt, runs ``fn(grant)`` unless replayed, completes with its result, and
+        returns the result (or the decoded stored receipt on a replay)."""
+        with self:
+            if self.grant is None:
+                return self.result  # type: ignore[no-any-return]
+            return self.complete(fn(self.grant))
+
+    def _ask(self) -> RequestTokenResult:
+        request = self._request
+        wait_deadline = time.monotonic() + self._options.max_wait
+        backoff = Backoff(self._options.retry_timeout)
+        while True:
+            try:
+                return self._gate.request_token(
+                    request.action,
+                    request.params,
+                    agent_id=request.scope.agent_id,
+                    run_id=request.scope.run_id,
+                    intent_id=request.intent_id,
+                    idempotency_key=request.idempotency_key,
+                    holder=self.holder,
+                    lease_ttl=self._options.lease_ttl,
+                )
+            except InProgressError as err:
+                remaining = wait_deadline - time.monotonic()
+                if remaining <= 0:
+                    raise
+                pause = self._options.poll_interval
+                if err.retry_after is not None:
+                    pause = min(pause, err.retry_after)
+                time.sleep(max(0.01, min(pause, remaining)))
+            except OncegateError as err:
+                if not err.retryable or not backoff.sleep(err.retry_after):
+                    raise
+
+    def _release(self, reason: ReleaseReason) -> None:
+        action, grant = self._granted()
+        backoff = Backoff(self._options.retry_timeout)
+        while True:
+            try:
+                self._gate.release(action, grant.token, reason)
+                return
+            except OncegateError as err:
+                if not err.retryable or not backoff.sleep(err.retry_after):
+                    raise
+
+    def _granted(self) -> tuple[ActionRef, Grant]:
+        if self.action is None or self.grant is None:
+            raise RuntimeError("the attempt holds no grant (not entered, or a replay)")
+        return self.action, self.grant
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+
+    def _lease_seconds(self, grant: Grant) -> float | None:
+        if self._options.lease_ttl is not None:
+            return self._options.lease_ttl
+        if grant.lease_expires_at is None:
+            return None
+        return max(1.0, (grant.lease_expires_at - datetime.now(timezone.utc)).total_seconds())
+
+
+def _is_definite(exc: Exception, definite: tuple[type[BaseException], ...]) -> bool:
+    """Whether ``exc`` from the guarded body means the action had no effect (release the token)."""
+    if isinstance(exc, DefiniteFailureError):
+        return True
+    if isinstance(exc, OutcomeUnknownError):
+        # An unknown outcome (from a guard nested in the function) only became an OncegateError
+        # when the exceptions got one root: `definite=(OncegateError,)` must not release after it.
+        definite = tuple(cls for cls in definite if cls is not OncegateError)
+    return isinstance(exc, definite)
+
+
+def _reconcile_hint(grant: Grant) -> str:
+    return (
+        f"Reconcile with the provider using provider key {grant.provider_key!r}, then complete or "
+        f"release token {grant.token!r} (fencing {grant.fencing})."
+    )

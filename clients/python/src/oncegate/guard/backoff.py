@@ -1,0 +1,31 @@
+"""Pauses between retries of a call that failed transiently: exponential, jittered, within a budget.
+
+It decides how long to sleep, never whether an error is worth retrying: the caller does.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+__all__ = ["Backoff"]
+
+
+class Backoff:
+    """Exponential backoff with jitter within a time budget."""
+
+    def __init__(self, budget: float, first: float = 0.05, cap: float = 2.0) -> None:
+        self._deadline = time.monotonic() + budget
+        self._delay = first
+        self._cap = cap
+
+    def sleep(self, hint: float | None = None) -> bool:
+        """Sleeps before the next try (``hint`` seconds when the gate said); ``False`` when the
+        budget is spent."""
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        delay = hint if hint is not None else random.uniform(self._delay / 2, self._delay)
+        self._delay = min(self._delay * 2, self._cap)
+        time.sleep(min(delay, remaining))
+        return True

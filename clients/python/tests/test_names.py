@@ -1,0 +1,92 @@
+"""The public names: one exception hierarchy with the ``Error`` suffix, and the old names as aliases."""
+
+from __future__ import annotations
+
+import pytest
+
+import oncegate
+import oncegate.errors
+from oncegate import (
+    ActionRef,
+    CompleteUnacknowledgedError,
+    DefiniteFailureError,
+    Grant,
+    OncegateError,
+    OutcomeUnknownError,
+    Scope,
+)
+
+ALIASES = {
+    "AlreadyCompleted": "AlreadyCompletedError",
+    "CompletedByOther": "CompletedByOtherError",
+    "CompletionUnrecorded": "CompleteUnacknowledgedError",
+    "DefiniteFailure": "DefiniteFailureError",
+    "ForbiddenScope": "ForbiddenScopeError",
+    "InProgress": "InProgressError",
+    "InvalidRequest": "InvalidRequestError",
+    "KeyReused": "KeyReusedError",
+    "LeaseExpiredUnresolved": "LeaseExpiredUnresolvedError",
+    "OutcomeUnknown": "OutcomeUnknownError",
+    "RateLimited": "RateLimitedError",
+    "StoreUnavailable": "StoreUnavailableError",
+    "TokenMismatch": "TokenMismatchError",
+    "TokenUnknown": "TokenUnknownError",
+    "Unauthenticated": "UnauthenticatedError",
+}
+"""Each name before the Error suffix, and the class it now names (kept for one release)."""
+
+EXCEPTIONS = sorted({*ALIASES.values(), "OncegateError", "TransportError"})
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(ALIASES.items()))
+def test_old_names_are_the_new_classes(old: str, new: str) -> None:
+    cls = getattr(oncegate.errors, new)
+    assert getattr(oncegate.errors, old) is cls and getattr(oncegate, old) is cls
+    assert getattr(oncegate, new) is cls
+    for module in (oncegate, oncegate.errors):
+        assert old in module.__all__ and new in module.__all__
+
+
+@pytest.mark.parametrize("name", EXCEPTIONS)
+def test_one_hierarchy_with_the_error_suffix(name: str) -> None:
+    cls = getattr(oncegate, name)
+    assert name.endswith("Error") and cls.__name__ == name
+    assert issubclass(cls, OncegateError)
+
+
+def test_the_exported_exceptions_are_exactly_these() -> None:
+    exported = {
+        name
+        for name in oncegate.__all__
+        if isinstance(getattr(oncegate, name), type) and issubclass(getattr(oncegate, name), BaseException)
+    }
+    assert exported == set(EXCEPTIONS) | set(ALIASES) | {"ParamsError"}
+
+
+def test_guard_exceptions_print_as_before() -> None:
+    grant = Grant(token="tok", fencing=2, provider_key="og-1", lease_expires_at=None)
+    action = ActionRef(Scope("agent", "run"), "pay:key")
+    unknown = OutcomeUnknownError("the outcome is unknown", action=action, grant=grant)
+    assert str(unknown) == "the outcome is unknown" and unknown.args == ("the outcome is unknown",)
+    assert unknown.reason is None and unknown.code is None and not unknown.retryable
+    assert (unknown.token, unknown.fencing, unknown.provider_key) == ("tok", 2, "og-1")
+    unacknowledged = CompleteUnacknowledgedError(
+        "not acknowledged", action=action, grant=grant, result={"ok": True}, receipt=b"{}"
+    )
+    assert isinstance(unacknowledged, OutcomeUnknownError) and str(unacknowledged) == "not acknowledged"
+    for args in [(), ("declined",), ("declined", 402)]:
+        definite = DefiniteFailureError(*args)
+        assert str(definite) == str(Exception(*args)) and definite.args == args
+        assert definite.reason is None and not definite.retryable
+
+
+def test_a_subclass_of_the_marker_keeps_its_own_arguments() -> None:
+    class Declined(DefiniteFailureError):
+        def __init__(self, code: int) -> None:
+            super().__init__(f"declined with {code}")
+            self.code_from_provider = code
+
+    declined = Declined(51)
+    assert str(declined) == "declined with 51" and declined.code_from_provider == 51
+    with pytest.raises(oncegate.DefiniteFailure):
+        raise declined
