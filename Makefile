@@ -56,6 +56,7 @@ $(VENV)/.installed: clients/python/pyproject.toml
 
 test-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
+	rm -rf clients/python/build
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q clients/python/tests
 	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate > /dev/null
@@ -63,6 +64,7 @@ test-python: $(VENV)/.installed
 ## The seeds' scenarios as a story: a Python agent, a fake bank, a real gate.
 example-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
+	rm -rf clients/python/build
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate
 
