@@ -174,10 +174,7 @@ pub struct ListArgs {
     pub all: bool,
 }
 
-/// Exit code when the gate cannot be reached (sysexits EX_UNAVAILABLE).
-const EX_UNAVAILABLE: u8 = 69;
-/// Exit code for bad arguments (sysexits EX_USAGE).
-const EX_USAGE: u8 = 64;
+use crate::config::exit::{UNAVAILABLE as EX_UNAVAILABLE, USAGE as EX_USAGE};
 
 /// Runs one admin command and prints its result.
 pub async fn run(args: AdminArgs) -> ExitCode {

@@ -18,33 +18,34 @@ end
 local function record(fencing, double)
   local i = find_older(rec, token)
   if i then
-    table.remove(rec[11], i)
+    table.remove(rec[OLDER], i)
   end
-  rec[1], rec[7], rec[8] = 2, NOW + rec[5], token
-  rec[12], rec[13], rec[14], rec[15], rec[16], rec[17] = receipt, NOW, fencing, 1, '', ''
+  rec[STATE], rec[EXPIRES_AT], rec[TOKEN] = COMPLETED, NOW + rec[RETENTION], token
+  rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING] = receipt, NOW, fencing
+  rec[SOURCE], rec[NOTE], rec[OPERATOR] = BY_WORKER, '', ''
   save(key, rec)
   return completion_reply('completed', rec, 1, double)
 end
 
-if rec[1] == 2 then
-  if rec[8] == token and rec[15] == 1 then
+if rec[STATE] == COMPLETED then
+  if rec[TOKEN] == token and rec[SOURCE] == BY_WORKER then
     return completion_reply('completed', rec, 0, 0)
   end
   if find_older(rec, token) then
-    return { NOW, 'completed_by_other', rec[14], rec[13] }
+    return { NOW, 'completed_by_other', rec[COMPLETED_FENCING], rec[COMPLETED_AT] }
   end
   return { NOW, 'token_mismatch' }
 end
-if rec[1] == 3 then
+if rec[STATE] == RELEASED then
   return { NOW, 'token_mismatch' }
 end
 -- authorized (live or expired): the live token completes; a superseded one is still recorded
-if rec[8] == token then
-  return record(rec[2], 0)
+if rec[TOKEN] == token then
+  return record(rec[FENCING], 0)
 end
 local _, old_fencing = find_older(rec, token)
 if not old_fencing then
   return { NOW, 'token_mismatch' }
 end
-table.insert(rec[11], { rec[8], rec[2] })
+table.insert(rec[OLDER], { [G_TOKEN] = rec[TOKEN], [G_FENCING] = rec[FENCING] })
 return record(old_fencing, 1)

@@ -15,16 +15,16 @@ local rec = load(key)
 if not rec then
   return { NOW, 'token_unknown' }
 end
-if rec[1] == 2 then
+if rec[STATE] == COMPLETED then
   return { NOW, 'already_completed' }
 end
-if rec[1] == 3 or rec[8] ~= token then
+if rec[STATE] == RELEASED or rec[TOKEN] ~= token then
   return { NOW, 'token_mismatch' }
 end
-if NOW >= rec[10] then
-  return { NOW, 'lease_expired', rec[8], rec[2], rec[10] }
+if NOW >= rec[LEASE_END] then
+  return { NOW, 'lease_expired', rec[TOKEN], rec[FENCING], rec[LEASE_END] }
 end
-rec[10] = NOW + ttl
-rec[7] = rec[10] + rec[5]
+rec[LEASE_END] = NOW + ttl
+rec[EXPIRES_AT] = rec[LEASE_END] + rec[RETENTION]
 save(key, rec)
-return { NOW, 'extended', rec[10] }
+return { NOW, 'extended', rec[LEASE_END] }

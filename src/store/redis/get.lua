@@ -7,15 +7,17 @@ local rec = load(KEYS[1])
 if not rec then
   return { NOW, 'view', 1, 0, '', 0, '', 0, '', 0, 0, '', 0, '', '' }
 end
-if rec[1] == 3 then
-  return { NOW, 'view', 1, rec[2], rec[3], 0, '', 0, '', 0, 0, '', 0, '', '' }
+if rec[STATE] == RELEASED then
+  return { NOW, 'view', 1, rec[FENCING], rec[FINGERPRINT], 0, '', 0, '', 0, 0, '', 0, '', '' }
 end
-if rec[1] == 2 then
-  return { NOW, 'view', 3, rec[2], rec[3], 0, '', 1, rec[12], rec[13], rec[14], rec[8], rec[15],
-         rec[16] or '', rec[17] or '' }
+if rec[STATE] == COMPLETED then
+  return { NOW, 'view', 3, rec[FENCING], rec[FINGERPRINT], 0, '', 1, rec[RECEIPT], rec[COMPLETED_AT],
+           rec[COMPLETED_FENCING], rec[TOKEN], rec[SOURCE],
+         rec[NOTE] or '', rec[OPERATOR] or '' }
 end
 local state = 2
-if NOW >= rec[10] then
+if NOW >= rec[LEASE_END] then
   state = 4
 end
-return { NOW, 'view', state, rec[2], rec[3], rec[10], rec[9], 0, '', 0, 0, '', 0, '', '' }
+return { NOW, 'view', state, rec[FENCING], rec[FINGERPRINT], rec[LEASE_END], rec[HOLDER], 0, '', 0, 0,
+         '', 0, '', '' }

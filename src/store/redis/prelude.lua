@@ -1,29 +1,35 @@
 -- Shared by every oncegate script (prepended to each one when it is loaded).
 --
--- The record of one action is one string key holding a MessagePack array:
---   [1] state            1 authorized, 2 completed, 3 released
---   [2] fencing          the latest grant's number; kept across release
---   [3] fingerprint      the request hash every later request must match
---   [4] digests          per-field digests (only for idempotency-keyed actions), opaque here
---   [5] retention_ms     how long a completed record is kept
---   [6] sliding          1 when a replay pushes retention forward
---   [7] expires_at       store expiry in ms (mirrors the key's PX)
---   [8] token            live token (authorized), released token (released), completing token
---   [9] holder           the holder named at grant time
---   [10] lease_expires_at
---   [11] older           { {token, fencing}, ... } earlier grants neither released nor completed
---   [12] receipt
---   [13] completed_at
---   [14] completed_fencing
---   [15] source          1 worker, 2 operator
---   [16] note            operator completions' note (absent in older records: read as '')
---   [17] operator        the operator principal's name (idem)
---
+-- The record of one action is one string key holding a MessagePack array; its slots are named
+-- here, once, and every script reads and writes them by these names (ledger::Record mirrors them).
+local STATE = 1             -- AUTHORIZED, COMPLETED or RELEASED
+local FENCING = 2           -- the latest grant's number; kept across release
+local FINGERPRINT = 3       -- the request hash every later request must match
+local DIGESTS = 4           -- per-field digests (idempotency-keyed actions only), opaque here
+local RETENTION = 5         -- how long a completed record is kept, in ms
+local SLIDING = 6           -- 1 when a replay pushes retention forward
+local EXPIRES_AT = 7        -- store expiry in ms (mirrors the key's PX)
+local TOKEN = 8             -- live token (authorized), released token, completing token
+local HOLDER = 9            -- the holder named at grant time
+local LEASE_END = 10        -- lease_expires_at
+local OLDER = 11            -- { {token, fencing}, ... } earlier grants neither released nor completed
+local RECEIPT = 12
+local COMPLETED_AT = 13
+local COMPLETED_FENCING = 14
+local SOURCE = 15           -- BY_WORKER or BY_OPERATOR
+local NOTE = 16             -- operator completions' note (absent in older records: read as '')
+local OPERATOR = 17         -- the operator principal's name (idem)
+
+-- Values of STATE and SOURCE, and the slots of one OLDER entry.
+local AUTHORIZED, COMPLETED, RELEASED = 1, 2, 3
+local BY_WORKER, BY_OPERATOR = 1, 2
+local G_TOKEN, G_FENCING = 1, 2
+
 -- The lease index of one agent, og:{<agent digest>}:leases, is a sorted set: member = the encoded
 -- action key, score = lease_expires_at, one member per authorized record (live or expired). Every
 -- script that writes a record receives it as KEYS[2] and the member as ARGV[1], and `save` keeps
 -- it in step; both keys share the agent's hash tag, so Cluster runs the script on one slot.
--- Every reply starts with { now_ms, tag, ... }; src/store/redis.rs decodes them in one place.
+-- Every reply starts with { now_ms, tag, ... }; src/store/redis/reply.rs decodes them in one place.
 -- Time is Redis's own (TIME), so every gate replica agrees on when a lease ends.
 
 local function now_ms()
@@ -40,7 +46,7 @@ local function load(key)
     return nil
   end
   local rec = cmsgpack.unpack(raw)
-  if rec[7] <= NOW then
+  if rec[EXPIRES_AT] <= NOW then
     return nil
   end
   return rec
@@ -49,10 +55,10 @@ end
 -- Keeps the agent's lease index in step with a record just written: indexed while authorized,
 -- removed otherwise. The index outlives its longest-lived record, and no longer.
 local function index(rec)
-  if rec[1] == 1 then
-    redis.call('ZADD', KEYS[2], rec[10], ARGV[1])
-    if redis.call('PTTL', KEYS[2]) < rec[7] - NOW then
-      redis.call('PEXPIRE', KEYS[2], rec[7] - NOW)
+  if rec[STATE] == AUTHORIZED then
+    redis.call('ZADD', KEYS[2], rec[LEASE_END], ARGV[1])
+    if redis.call('PTTL', KEYS[2]) < rec[EXPIRES_AT] - NOW then
+      redis.call('PEXPIRE', KEYS[2], rec[EXPIRES_AT] - NOW)
     end
   else
     redis.call('ZREM', KEYS[2], ARGV[1])
@@ -60,30 +66,40 @@ local function index(rec)
 end
 
 local function save(key, rec)
-  redis.call('SET', key, cmsgpack.pack(rec), 'PX', rec[7] - NOW)
+  redis.call('SET', key, cmsgpack.pack(rec), 'PX', rec[EXPIRES_AT] - NOW)
   index(rec)
 end
 
 -- An operator completion (ledger::operator_completion): the live token, if any, joins the older
 -- ones so that its holder hears COMPLETED_BY_OTHER.
 local function operator_complete(rec, receipt, note, operator)
-  if rec[1] == 1 then
-    table.insert(rec[11], { rec[8], rec[2] })
+  if rec[STATE] == AUTHORIZED then
+    table.insert(rec[OLDER], { [G_TOKEN] = rec[TOKEN], [G_FENCING] = rec[FENCING] })
   end
-  rec[1], rec[7], rec[8] = 2, NOW + rec[5], ''
-  rec[12], rec[13], rec[14], rec[15], rec[16], rec[17] = receipt, NOW, rec[2], 2, note, operator
+  rec[STATE], rec[EXPIRES_AT], rec[TOKEN] = COMPLETED, NOW + rec[RETENTION], ''
+  rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING] = receipt, NOW, rec[FENCING]
+  rec[SOURCE], rec[NOTE], rec[OPERATOR] = BY_OPERATOR, note, operator
+end
+
+-- A record with every slot set: the request's identity and state; no token, no completion yet.
+local function new_record(state, fencing, fingerprint, digests, retention, sliding, expires_at)
+  return { [STATE] = state, [FENCING] = fencing, [FINGERPRINT] = fingerprint,
+           [DIGESTS] = digests, [RETENTION] = retention, [SLIDING] = sliding,
+           [EXPIRES_AT] = expires_at, [TOKEN] = '', [HOLDER] = '', [LEASE_END] = 0, [OLDER] = {},
+           [RECEIPT] = '', [COMPLETED_AT] = 0, [COMPLETED_FENCING] = 0, [SOURCE] = 0, [NOTE] = '',
+           [OPERATOR] = '' }
 end
 
 local function find_older(rec, token)
-  for i, g in ipairs(rec[11]) do
-    if g[1] == token then
-      return i, g[2]
+  for i, g in ipairs(rec[OLDER]) do
+    if g[G_TOKEN] == token then
+      return i, g[G_FENCING]
     end
   end
   return nil, nil
 end
 
 local function completion_reply(tag, rec, recorded, double)
-  return { NOW, tag, recorded, double, rec[12], rec[13], rec[14], rec[8], rec[15],
-           rec[16] or '', rec[17] or '' }
+  return { NOW, tag, recorded, double, rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING],
+           rec[TOKEN], rec[SOURCE], rec[NOTE] or '', rec[OPERATOR] or '' }
 end

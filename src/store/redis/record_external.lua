@@ -21,25 +21,24 @@ if has_request and (not retention or retention <= 0) then
 end
 
 local rec = load(key)
-if rec and rec[1] ~= 3 and has_request and rec[3] ~= fingerprint then
-  return { NOW, 'key_reused', rec[4] }
+if rec and rec[STATE] ~= RELEASED and has_request and rec[FINGERPRINT] ~= fingerprint then
+  return { NOW, 'key_reused', rec[DIGESTS] }
 end
-if not rec or rec[1] == 3 then
+if not rec or rec[STATE] == RELEASED then
   if not has_request then
     return { NOW, 'request_required' }
   end
   local fencing = 0
   if rec then
-    fencing = rec[2]
+    fencing = rec[FENCING]
   end
-  rec = { 3, fencing, fingerprint, digests, retention, sliding, NOW + retention, '', '', 0, {},
-          '', 0, 0, 0, '', '' }
+  rec = new_record(RELEASED, fencing, fingerprint, digests, retention, sliding, NOW + retention)
   operator_complete(rec, receipt, note, operator)
   save(key, rec)
   return completion_reply('completed', rec, 1, 0)
 end
-if rec[1] == 2 then
-  if rec[15] == 2 and rec[12] == receipt and (rec[17] or '') == operator then
+if rec[STATE] == COMPLETED then
+  if rec[SOURCE] == BY_OPERATOR and rec[RECEIPT] == receipt and (rec[OPERATOR] or '') == operator then
     return completion_reply('completed', rec, 0, 0)
   end
   return { NOW, 'already_completed' }

@@ -11,15 +11,15 @@ local rec = load(key)
 if not rec then
   return { NOW, 'token_unknown' }
 end
-if rec[1] == 2 then
+if rec[STATE] == COMPLETED then
   return { NOW, 'already_completed' }
 end
-if rec[8] ~= token then
+if rec[TOKEN] ~= token then
   return { NOW, 'token_mismatch' }
 end
-if rec[1] == 1 then
-  rec[1], rec[7] = 3, NOW + rec[5]
+if rec[STATE] == AUTHORIZED then
+  rec[STATE], rec[EXPIRES_AT] = RELEASED, NOW + rec[RETENTION]
   save(key, rec)
 end
 -- state 3 with the same token: a repeated release is a no-op
-return { NOW, 'released', rec[2] }
+return { NOW, 'released', rec[FENCING] }

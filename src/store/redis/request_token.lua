@@ -25,12 +25,13 @@ end
 
 local function grant(fencing, older, kind, nx)
   local lease_expires_at = NOW + lease
-  local rec = { 1, fencing, fingerprint, digests, retention, sliding, lease_expires_at + retention,
-                new_token, holder, lease_expires_at, older, '', 0, 0, 0, '', '' }
+  local rec = new_record(AUTHORIZED, fencing, fingerprint, digests, retention, sliding,
+                         lease_expires_at + retention)
+  rec[TOKEN], rec[HOLDER], rec[LEASE_END], rec[OLDER] = new_token, holder, lease_expires_at, older
   if nx then
     -- A brand-new action: SET NX with its expiry, as the design asks; the script already runs
     -- atomically, so NX failing would mean a lingering expired key, which we overwrite.
-    if redis.call('SET', key, cmsgpack.pack(rec), 'NX', 'PX', rec[7] - NOW) then
+    if redis.call('SET', key, cmsgpack.pack(rec), 'NX', 'PX', rec[EXPIRES_AT] - NOW) then
       index(rec)
     else
       save(key, rec)
@@ -45,29 +46,29 @@ local rec = load(key)
 if not rec then
   return grant(1, {}, 1, true)
 end
-if rec[1] == 3 then
-  return grant(rec[2] + 1, {}, 1, false)
+if rec[STATE] == RELEASED then
+  return grant(rec[FENCING] + 1, {}, 1, false)
 end
-if rec[3] ~= fingerprint then
-  return { NOW, 'key_reused', rec[4] }
+if rec[FINGERPRINT] ~= fingerprint then
+  return { NOW, 'key_reused', rec[DIGESTS] }
 end
-if rec[1] == 2 then
-  if rec[6] == 1 then
-    rec[7] = NOW + rec[5]
+if rec[STATE] == COMPLETED then
+  if rec[SLIDING] == 1 then
+    rec[EXPIRES_AT] = NOW + rec[RETENTION]
     save(key, rec)
   end
   return completion_reply('completed', rec, 0, 0)
 end
 -- authorized
-if NOW < rec[10] then
-  if holder ~= '' and holder == rec[9] then
-    return { NOW, 'granted', 2, rec[8], rec[2], rec[10] }
+if NOW < rec[LEASE_END] then
+  if holder ~= '' and holder == rec[HOLDER] then
+    return { NOW, 'granted', 2, rec[TOKEN], rec[FENCING], rec[LEASE_END] }
   end
-  return { NOW, 'in_progress', rec[10] - NOW }
+  return { NOW, 'in_progress', rec[LEASE_END] - NOW }
 end
 if on_expiry == 'regrant' then
-  local older = rec[11]
-  table.insert(older, { rec[8], rec[2] })
-  return grant(rec[2] + 1, older, 3, false)
+  local older = rec[OLDER]
+  table.insert(older, { [G_TOKEN] = rec[TOKEN], [G_FENCING] = rec[FENCING] })
+  return grant(rec[FENCING] + 1, older, 3, false)
 end
-return { NOW, 'lease_expired', rec[8], rec[2], rec[10] }
+return { NOW, 'lease_expired', rec[TOKEN], rec[FENCING], rec[LEASE_END] }

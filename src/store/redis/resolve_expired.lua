@@ -15,13 +15,13 @@ if resolution ~= 'completed' and resolution ~= 'failed' then
 end
 
 local rec = load(key)
-if not rec or rec[1] == 3 then
+if not rec or rec[STATE] == RELEASED then
   return { NOW, 'not_expired', 1 }
 end
-if rec[1] == 2 then
+if rec[STATE] == COMPLETED then
   return { NOW, 'already_completed' }
 end
-if NOW < rec[10] then
+if NOW < rec[LEASE_END] then
   return { NOW, 'not_expired', 2 }
 end
 if resolution == 'completed' then
@@ -30,6 +30,6 @@ if resolution == 'completed' then
   return completion_reply('completed', rec, 1, 0)
 end
 -- failed: released, the expired token and the fencing number kept (as Release does)
-rec[1], rec[7] = 3, NOW + rec[5]
+rec[STATE], rec[EXPIRES_AT] = RELEASED, NOW + rec[RETENTION]
 save(key, rec)
-return { NOW, 'released', rec[2] }
+return { NOW, 'released', rec[FENCING] }

@@ -11,17 +11,17 @@
 local out = { NOW, 'unresolved', #ARGV }
 for i, member in ipairs(ARGV) do
   local rec = load(KEYS[i + 1])
-  if rec and rec[1] == 1 and NOW >= rec[10] then
+  if rec and rec[STATE] == AUTHORIZED and NOW >= rec[LEASE_END] then
     table.insert(out, 1)
-    table.insert(out, rec[2])
-    table.insert(out, rec[3])
-    table.insert(out, rec[10])
-    table.insert(out, rec[9])
-  elseif rec and rec[1] == 1 then
+    table.insert(out, rec[FENCING])
+    table.insert(out, rec[FINGERPRINT])
+    table.insert(out, rec[LEASE_END])
+    table.insert(out, rec[HOLDER])
+  elseif rec and rec[STATE] == AUTHORIZED then
     table.insert(out, 2)
-    table.insert(out, rec[2])
+    table.insert(out, rec[FENCING])
     table.insert(out, '')
-    table.insert(out, rec[10])
+    table.insert(out, rec[LEASE_END])
     table.insert(out, '')
   else
     redis.call('ZREM', KEYS[1], member)

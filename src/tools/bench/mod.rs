@@ -164,8 +164,8 @@ pub fn main(args: BenchArgs) -> ExitCode {
         Err(e) => {
             eprintln!("oncegate bench: {e}");
             ExitCode::from(match e {
-                BenchError::Target { .. } => 64,
-                BenchError::Connect(_) => 69,
+                BenchError::Target { .. } => crate::config::exit::USAGE,
+                BenchError::Connect(_) => crate::config::exit::UNAVAILABLE,
                 BenchError::Run(_) => 1,
             })
         }

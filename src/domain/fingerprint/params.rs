@@ -1,0 +1,192 @@
+//! Strict params parsing: one pass that refuses duplicate members, nesting beyond the limit and
+//! every number a double cannot hold exactly, so that RFC 8785 canonicalises what was sent.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+/// Largest integer magnitude accepted: beyond 2^53 a double no longer holds every integer, so two
+/// different amounts could share one fingerprint. Numbers with a fraction or exponent must stay
+/// below 2^53 in magnitude.
+pub const MAX_SAFE_INTEGER: u64 = 1 << 53;
+
+/// Limits applied while parsing params; the defaults are the contract's (docs/CONTRACT.md).
+#[derive(Debug, Clone, Copy)]
+pub struct ParamsLimits {
+    /// Largest accepted params text, in bytes.
+    pub max_bytes: usize,
+    /// Deepest accepted nesting of arrays and objects (the top-level object is depth 1).
+    pub max_depth: usize,
+}
+
+impl Default for ParamsLimits {
+    fn default() -> Self {
+        Self {
+            max_bytes: 64 * 1024,
+            max_depth: 32,
+        }
+    }
+}
+
+/// Why params were refused. Every variant is the client's mistake.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    #[error("params are {0} bytes, more than the limit of {1}")]
+    TooLarge(usize, usize),
+    #[error("params are not valid JSON: {0}")]
+    Syntax(String),
+    #[error("params must be a JSON object")]
+    NotAnObject,
+    #[error("params nest deeper than {0} levels")]
+    TooDeep(usize),
+    #[error("params repeat the member name {0:?}")]
+    DuplicateMember(String),
+    #[error(
+        "params hold a number beyond 2^53 in magnitude, which JSON doubles cannot represent exactly"
+    )]
+    UnsafeNumber,
+}
+
+/// Parses params text into a JSON object, refusing what RFC 8785 cannot canonicalise faithfully.
+pub fn parse_params(text: &str, limits: ParamsLimits) -> Result<Map<String, Value>, ParamsError> {
+    if text.len() > limits.max_bytes {
+        return Err(ParamsError::TooLarge(text.len(), limits.max_bytes));
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    let value = StrictValue {
+        depth: 0,
+        max_depth: limits.max_depth,
+    }
+    .deserialize(&mut de)
+    .map_err(classify)?;
+    de.end().map_err(classify)?;
+    match value {
+        Value::Object(map) => Ok(map),
+        _ => Err(ParamsError::NotAnObject),
+    }
+}
+
+/// Our own errors travel through serde as custom messages; this recovers them.
+fn classify(err: serde_json::Error) -> ParamsError {
+    let msg = err.to_string();
+    if let Some(rest) = msg.strip_prefix(DUPLICATE_PREFIX) {
+        let name = rest.split(SEPARATOR).next().unwrap_or_default();
+        return ParamsError::DuplicateMember(name.to_owned());
+    }
+    if let Some(rest) = msg.strip_prefix(TOO_DEEP_PREFIX) {
+        let depth = rest.split(SEPARATOR).next().unwrap_or_default();
+        return ParamsError::TooDeep(depth.parse().unwrap_or(0));
+    }
+    if msg.starts_with(UNSAFE_NUMBER) || msg.starts_with("number out of range") {
+        return ParamsError::UnsafeNumber;
+    }
+    if msg.starts_with("recursion limit exceeded") {
+        return ParamsError::TooDeep(0);
+    }
+    ParamsError::Syntax(msg)
+}
+
+const DUPLICATE_PREFIX: &str = "oncegate-duplicate:";
+const TOO_DEEP_PREFIX: &str = "oncegate-too-deep:";
+const UNSAFE_NUMBER: &str = "oncegate-unsafe-number";
+const SEPARATOR: char = '\u{0}';
+
+/// A `serde_json::Value` builder that checks duplicates, depth and number range in one pass.
+struct StrictValue {
+    depth: usize,
+    max_depth: usize,
+}
+
+impl StrictValue {
+    fn nested(&self) -> Self {
+        Self {
+            depth: self.depth + 1,
+            max_depth: self.max_depth,
+        }
+    }
+
+    fn enter<E: de::Error>(&self) -> Result<(), E> {
+        if self.depth + 1 > self.max_depth {
+            return Err(E::custom(format!(
+                "{TOO_DEEP_PREFIX}{}{SEPARATOR}",
+                self.max_depth
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for StrictValue {
+    type Value = Value;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+/// Integers are exact up to and including 2^53.
+fn checked_integer<E: de::Error>(magnitude: u64, value: Value) -> Result<Value, E> {
+    if magnitude > MAX_SAFE_INTEGER {
+        return Err(E::custom(UNSAFE_NUMBER));
+    }
+    Ok(value)
+}
+
+impl<'de> Visitor<'de> for StrictValue {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Value, E> {
+        checked_integer(v.unsigned_abs(), Value::from(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Value, E> {
+        checked_integer(v, Value::from(v))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Value, E> {
+        let value = serde_json::Number::from_f64(v)
+            .map(Value::Number)
+            .ok_or_else(|| E::custom(UNSAFE_NUMBER))?;
+        // From 2^53 on every double is an integer, and the literal may have been rounded to it
+        // (9007199254740993.0 parses to 2^53): refuse rather than fingerprint a different number.
+        if v.abs() >= MAX_SAFE_INTEGER as f64 {
+            return Err(E::custom(UNSAFE_NUMBER));
+        }
+        Ok(value)
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        self.enter()?;
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(self.nested())? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        self.enter()?;
+        let mut members = Map::new();
+        while let Some(name) = map.next_key::<String>()? {
+            if members.contains_key(&name) {
+                return Err(de::Error::custom(format!(
+                    "{DUPLICATE_PREFIX}{name}{SEPARATOR}"
+                )));
+            }
+            let value = map.next_value_seed(self.nested())?;
+            members.insert(name, value);
+        }
+        Ok(Value::Object(members))
+    }
+}

@@ -1,0 +1,159 @@
+//! The operator transitions: an external completion (an action done by hand) and the settlement
+//! of an expired lease, and what ListUnresolved lists.
+
+use super::{
+    CompleteOutcome, Completion, ExternalCompletion, Millis, Phase, Record, Refusal, Resolution,
+    Resolved, Source, State, Step, TokenGrant, Write, live, view,
+};
+use crate::domain::fingerprint;
+
+/// A completion recorded by an operator, with the live token (if any) moved to `older` so that
+/// its holder's later Complete hears COMPLETED_BY_OTHER: the action may then have run twice.
+fn operator_completion(
+    rec: &Record,
+    receipt: &[u8],
+    note: &str,
+    operator: &str,
+    now: Millis,
+) -> (Completion, Record) {
+    let completion = Completion {
+        receipt: receipt.to_vec(),
+        completed_at: now,
+        fencing: rec.fencing,
+        token: String::new(),
+        source: Source::Operator,
+        note: note.to_owned(),
+        operator: operator.to_owned(),
+    };
+    let mut older = rec.older.clone();
+    if let Phase::Authorized { token, .. } = &rec.phase {
+        older.push(TokenGrant {
+            token: token.clone(),
+            fencing: rec.fencing,
+        });
+    }
+    let record = Record {
+        expires_at: now + rec.retention,
+        older,
+        phase: Phase::Completed(completion.clone()),
+        ..rec.clone()
+    };
+    (completion, record)
+}
+
+/// RecordExternalCompletion: an operator marks an action completed (done by hand). Works on an
+/// absent action (with the request hash), a live or expired lease (the holder later hears
+/// COMPLETED_BY_OTHER); repeating the same operator completion is a no-op; an action already
+/// completed otherwise is refused.
+pub fn record_external(
+    record: Option<&Record>,
+    ext: &ExternalCompletion,
+    now: Millis,
+) -> Step<CompleteOutcome> {
+    let record = live(record, now);
+    if let (Some(rec), Some(req)) = (record, &ext.request)
+        && !matches!(rec.phase, Phase::Released { .. })
+        && rec.fingerprint != req.fingerprint
+    {
+        let differing = fingerprint::differing_fields(&rec.digests, &req.digests);
+        return Step::refuse(Refusal::KeyReused { differing });
+    }
+    let Some(rec) = record.filter(|r| !matches!(r.phase, Phase::Released { .. })) else {
+        let Some(req) = &ext.request else {
+            return Step::refuse(Refusal::RequestRequired);
+        };
+        let base = Record {
+            fencing: record.map_or(0, |r| r.fencing),
+            fingerprint: req.fingerprint.clone(),
+            digests: req.digests.clone(),
+            retention: req.retention,
+            sliding: req.sliding,
+            expires_at: now + req.retention,
+            older: Vec::new(),
+            phase: Phase::Released {
+                token: String::new(),
+            },
+        };
+        let (completion, record) =
+            operator_completion(&base, &ext.receipt, &ext.note, &ext.operator, now);
+        let outcome = CompleteOutcome {
+            completion,
+            recorded: true,
+            double_execution: false,
+        };
+        return Step::reply(outcome, Write::Put(record));
+    };
+    match &rec.phase {
+        Phase::Completed(done)
+            if done.source == Source::Operator
+                && done.receipt == ext.receipt
+                && done.operator == ext.operator =>
+        {
+            let outcome = CompleteOutcome {
+                completion: done.clone(),
+                recorded: false,
+                double_execution: false,
+            };
+            Step::reply(outcome, Write::Nothing)
+        }
+        Phase::Completed(_) => Step::refuse(Refusal::AlreadyCompleted),
+        _ => {
+            let (completion, record) =
+                operator_completion(rec, &ext.receipt, &ext.note, &ext.operator, now);
+            let outcome = CompleteOutcome {
+                completion,
+                recorded: true,
+                double_execution: false,
+            };
+            Step::reply(outcome, Write::Put(record))
+        }
+    }
+}
+
+/// ResolveExpired: settles an action whose lease ended without Complete or Release, as completed
+/// (an operator completion) or failed (released, fencing kept). Anything else is refused.
+pub fn resolve_expired(
+    record: Option<&Record>,
+    resolution: &Resolution,
+    now: Millis,
+) -> Step<Resolved> {
+    let current = view(record, now);
+    let rec = match (live(record, now), current.state) {
+        (Some(rec), State::Expired) => rec,
+        (_, State::Completed) => return Step::refuse(Refusal::AlreadyCompleted),
+        (_, state) => return Step::refuse(Refusal::NotExpired { state }),
+    };
+    let Phase::Authorized { token, .. } = &rec.phase else {
+        unreachable!("an expired record is authorized");
+    };
+    match resolution {
+        Resolution::Completed {
+            receipt,
+            note,
+            operator,
+        } => {
+            let (completion, record) = operator_completion(rec, receipt, note, operator, now);
+            Step::reply(Resolved::Completed(completion), Write::Put(record))
+        }
+        Resolution::Failed => {
+            let record = Record {
+                expires_at: now + rec.retention,
+                phase: Phase::Released {
+                    token: token.clone(),
+                },
+                ..rec.clone()
+            };
+            Step::reply(
+                Resolved::Released {
+                    fencing: rec.fencing,
+                },
+                Write::Put(record),
+            )
+        }
+    }
+}
+
+/// Whether a record is an unresolved expired lease at `now` (what ListUnresolved lists).
+pub fn is_unresolved(record: Option<&Record>, now: Millis) -> bool {
+    view(record, now).state == State::Expired
+}

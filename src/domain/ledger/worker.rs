@@ -1,0 +1,302 @@
+//! The worker transitions: RequestToken, Complete, Release, ExtendLease, and the GetAction view.
+
+use super::{
+    ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Phase, Record,
+    Refusal, Source, State, Step, TokenGrant, TokenOutcome, TokenRequest, Write, live,
+};
+use crate::domain::fingerprint;
+
+/// RequestToken.
+pub fn request_token(
+    record: Option<&Record>,
+    req: &TokenRequest,
+    now: Millis,
+) -> Step<TokenOutcome> {
+    let record = live(record, now);
+    let Some(rec) = record.filter(|r| !matches!(r.phase, Phase::Released { .. })) else {
+        let fencing = record.map_or(0, |r| r.fencing) + 1;
+        return grant(req, fencing, Vec::new(), now, GrantKind::New);
+    };
+    if rec.fingerprint != req.fingerprint {
+        let differing = fingerprint::differing_fields(&rec.digests, &req.digests);
+        return Step::refuse(Refusal::KeyReused { differing });
+    }
+    match &rec.phase {
+        Phase::Completed(completion) => {
+            let write = if rec.sliding {
+                Write::Put(Record {
+                    expires_at: now + rec.retention,
+                    ..rec.clone()
+                })
+            } else {
+                Write::Nothing
+            };
+            Step::reply(TokenOutcome::AlreadyCompleted(completion.clone()), write)
+        }
+        Phase::Authorized {
+            token,
+            holder,
+            lease_expires_at,
+        } if now < *lease_expires_at => {
+            if !req.holder.is_empty() && req.holder == *holder {
+                let grant = Grant {
+                    token: token.clone(),
+                    fencing: rec.fencing,
+                    lease_expires_at: *lease_expires_at,
+                };
+                Step::reply(
+                    TokenOutcome::Granted(grant, GrantKind::Redelivered),
+                    Write::Nothing,
+                )
+            } else {
+                Step::refuse(Refusal::InProgress {
+                    retry_after: lease_expires_at - now,
+                })
+            }
+        }
+        Phase::Authorized {
+            token,
+            lease_expires_at,
+            ..
+        } => match req.on_expiry {
+            OnExpiry::Reconcile => Step::refuse(Refusal::LeaseExpired {
+                token: token.clone(),
+                fencing: rec.fencing,
+                expired_at: *lease_expires_at,
+            }),
+            OnExpiry::Regrant => {
+                let mut older = rec.older.clone();
+                older.push(TokenGrant {
+                    token: token.clone(),
+                    fencing: rec.fencing,
+                });
+                grant(req, rec.fencing + 1, older, now, GrantKind::Regranted)
+            }
+        },
+        Phase::Released { .. } => unreachable!("released records are filtered above"),
+    }
+}
+
+pub(super) fn grant(
+    req: &TokenRequest,
+    fencing: u64,
+    older: Vec<TokenGrant>,
+    now: Millis,
+    kind: GrantKind,
+) -> Step<TokenOutcome> {
+    let lease_expires_at = now + req.lease;
+    let record = Record {
+        fencing,
+        fingerprint: req.fingerprint.clone(),
+        digests: req.digests.clone(),
+        retention: req.retention,
+        sliding: req.sliding,
+        // The record outlives its lease by the retention window, so an expired lease stays
+        // visible (EXPIRED) for reconciliation instead of silently becoming grantable.
+        expires_at: lease_expires_at + req.retention,
+        older,
+        phase: Phase::Authorized {
+            token: req.new_token.clone(),
+            holder: req.holder.clone(),
+            lease_expires_at,
+        },
+    };
+    let grant = Grant {
+        token: req.new_token.clone(),
+        fencing,
+        lease_expires_at,
+    };
+    Step::reply(TokenOutcome::Granted(grant, kind), Write::Put(record))
+}
+
+/// Complete.
+pub fn complete(
+    record: Option<&Record>,
+    token: &str,
+    receipt: &[u8],
+    now: Millis,
+) -> Step<CompleteOutcome> {
+    let Some(rec) = live(record, now) else {
+        return Step::refuse(Refusal::TokenUnknown);
+    };
+    match &rec.phase {
+        Phase::Completed(done) if done.token == token && done.source == Source::Worker => {
+            let outcome = CompleteOutcome {
+                completion: done.clone(),
+                recorded: false,
+                double_execution: false,
+            };
+            Step::reply(outcome, Write::Nothing)
+        }
+        Phase::Completed(done) => {
+            if rec.older.iter().any(|g| g.token == token) {
+                Step::refuse(Refusal::CompletedByOther {
+                    fencing: done.fencing,
+                    completed_at: done.completed_at,
+                })
+            } else {
+                Step::refuse(Refusal::TokenMismatch)
+            }
+        }
+        Phase::Authorized { token: live, .. } if live == token => {
+            record_completion(rec, token, rec.fencing, receipt, now, false)
+        }
+        Phase::Authorized { token: live, .. } => {
+            match rec.older.iter().find(|g| g.token == token) {
+                // A superseded holder finished after a newer grant: the effect happened, so it is
+                // recorded, and the newer holder will hear COMPLETED_BY_OTHER.
+                Some(old) => {
+                    let fencing = old.fencing;
+                    let mut rec = rec.clone();
+                    rec.older.push(TokenGrant {
+                        token: live.clone(),
+                        fencing: rec.fencing,
+                    });
+                    record_completion(&rec, token, fencing, receipt, now, true)
+                }
+                None => Step::refuse(Refusal::TokenMismatch),
+            }
+        }
+        Phase::Released { .. } => Step::refuse(Refusal::TokenMismatch),
+    }
+}
+
+fn record_completion(
+    rec: &Record,
+    token: &str,
+    fencing: u64,
+    receipt: &[u8],
+    now: Millis,
+    double_execution: bool,
+) -> Step<CompleteOutcome> {
+    let completion = Completion {
+        receipt: receipt.to_vec(),
+        completed_at: now,
+        fencing,
+        token: token.to_owned(),
+        source: Source::Worker,
+        note: String::new(),
+        operator: String::new(),
+    };
+    let older = rec
+        .older
+        .iter()
+        .filter(|g| g.token != token)
+        .cloned()
+        .collect();
+    let record = Record {
+        expires_at: now + rec.retention,
+        older,
+        phase: Phase::Completed(completion.clone()),
+        ..rec.clone()
+    };
+    let outcome = CompleteOutcome {
+        completion,
+        recorded: true,
+        double_execution,
+    };
+    Step::reply(outcome, Write::Put(record))
+}
+
+/// Release: gives the live (or expired) token back; the fencing number is kept.
+pub fn release(record: Option<&Record>, token: &str, now: Millis) -> Step<u64> {
+    let Some(rec) = live(record, now) else {
+        return Step::refuse(Refusal::TokenUnknown);
+    };
+    match &rec.phase {
+        Phase::Authorized { token: live, .. } if live == token => {
+            let record = Record {
+                expires_at: now + rec.retention,
+                phase: Phase::Released {
+                    token: token.to_owned(),
+                },
+                ..rec.clone()
+            };
+            Step::reply(rec.fencing, Write::Put(record))
+        }
+        // Releasing twice is a no-op, so a worker whose first Release reply was lost can retry.
+        Phase::Released { token: released } if released == token => {
+            Step::reply(rec.fencing, Write::Nothing)
+        }
+        Phase::Completed(_) => Step::refuse(Refusal::AlreadyCompleted),
+        Phase::Authorized { .. } | Phase::Released { .. } => Step::refuse(Refusal::TokenMismatch),
+    }
+}
+
+/// ExtendLease: only the holder of a live lease may extend it.
+pub fn extend_lease(
+    record: Option<&Record>,
+    token: &str,
+    ttl: Millis,
+    now: Millis,
+) -> Step<Millis> {
+    let Some(rec) = live(record, now) else {
+        return Step::refuse(Refusal::TokenUnknown);
+    };
+    match &rec.phase {
+        Phase::Authorized {
+            token: live,
+            holder,
+            lease_expires_at,
+        } if live == token => {
+            if now >= *lease_expires_at {
+                return Step::refuse(Refusal::LeaseExpired {
+                    token: live.clone(),
+                    fencing: rec.fencing,
+                    expired_at: *lease_expires_at,
+                });
+            }
+            let lease_expires_at = now + ttl;
+            let record = Record {
+                expires_at: lease_expires_at + rec.retention,
+                phase: Phase::Authorized {
+                    token: live.clone(),
+                    holder: holder.clone(),
+                    lease_expires_at,
+                },
+                ..rec.clone()
+            };
+            Step::reply(lease_expires_at, Write::Put(record))
+        }
+        Phase::Completed(_) => Step::refuse(Refusal::AlreadyCompleted),
+        Phase::Authorized { .. } | Phase::Released { .. } => Step::refuse(Refusal::TokenMismatch),
+    }
+}
+
+/// GetAction.
+pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
+    let Some(rec) = live(record, now) else {
+        return ActionView {
+            state: State::Absent,
+            fencing: 0,
+            fingerprint: String::new(),
+            lease_expires_at: None,
+            completion: None,
+            holder: String::new(),
+        };
+    };
+    let (state, lease_expires_at, completion, holder) = match &rec.phase {
+        Phase::Authorized {
+            holder,
+            lease_expires_at,
+            ..
+        } => {
+            let state = if now < *lease_expires_at {
+                State::Authorized
+            } else {
+                State::Expired
+            };
+            (state, Some(*lease_expires_at), None, holder.clone())
+        }
+        Phase::Completed(done) => (State::Completed, None, Some(done.clone()), String::new()),
+        Phase::Released { .. } => (State::Absent, None, None, String::new()),
+    };
+    ActionView {
+        state,
+        fencing: rec.fencing,
+        fingerprint: rec.fingerprint.clone(),
+        lease_expires_at,
+        completion,
+        holder,
+    }
+}
