@@ -52,19 +52,16 @@ impl ConfigFile {
         let file: File = toml::from_str(text).map_err(|e| FileError(e.to_string()))?;
         let defaults = resolve(None, &file.defaults, &builtin_defaults())?;
         let limits = limits(&file.limits)?;
-        if defaults.lease > limits.max_lease {
+        if limits.min_lease > limits.max_lease {
             return Err(FileError(
-                "defaults.lease_ttl_seconds is above limits.max_lease_ttl_seconds".into(),
+                "limits.min_lease_ttl_seconds is above limits.max_lease_ttl_seconds".into(),
             ));
         }
+        check_lease("defaults", &defaults, &limits)?;
         let mut named = Vec::with_capacity(file.actions.len());
         for (name, table) in &file.actions {
             let policy = resolve(Some(name), table, &defaults)?;
-            if policy.lease > limits.max_lease {
-                return Err(FileError(format!(
-                    "actions.\"{name}\": lease_ttl_seconds is above limits.max_lease_ttl_seconds"
-                )));
-            }
+            check_lease(&format!("actions.\"{name}\""), &policy, &limits)?;
             named.push(policy);
         }
         Ok(Self {
@@ -72,6 +69,21 @@ impl ConfigFile {
             principals: Principals::from_config(&file.principals).map_err(FileError)?,
         })
     }
+}
+
+/// A policy's lease is within `[limits]`.
+fn check_lease(at: &str, policy: &ActionPolicy, limits: &Limits) -> Result<(), FileError> {
+    if policy.lease > limits.max_lease {
+        return Err(FileError(format!(
+            "{at}.lease_ttl_seconds is above limits.max_lease_ttl_seconds"
+        )));
+    }
+    if policy.lease < limits.min_lease {
+        return Err(FileError(format!(
+            "{at}.lease_ttl_seconds is below limits.min_lease_ttl_seconds"
+        )));
+    }
+    Ok(())
 }
 
 fn limits(table: &LimitsTable) -> Result<Limits, FileError> {
@@ -85,6 +97,13 @@ fn limits(table: &LimitsTable) -> Result<Limits, FileError> {
             Some(s) => seconds("limits.max_lease_ttl_seconds", s)?,
             None => builtin.max_lease,
         },
+        min_lease: match table.min_lease_ttl_seconds {
+            Some(s) => seconds("limits.min_lease_ttl_seconds", s)?,
+            None => builtin.min_lease,
+        },
+        max_superseded_grants: table
+            .max_superseded_grants
+            .unwrap_or(builtin.max_superseded_grants),
     })
 }
 
@@ -125,6 +144,8 @@ struct LimitsTable {
     max_receipt_bytes: Option<usize>,
     max_id_bytes: Option<usize>,
     max_lease_ttl_seconds: Option<f64>,
+    min_lease_ttl_seconds: Option<f64>,
+    max_superseded_grants: Option<usize>,
 }
 
 fn seconds(what: &str, s: f64) -> Result<Millis, FileError> {

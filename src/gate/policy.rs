@@ -35,6 +35,12 @@ pub struct Limits {
     pub max_receipt_bytes: usize,
     pub max_id_bytes: usize,
     pub max_lease: Millis,
+    /// The shortest lease (and extension) a request may ask for.
+    pub min_lease: Millis,
+    /// The most superseded grants one record keeps (see [`TokenRequest::max_superseded`]).
+    ///
+    /// [`TokenRequest::max_superseded`]: crate::domain::ledger::TokenRequest::max_superseded
+    pub max_superseded_grants: usize,
 }
 
 impl Default for Limits {
@@ -46,6 +52,8 @@ impl Default for Limits {
             max_receipt_bytes: 64 * 1024,
             max_id_bytes: 256,
             max_lease: 24 * 3600 * 1000,
+            min_lease: 1000,
+            max_superseded_grants: 8,
         }
     }
 }

@@ -24,6 +24,8 @@ pub struct TokenCall {
     pub holder: String,
     /// Requested lease, when the caller set one.
     pub lease: Option<Millis>,
+    /// The authenticated principal's name: a live token is redelivered only to it.
+    pub principal: String,
 }
 
 /// A validated, fingerprinted RequestToken, ready for the store.
@@ -130,6 +132,8 @@ pub fn prepare_token(
         retention: policy.retention,
         sliding: policy.sliding,
         on_expiry: policy.on_expiry,
+        principal: call.principal,
+        max_superseded: limits.max_superseded_grants,
     };
     Ok(Prepared { key, request })
 }
@@ -169,10 +173,17 @@ pub fn operator_request_hash(
     }))
 }
 
-/// A requested lease or extension: positive and within the limit.
+/// A requested lease or extension: within `[limits]` (at least `min_lease_ttl_seconds`, at most
+/// `max_lease_ttl_seconds`).
 pub fn check_ttl(limits: &Limits, field: &str, ms: Millis) -> Result<Millis, GateError> {
     if ms <= 0 {
         return Err(GateError::invalid(field, "must be positive"));
+    }
+    if ms < limits.min_lease {
+        return Err(GateError::invalid(
+            field,
+            format!("must be at least {} ms", limits.min_lease),
+        ));
     }
     if ms > limits.max_lease {
         return Err(GateError::invalid(

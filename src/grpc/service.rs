@@ -65,6 +65,7 @@ impl ActionGateService for GateService {
             idempotency_key: req.idempotency_key,
             holder: req.holder,
             lease,
+            principal: principal.name.clone(),
         };
         let answer = self
             .gate
@@ -167,7 +168,11 @@ impl ActionGateService for GateService {
         let principal = auth::principal(&request)?;
         let key = action_key(request.into_inner().action)?;
         authorized(&principal, &key.agent_id)?;
-        let view = self.gate.get(&key).await?;
+        let mut view = self.gate.get(&key).await?;
+        if principal.role != auth::Role::Operator {
+            // The holder names who may have a live token redelivered: operators' business only.
+            view.holder.clear();
+        }
         Ok(Response::new(action_view(view)))
     }
 }

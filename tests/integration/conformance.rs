@@ -54,170 +54,348 @@ fn check<T: PartialEq + std::fmt::Debug>(
     reply.result
 }
 
-/// One actor: a random sequence of operations on one action key, checked step by step.
-async fn actor(store: Store, seed: u64, ops: usize) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let key = ActionKey::new(format!("agent-{seed}"), "run", format!("key-{seed}"));
-    let params = [r#"{"amount":1}"#, r#"{"amount":2,"memo":"x"}"#];
-    let mut model: Option<Record> = None;
-    let mut tokens = vec!["never-granted".to_owned()];
-    for i in 0..ops {
-        let pick = |rng: &mut Rng, tokens: &Vec<String>| {
-            tokens[rng.below(tokens.len() as u64) as usize].clone()
+/// The transitions a run must have visited for its verdict to mean something (each is rare enough
+/// that a generator change could silently stop producing it).
+const MUST_VISIT: [&str; 5] = [
+    "late complete of a superseded grant after the newer release",
+    "regrant refused at the superseded limit",
+    "released record still unresolved",
+    "superseded grant settled as failed",
+    "redelivery refused to another principal",
+];
+
+type Visited = std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<&'static str>>>;
+
+const PARAMS: [&str; 2] = [r#"{"amount":1}"#, r#"{"amount":2,"memo":"x"}"#];
+
+/// One actor: random operations on the keys of one agent (one at a time), each reply checked
+/// against the model.
+struct Actor {
+    store: Store,
+    rng: Rng,
+    seed: u64,
+    key: ActionKey,
+    /// The current key's request variant (a retry sends it again; a conflict the other one).
+    variant: usize,
+    model: Option<Record>,
+    /// The keys this actor left behind, with their last record: untouched since, they still age.
+    retired: Vec<(ActionKey, Option<Record>)>,
+    tokens: Vec<String>,
+    visited: Visited,
+}
+
+impl Actor {
+    fn visit(&self, what: &'static str) {
+        self.visited.lock().unwrap().insert(what);
+    }
+
+    fn released_with_superseded(&self) -> bool {
+        self.model
+            .as_ref()
+            .is_some_and(|r| r.pending_superseded().is_some())
+    }
+
+    /// Mostly one of the last few tokens (the ones whose fate is still open), sometimes any.
+    fn pick(&mut self) -> String {
+        let n = self.tokens.len() as u64;
+        let index = if self.rng.below(4) > 0 {
+            n - 1 - self.rng.below(n.min(3))
+        } else {
+            self.rng.below(n)
         };
-        match rng.below(13) {
-            0..=3 => {
-                let variant = rng.below(2) as usize;
-                let req = TokenRequest {
-                    fingerprint: format!("fp-{variant}"),
-                    digests: digests(params[variant]),
-                    holder: ["", "h1", "h2"][rng.below(3) as usize].to_owned(),
-                    new_token: format!("tok-{seed}-{i}"),
-                    lease: [40, 5_000][rng.below(2) as usize],
-                    retention: [150, 60_000][rng.below(2) as usize],
-                    sliding: rng.below(2) == 0,
-                    on_expiry: if rng.below(2) == 0 {
-                        OnExpiry::Reconcile
-                    } else {
-                        OnExpiry::Regrant
-                    },
-                };
-                let reply = store.request_token(&key, &req, 0).await.unwrap().reply;
-                let outcome = check(
-                    &mut model,
-                    reply,
-                    |r, now| ledger::request_token(r, &req, now),
-                    "request_token",
-                );
-                if let Ok(ledger::TokenOutcome::Granted(grant, _)) = outcome {
-                    tokens.push(grant.token);
+        self.tokens[index as usize].clone()
+    }
+
+    fn random_request(&mut self, i: usize, on_expiry: Option<OnExpiry>) -> TokenRequest {
+        let rng = &mut self.rng;
+        // Mostly the same request (a retry), sometimes a conflicting one.
+        let variant = self.variant ^ usize::from(rng.below(6) == 0);
+        TokenRequest {
+            fingerprint: format!("fp-{variant}"),
+            digests: digests(PARAMS[variant]),
+            holder: ["", "h1", "h2"][rng.below(3) as usize].to_owned(),
+            new_token: format!("tok-{}-{i}", self.seed),
+            lease: [40, 40, 40, 5_000][rng.below(4) as usize],
+            retention: [150, 150, 150, 60_000][rng.below(4) as usize],
+            sliding: rng.below(2) == 0,
+            on_expiry: on_expiry.unwrap_or(if rng.below(2) == 0 {
+                OnExpiry::Reconcile
+            } else {
+                OnExpiry::Regrant
+            }),
+            // Two principals, so that redelivery to the wrong one is exercised; a small cap on
+            // superseded grants, so that reaching it is.
+            principal: ["p1", "p2"][rng.below(2) as usize].to_owned(),
+            max_superseded: 2,
+        }
+    }
+
+    async fn request(&mut self, req: TokenRequest) {
+        let reply = self
+            .store
+            .request_token(&self.key, &req, 0)
+            .await
+            .unwrap()
+            .reply;
+        if let Some(ledger::Phase::Authorized {
+            holder, principal, ..
+        }) = self.model.as_ref().map(|r| &r.phase)
+            && !req.holder.is_empty()
+            && *holder == req.holder
+            && *principal != req.principal
+            && matches!(reply.result, Err(ledger::Refusal::InProgress { .. }))
+        {
+            self.visit("redelivery refused to another principal");
+        }
+        if req.on_expiry == OnExpiry::Regrant
+            && matches!(reply.result, Err(ledger::Refusal::LeaseExpired { .. }))
+        {
+            self.visit("regrant refused at the superseded limit");
+        }
+        let outcome = check(
+            &mut self.model,
+            reply,
+            |r, now| ledger::request_token(r, &req, now),
+            "request_token",
+        );
+        if let Ok(ledger::TokenOutcome::Granted(grant, _)) = outcome {
+            self.tokens.push(grant.token);
+        }
+    }
+
+    async fn complete(&mut self, token: String, receipt: Vec<u8>) {
+        let superseded_after_release = self.released_with_superseded();
+        let reply = self
+            .store
+            .complete(&self.key, &token, &receipt, 0)
+            .await
+            .unwrap()
+            .reply;
+        let done = check(
+            &mut self.model,
+            reply,
+            |r, now| ledger::complete(r, &token, &receipt, now),
+            "complete",
+        );
+        if superseded_after_release && done.is_ok_and(|d| d.recorded) {
+            self.visit("late complete of a superseded grant after the newer release");
+        }
+    }
+
+    async fn release(&mut self, token: String) {
+        let reply = self
+            .store
+            .release(&self.key, &token, 0)
+            .await
+            .unwrap()
+            .reply;
+        check(
+            &mut self.model,
+            reply,
+            |r, now| ledger::release(r, &token, now),
+            "release",
+        )
+        .ok();
+    }
+
+    async fn extend(&mut self, token: String, ttl: Millis) {
+        let reply = self
+            .store
+            .extend_lease(&self.key, &token, ttl, 0)
+            .await
+            .unwrap()
+            .reply;
+        check(
+            &mut self.model,
+            reply,
+            |r, now| ledger::extend_lease(r, &token, ttl, now),
+            "extend_lease",
+        )
+        .ok();
+    }
+
+    async fn get(&mut self) {
+        let reply = self.store.get(&self.key).await.unwrap();
+        assert_eq!(
+            reply.result,
+            Ok(ledger::view(self.model.as_ref(), reply.now)),
+            "get diverged"
+        );
+        if self.released_with_superseded() {
+            self.visit("released record still unresolved");
+        }
+    }
+
+    async fn external(&mut self) {
+        let rng = &mut self.rng;
+        let variant = rng.below(2) as usize;
+        let ext = ExternalCompletion {
+            receipt: [&b"by hand"[..], b"phone"][rng.below(2) as usize].to_vec(),
+            note: "ticket-1".into(),
+            operator: ["ops", "ops2"][rng.below(2) as usize].into(),
+            request: (rng.below(3) > 0).then(|| RequestHash {
+                fingerprint: format!("fp-{variant}"),
+                digests: digests(PARAMS[variant]),
+                retention: [150, 60_000][rng.below(2) as usize],
+                sliding: rng.below(2) == 0,
+            }),
+        };
+        let reply = self.store.record_external(&self.key, &ext).await.unwrap();
+        check(
+            &mut self.model,
+            reply,
+            |r, now| ledger::record_external(r, &ext, now),
+            "record_external",
+        )
+        .ok();
+    }
+
+    async fn resolve(&mut self, i: usize) {
+        let resolution = if self.rng.below(2) == 0 {
+            Resolution::Failed
+        } else {
+            Resolution::Completed {
+                receipt: format!("resolved-{i}").into_bytes(),
+                note: "reconciled".into(),
+                operator: "ops".into(),
+            }
+        };
+        let superseded = self.released_with_superseded();
+        let reply = self
+            .store
+            .resolve_expired(&self.key, &resolution)
+            .await
+            .unwrap();
+        let resolved = check(
+            &mut self.model,
+            reply,
+            |r, now| ledger::resolve_expired(r, &resolution, now),
+            "resolve_expired",
+        );
+        if superseded && matches!(resolved, Ok(ledger::Resolved::Released { .. })) {
+            self.visit("superseded grant settled as failed");
+        }
+    }
+
+    /// This actor owns its agent: the agent's unresolved list is exactly its keys whose model
+    /// says they are unresolved, oldest lease first.
+    async fn list(&mut self) {
+        let reply = self
+            .store
+            .list_unresolved(Some(&self.key.agent_id), None, 1000)
+            .await
+            .unwrap();
+        let page = reply.result.unwrap();
+        let current = (self.key.clone(), self.model.clone());
+        let mut expected: Vec<_> = self
+            .retired
+            .iter()
+            .chain([&current])
+            .filter(|(_, m)| ledger::is_unresolved(m.as_ref(), reply.now))
+            .map(|(k, m)| (k.clone(), ledger::view(m.as_ref(), reply.now)))
+            .collect();
+        expected.sort_by_key(|(k, v)| (v.lease_expires_at, k.encode()));
+        let listed: Vec<_> = page.items.into_iter().map(|u| (u.key, u.view)).collect();
+        assert_eq!(
+            listed, expected,
+            "list_unresolved diverged at {}",
+            reply.now
+        );
+        assert_eq!(page.next, None);
+    }
+
+    /// A new action of the same agent, so that no actor spends its run on a record that only
+    /// waits (a long retention, an unresolved lease under reconcile).
+    fn rotate(&mut self, i: usize) {
+        let next = ActionKey::new(
+            self.key.agent_id.clone(),
+            "run",
+            format!("key-{}-{i}", self.seed),
+        );
+        self.retired
+            .push((std::mem::replace(&mut self.key, next), self.model.take()));
+        self.variant = self.rng.below(2) as usize;
+    }
+
+    /// A regrant past an expired lease, then the newer token released: the path to a released
+    /// record whose superseded grant is still out (random operations continue from there).
+    async fn supersede_and_release(&mut self, i: usize) {
+        let mut req = self.random_request(i, Some(OnExpiry::Regrant));
+        req.lease = 40;
+        self.request(req).await;
+        tokio::time::sleep(std::time::Duration::from_millis(45)).await;
+        let mut again = self.random_request(i + 1_000_000, Some(OnExpiry::Regrant));
+        again.fingerprint = format!("fp-{}", self.variant);
+        again.digests = digests(PARAMS[self.variant]);
+        self.request(again).await;
+        let newest = self.tokens.last().cloned().unwrap_or_default();
+        self.release(newest).await;
+    }
+
+    async fn run(mut self, ops: usize) {
+        for i in 0..ops {
+            match self.rng.below(16) {
+                0..=3 => {
+                    let req = self.random_request(i, None);
+                    self.request(req).await;
                 }
+                4 | 5 => {
+                    let token = self.pick();
+                    self.complete(token, format!("receipt-{i}").into_bytes())
+                        .await;
+                }
+                6 => {
+                    let token = self.pick();
+                    self.release(token).await;
+                }
+                7 => {
+                    let token = self.pick();
+                    let ttl = [30, 4_000][self.rng.below(2) as usize];
+                    self.extend(token, ttl).await;
+                }
+                8 => self.get().await,
+                9 => self.external().await,
+                10 => self.resolve(i).await,
+                11 => self.list().await,
+                12 | 13 => {
+                    let ms = self.rng.below(60);
+                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                }
+                14 => self.supersede_and_release(i).await,
+                _ => self.rotate(i),
             }
-            4 | 5 => {
-                let token = pick(&mut rng, &tokens);
-                let receipt = format!("receipt-{i}").into_bytes();
-                let reply = store
-                    .complete(&key, &token, &receipt, 0)
-                    .await
-                    .unwrap()
-                    .reply;
-                check(
-                    &mut model,
-                    reply,
-                    |r, now| ledger::complete(r, &token, &receipt, now),
-                    "complete",
-                )
-                .ok();
-            }
-            6 => {
-                let token = pick(&mut rng, &tokens);
-                let reply = store.release(&key, &token, 0).await.unwrap().reply;
-                check(
-                    &mut model,
-                    reply,
-                    |r, now| ledger::release(r, &token, now),
-                    "release",
-                )
-                .ok();
-            }
-            7 => {
-                let token = pick(&mut rng, &tokens);
-                let ttl = [30, 4_000][rng.below(2) as usize];
-                let reply = store
-                    .extend_lease(&key, &token, ttl, 0)
-                    .await
-                    .unwrap()
-                    .reply;
-                check(
-                    &mut model,
-                    reply,
-                    |r, now| ledger::extend_lease(r, &token, ttl, now),
-                    "extend_lease",
-                )
-                .ok();
-            }
-            8 => {
-                let reply = store.get(&key).await.unwrap();
-                assert_eq!(
-                    reply.result,
-                    Ok(ledger::view(model.as_ref(), reply.now)),
-                    "get diverged"
-                );
-            }
-            9 => {
-                let variant = rng.below(2) as usize;
-                let ext = ExternalCompletion {
-                    receipt: [&b"by hand"[..], b"phone"][rng.below(2) as usize].to_vec(),
-                    note: "ticket-1".into(),
-                    operator: ["ops", "ops2"][rng.below(2) as usize].into(),
-                    request: (rng.below(3) > 0).then(|| RequestHash {
-                        fingerprint: format!("fp-{variant}"),
-                        digests: digests(params[variant]),
-                        retention: [150, 60_000][rng.below(2) as usize],
-                        sliding: rng.below(2) == 0,
-                    }),
-                };
-                let reply = store.record_external(&key, &ext).await.unwrap();
-                check(
-                    &mut model,
-                    reply,
-                    |r, now| ledger::record_external(r, &ext, now),
-                    "record_external",
-                )
-                .ok();
-            }
-            10 => {
-                let resolution = if rng.below(2) == 0 {
-                    Resolution::Failed
-                } else {
-                    Resolution::Completed {
-                        receipt: format!("resolved-{i}").into_bytes(),
-                        note: "reconciled".into(),
-                        operator: "ops".into(),
-                    }
-                };
-                let reply = store.resolve_expired(&key, &resolution).await.unwrap();
-                check(
-                    &mut model,
-                    reply,
-                    |r, now| ledger::resolve_expired(r, &resolution, now),
-                    "resolve_expired",
-                )
-                .ok();
-            }
-            11 => {
-                // This actor owns its agent: the agent's unresolved list is exactly this key
-                // when the model says its lease ended unresolved.
-                let reply = store
-                    .list_unresolved(Some(&key.agent_id), None, 10)
-                    .await
-                    .unwrap();
-                let page = reply.result.unwrap();
-                let expected: Vec<_> = ledger::is_unresolved(model.as_ref(), reply.now)
-                    .then(|| (key.clone(), ledger::view(model.as_ref(), reply.now)))
-                    .into_iter()
-                    .collect();
-                let listed: Vec<_> = page.items.into_iter().map(|u| (u.key, u.view)).collect();
-                assert_eq!(
-                    listed, expected,
-                    "list_unresolved diverged at {}",
-                    reply.now
-                );
-                assert_eq!(page.next, None);
-            }
-            _ => tokio::time::sleep(std::time::Duration::from_millis(rng.below(60))).await,
         }
     }
 }
 
 async fn random_sequences_match_the_model(kind: Kind) {
     let backend = backend(kind).await;
+    let visited = Visited::default();
     let actors: Vec<_> = (1..=24u64)
-        .map(|seed| tokio::spawn(actor(backend.store.clone(), seed, 120)))
+        .map(|seed| {
+            let actor = Actor {
+                store: backend.store.clone(),
+                rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
+                seed,
+                key: ActionKey::new(format!("agent-{seed}"), "run", format!("key-{seed}")),
+                variant: 0,
+                model: None,
+                retired: Vec::new(),
+                tokens: vec!["never-granted".to_owned()],
+                visited: visited.clone(),
+            };
+            tokio::spawn(actor.run(160))
+        })
         .collect();
     for actor in actors {
         actor.await.unwrap();
     }
+    let visited = visited.lock().unwrap();
+    let missed: Vec<_> = MUST_VISIT
+        .iter()
+        .filter(|w| !visited.contains(*w))
+        .collect();
+    assert!(missed.is_empty(), "the sequences never reached: {missed:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -19,9 +19,15 @@ pub use worker::{complete, extend_lease, release, request_token, view};
 pub type Millis = i64;
 
 /// One action key's stored record. A record whose `expires_at` has passed does not exist.
+///
+/// A record whose outcome is unknown never expires: an authorized record (live or expired lease)
+/// and a released one with superseded grants still out stay until a Complete, a Release or an
+/// operator settles them. Retention applies to settled records only (docs/CONTRACT.md, "Record
+/// lifetime").
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
-    /// The fencing number of the latest grant; grows with every grant, kept across Release.
+    /// The fencing number of the latest grant; grows with every grant, kept across Release, and
+    /// never below [`first_fencing`] of the grant's time.
     pub fencing: u64,
     /// The request hash every later request for this key must match.
     pub fingerprint: String,
@@ -32,10 +38,11 @@ pub struct Record {
     pub retention: Millis,
     /// Whether a replay pushes the retention forward.
     pub sliding: bool,
-    /// When the store forgets this record.
-    pub expires_at: Millis,
-    /// Earlier grants of this key that were neither released nor completed: a late Complete with
-    /// one of them is still recorded (the effect happened) and counts as a double execution.
+    /// When the store forgets this record; `None` while its outcome is unknown.
+    pub expires_at: Option<Millis>,
+    /// Earlier grants of this key that were superseded (their lease ended, a newer token was
+    /// granted) and neither completed nor settled: a late Complete with one of them is still
+    /// recorded, because the effect happened. At most [`TokenRequest::max_superseded`].
     pub older: Vec<TokenGrant>,
     /// Where the action stands.
     pub phase: Phase,
@@ -56,11 +63,44 @@ pub enum Phase {
         token: String,
         holder: String,
         lease_expires_at: Millis,
+        /// The principal the token was granted to: only it may have the token redelivered.
+        #[serde(default)]
+        principal: String,
     },
     /// The action completed.
     Completed(Completion),
-    /// The last token was released: ABSENT for every purpose but the fencing counter.
-    Released { token: String },
+    /// The last token was released `at`. Without superseded grants: ABSENT for every purpose but
+    /// the fencing counter. With some still out: EXPIRED (unresolved), naming the newest of them.
+    Released {
+        token: String,
+        #[serde(default)]
+        at: Millis,
+    },
+}
+
+impl Record {
+    /// The superseded grant a released record still waits on (the newest one), if any: its
+    /// outcome is unknown, so the action is unresolved until it completes or an operator settles
+    /// it.
+    pub fn pending_superseded(&self) -> Option<&TokenGrant> {
+        match self.phase {
+            Phase::Released { .. } => self.older.last(),
+            _ => None,
+        }
+    }
+
+    /// The store expiry of a settled record written at `now`, or `None` while superseded grants
+    /// are still out (then it is not settled).
+    pub(super) fn settled_expiry(&self, now: Millis) -> Option<Millis> {
+        self.older.is_empty().then_some(now + self.retention)
+    }
+}
+
+/// The fencing number of a first grant at `now`: the store clock in microseconds (milliseconds ×
+/// 1000, plus one so that it is never 0), so fencing never goes backwards for an action key even after a settled record's
+/// retention ended and it was forgotten (no key is granted a million times a second).
+pub fn first_fencing(now: Millis) -> u64 {
+    (now.max(0) as u64) * 1000 + 1
 }
 
 /// Who recorded a completion.
@@ -110,6 +150,12 @@ pub struct TokenRequest {
     pub retention: Millis,
     pub sliding: bool,
     pub on_expiry: OnExpiry,
+    /// The principal asking: a live token is redelivered only to the principal (and holder) it
+    /// was granted to.
+    pub principal: String,
+    /// The most superseded grants a record may keep: a regrant that would keep more is refused
+    /// with `LEASE_EXPIRED_UNRESOLVED` instead (reconcile first).
+    pub max_superseded: usize,
 }
 
 /// A granted token.
@@ -176,7 +222,9 @@ pub enum Refusal {
     KeyReused { differing: Vec<String> },
     /// Someone holds a live lease; `retry_after` is the time left on it.
     InProgress { retry_after: Millis },
-    /// The lease ended unresolved (policy `reconcile`).
+    /// The lease ended unresolved (policy `reconcile`, or `regrant` with the superseded grants at
+    /// their limit): `token` and `fencing` name the grant to reconcile, `expired_at` when its lease
+    /// ended (for a superseded grant, when the newer token was released).
     LeaseExpired {
         token: String,
         fencing: u64,
@@ -204,7 +252,7 @@ pub enum Refusal {
 pub enum Write {
     /// Nothing changes.
     Nothing,
-    /// Replace the record (its `expires_at` is the store expiry).
+    /// Replace the record (its `expires_at`, if any, is the store expiry).
     Put(Record),
 }
 
@@ -269,7 +317,7 @@ pub enum Resolution {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {
     Completed(Completion),
-    /// Released; the fencing number of the expired grant.
+    /// Settled as failed; the fencing number of the expired grant.
     Released {
         fencing: u64,
     },
@@ -277,7 +325,7 @@ pub enum Resolved {
 
 /// A record that has passed its store expiry is treated as absent.
 pub(super) fn live(record: Option<&Record>, now: Millis) -> Option<&Record> {
-    record.filter(|r| r.expires_at > now)
+    record.filter(|r| r.expires_at.is_none_or(|at| at > now))
 }
 
 #[cfg(test)]

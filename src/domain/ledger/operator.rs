@@ -33,7 +33,7 @@ fn operator_completion(
         });
     }
     let record = Record {
-        expires_at: now + rec.retention,
+        expires_at: Some(now + rec.retention),
         older,
         phase: Phase::Completed(completion.clone()),
         ..rec.clone()
@@ -42,23 +42,25 @@ fn operator_completion(
 }
 
 /// RecordExternalCompletion: an operator marks an action completed (done by hand). Works on an
-/// absent action (with the request hash), a live or expired lease (the holder later hears
-/// COMPLETED_BY_OTHER); repeating the same operator completion is a no-op; an action already
-/// completed otherwise is refused.
+/// absent action (with the request hash), a live or expired lease, or superseded grants still out
+/// (their holders later hear COMPLETED_BY_OTHER); repeating the same operator completion is a
+/// no-op; an action already completed otherwise is refused.
 pub fn record_external(
     record: Option<&Record>,
     ext: &ExternalCompletion,
     now: Millis,
 ) -> Step<CompleteOutcome> {
     let record = live(record, now);
-    if let (Some(rec), Some(req)) = (record, &ext.request)
-        && !matches!(rec.phase, Phase::Released { .. })
+    // A plain tombstone binds nothing; any other record binds the key to its request.
+    let bound =
+        record.filter(|r| !(matches!(r.phase, Phase::Released { .. }) && r.older.is_empty()));
+    if let (Some(rec), Some(req)) = (bound, &ext.request)
         && rec.fingerprint != req.fingerprint
     {
         let differing = fingerprint::differing_fields(&rec.digests, &req.digests);
         return Step::refuse(Refusal::KeyReused { differing });
     }
-    let Some(rec) = record.filter(|r| !matches!(r.phase, Phase::Released { .. })) else {
+    let Some(rec) = bound else {
         let Some(req) = &ext.request else {
             return Step::refuse(Refusal::RequestRequired);
         };
@@ -68,10 +70,11 @@ pub fn record_external(
             digests: req.digests.clone(),
             retention: req.retention,
             sliding: req.sliding,
-            expires_at: now + req.retention,
+            expires_at: Some(now + req.retention),
             older: Vec::new(),
             phase: Phase::Released {
                 token: String::new(),
+                at: now,
             },
         };
         let (completion, record) =
@@ -111,7 +114,9 @@ pub fn record_external(
 }
 
 /// ResolveExpired: settles an action whose lease ended without Complete or Release, as completed
-/// (an operator completion) or failed (released, fencing kept). Anything else is refused.
+/// (an operator completion) or failed (released, fencing kept). A released action with
+/// superseded grants still out is settled one grant at a time, the newest first: failed removes
+/// that grant (the action stays unresolved while older ones remain). Anything else is refused.
 pub fn resolve_expired(
     record: Option<&Record>,
     resolution: &Resolution,
@@ -123,9 +128,6 @@ pub fn resolve_expired(
         (_, State::Completed) => return Step::refuse(Refusal::AlreadyCompleted),
         (_, state) => return Step::refuse(Refusal::NotExpired { state }),
     };
-    let Phase::Authorized { token, .. } = &rec.phase else {
-        unreachable!("an expired record is authorized");
-    };
     match resolution {
         Resolution::Completed {
             receipt,
@@ -136,16 +138,19 @@ pub fn resolve_expired(
             Step::reply(Resolved::Completed(completion), Write::Put(record))
         }
         Resolution::Failed => {
-            let record = Record {
-                expires_at: now + rec.retention,
-                phase: Phase::Released {
+            let mut record = rec.clone();
+            if let Phase::Authorized { token, .. } = &rec.phase {
+                record.phase = Phase::Released {
                     token: token.clone(),
-                },
-                ..rec.clone()
-            };
+                    at: now,
+                };
+            } else {
+                record.older.pop();
+            }
+            record.expires_at = record.settled_expiry(now);
             Step::reply(
                 Resolved::Released {
-                    fencing: rec.fencing,
+                    fencing: current.fencing,
                 },
                 Write::Put(record),
             )

@@ -2,7 +2,8 @@
 
 use super::{
     ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Phase, Record,
-    Refusal, Source, State, Step, TokenGrant, TokenOutcome, TokenRequest, Write, live,
+    Refusal, Source, State, Step, TokenGrant, TokenOutcome, TokenRequest, Write, first_fencing,
+    live,
 };
 use crate::domain::fingerprint;
 
@@ -12,11 +13,13 @@ pub fn request_token(
     req: &TokenRequest,
     now: Millis,
 ) -> Step<TokenOutcome> {
-    let record = live(record, now);
-    let Some(rec) = record.filter(|r| !matches!(r.phase, Phase::Released { .. })) else {
-        let fencing = record.map_or(0, |r| r.fencing) + 1;
-        return grant(req, fencing, Vec::new(), now, GrantKind::New);
+    let Some(rec) = live(record, now) else {
+        return grant(req, first_fencing(now), Vec::new(), now, GrantKind::New);
     };
+    if matches!(rec.phase, Phase::Released { .. }) && rec.older.is_empty() {
+        // A plain tombstone: absent for every purpose but the fencing counter.
+        return grant(req, rec.fencing + 1, Vec::new(), now, GrantKind::New);
+    }
     if rec.fingerprint != req.fingerprint {
         let differing = fingerprint::differing_fields(&rec.digests, &req.digests);
         return Step::refuse(Refusal::KeyReused { differing });
@@ -25,7 +28,7 @@ pub fn request_token(
         Phase::Completed(completion) => {
             let write = if rec.sliding {
                 Write::Put(Record {
-                    expires_at: now + rec.retention,
+                    expires_at: Some(now + rec.retention),
                     ..rec.clone()
                 })
             } else {
@@ -37,8 +40,11 @@ pub fn request_token(
             token,
             holder,
             lease_expires_at,
+            principal,
         } if now < *lease_expires_at => {
-            if !req.holder.is_empty() && req.holder == *holder {
+            // Only the holder that was granted, asking as the same principal, gets the token
+            // back: a holder name alone is not a credential.
+            if !req.holder.is_empty() && req.holder == *holder && req.principal == *principal {
                 let grant = Grant {
                     token: token.clone(),
                     fencing: rec.fencing,
@@ -58,23 +64,50 @@ pub fn request_token(
             token,
             lease_expires_at,
             ..
-        } => match req.on_expiry {
-            OnExpiry::Reconcile => Step::refuse(Refusal::LeaseExpired {
+        } => {
+            let expired = TokenGrant {
                 token: token.clone(),
                 fencing: rec.fencing,
-                expired_at: *lease_expires_at,
-            }),
-            OnExpiry::Regrant => {
-                let mut older = rec.older.clone();
-                older.push(TokenGrant {
-                    token: token.clone(),
-                    fencing: rec.fencing,
-                });
-                grant(req, rec.fencing + 1, older, now, GrantKind::Regranted)
-            }
-        },
-        Phase::Released { .. } => unreachable!("released records are filtered above"),
+            };
+            unresolved(rec, req, now, &expired, *lease_expires_at, true)
+        }
+        Phase::Released { at, .. } => {
+            let pending = rec
+                .older
+                .last()
+                .expect("a released record with no superseded grant is a tombstone");
+            unresolved(rec, req, now, pending, *at, false)
+        }
     }
+}
+
+/// A request meeting an unresolved grant (`expired`, whose lease ended `expired_at`): refused
+/// under `reconcile`; under `regrant`, a new token, every superseded grant kept (and `expired`
+/// joining them when `supersede`), unless that would keep more than the limit.
+fn unresolved(
+    rec: &Record,
+    req: &TokenRequest,
+    now: Millis,
+    expired: &TokenGrant,
+    expired_at: Millis,
+    supersede: bool,
+) -> Step<TokenOutcome> {
+    let refusal = Refusal::LeaseExpired {
+        token: expired.token.clone(),
+        fencing: expired.fencing,
+        expired_at,
+    };
+    if req.on_expiry == OnExpiry::Reconcile {
+        return Step::refuse(refusal);
+    }
+    let mut older = rec.older.clone();
+    if supersede {
+        older.push(expired.clone());
+    }
+    if older.len() > req.max_superseded {
+        return Step::refuse(refusal);
+    }
+    grant(req, rec.fencing + 1, older, now, GrantKind::Regranted)
 }
 
 pub(super) fn grant(
@@ -91,14 +124,15 @@ pub(super) fn grant(
         digests: req.digests.clone(),
         retention: req.retention,
         sliding: req.sliding,
-        // The record outlives its lease by the retention window, so an expired lease stays
-        // visible (EXPIRED) for reconciliation instead of silently becoming grantable.
-        expires_at: lease_expires_at + req.retention,
+        // Kept until settled: an expired lease stays visible (EXPIRED) for reconciliation,
+        // however long that takes, instead of silently becoming grantable.
+        expires_at: None,
         older,
         phase: Phase::Authorized {
             token: req.new_token.clone(),
             holder: req.holder.clone(),
             lease_expires_at,
+            principal: req.principal.clone(),
         },
     };
     let grant = Grant {
@@ -119,8 +153,9 @@ pub fn complete(
     let Some(rec) = live(record, now) else {
         return Step::refuse(Refusal::TokenUnknown);
     };
-    match &rec.phase {
-        Phase::Completed(done) if done.token == token && done.source == Source::Worker => {
+    let superseded = rec.older.iter().find(|g| g.token == token);
+    match (&rec.phase, superseded) {
+        (Phase::Completed(done), _) if done.token == token && done.source == Source::Worker => {
             let outcome = CompleteOutcome {
                 completion: done.clone(),
                 recorded: false,
@@ -128,36 +163,31 @@ pub fn complete(
             };
             Step::reply(outcome, Write::Nothing)
         }
-        Phase::Completed(done) => {
-            if rec.older.iter().any(|g| g.token == token) {
-                Step::refuse(Refusal::CompletedByOther {
-                    fencing: done.fencing,
-                    completed_at: done.completed_at,
-                })
-            } else {
-                Step::refuse(Refusal::TokenMismatch)
-            }
-        }
-        Phase::Authorized { token: live, .. } if live == token => {
+        (Phase::Completed(done), Some(_)) => Step::refuse(Refusal::CompletedByOther {
+            fencing: done.fencing,
+            completed_at: done.completed_at,
+        }),
+        (Phase::Authorized { token: live, .. }, _) if live == token => {
             record_completion(rec, token, rec.fencing, receipt, now, false)
         }
-        Phase::Authorized { token: live, .. } => {
-            match rec.older.iter().find(|g| g.token == token) {
-                // A superseded holder finished after a newer grant: the effect happened, so it is
-                // recorded, and the newer holder will hear COMPLETED_BY_OTHER.
-                Some(old) => {
-                    let fencing = old.fencing;
-                    let mut rec = rec.clone();
-                    rec.older.push(TokenGrant {
-                        token: live.clone(),
-                        fencing: rec.fencing,
-                    });
-                    record_completion(&rec, token, fencing, receipt, now, true)
-                }
-                None => Step::refuse(Refusal::TokenMismatch),
-            }
+        // A superseded holder finished after a newer grant: the effect happened, so it is
+        // recorded, and the newer holder will hear COMPLETED_BY_OTHER.
+        (Phase::Authorized { token: live, .. }, Some(old)) => {
+            let mut rec = rec.clone();
+            rec.older.push(TokenGrant {
+                token: live.clone(),
+                fencing: rec.fencing,
+            });
+            record_completion(&rec, token, old.fencing, receipt, now, true)
         }
-        Phase::Released { .. } => Step::refuse(Refusal::TokenMismatch),
+        // The newer grant was released (it definitely had no effect): the superseded one's
+        // effect is the only one.
+        (Phase::Released { .. }, Some(old)) => {
+            record_completion(rec, token, old.fencing, receipt, now, false)
+        }
+        (Phase::Completed(_) | Phase::Authorized { .. } | Phase::Released { .. }, _) => {
+            Step::refuse(Refusal::TokenMismatch)
+        }
     }
 }
 
@@ -185,7 +215,7 @@ fn record_completion(
         .cloned()
         .collect();
     let record = Record {
-        expires_at: now + rec.retention,
+        expires_at: Some(now + rec.retention),
         older,
         phase: Phase::Completed(completion.clone()),
         ..rec.clone()
@@ -198,7 +228,8 @@ fn record_completion(
     Step::reply(outcome, Write::Put(record))
 }
 
-/// Release: gives the live (or expired) token back; the fencing number is kept.
+/// Release: gives the live (or expired) token back; the fencing number and the superseded grants
+/// are kept.
 pub fn release(record: Option<&Record>, token: &str, now: Millis) -> Step<u64> {
     let Some(rec) = live(record, now) else {
         return Step::refuse(Refusal::TokenUnknown);
@@ -206,18 +237,19 @@ pub fn release(record: Option<&Record>, token: &str, now: Millis) -> Step<u64> {
     match &rec.phase {
         Phase::Authorized { token: live, .. } if live == token => {
             let record = Record {
-                expires_at: now + rec.retention,
+                expires_at: rec.settled_expiry(now),
                 phase: Phase::Released {
                     token: token.to_owned(),
+                    at: now,
                 },
                 ..rec.clone()
             };
             Step::reply(rec.fencing, Write::Put(record))
         }
         // Releasing twice is a no-op, so a worker whose first Release reply was lost can retry.
-        Phase::Released { token: released } if released == token => {
-            Step::reply(rec.fencing, Write::Nothing)
-        }
+        Phase::Released {
+            token: released, ..
+        } if released == token => Step::reply(rec.fencing, Write::Nothing),
         Phase::Completed(_) => Step::refuse(Refusal::AlreadyCompleted),
         Phase::Authorized { .. } | Phase::Released { .. } => Step::refuse(Refusal::TokenMismatch),
     }
@@ -238,6 +270,7 @@ pub fn extend_lease(
             token: live,
             holder,
             lease_expires_at,
+            principal,
         } if live == token => {
             if now >= *lease_expires_at {
                 return Step::refuse(Refusal::LeaseExpired {
@@ -248,11 +281,11 @@ pub fn extend_lease(
             }
             let lease_expires_at = now + ttl;
             let record = Record {
-                expires_at: lease_expires_at + rec.retention,
                 phase: Phase::Authorized {
                     token: live.clone(),
                     holder: holder.clone(),
                     lease_expires_at,
+                    principal: principal.clone(),
                 },
                 ..rec.clone()
             };
@@ -275,6 +308,7 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
             holder: String::new(),
         };
     };
+    let mut fencing = rec.fencing;
     let (state, lease_expires_at, completion, holder) = match &rec.phase {
         Phase::Authorized {
             holder,
@@ -289,11 +323,17 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
             (state, Some(*lease_expires_at), None, holder.clone())
         }
         Phase::Completed(done) => (State::Completed, None, Some(done.clone()), String::new()),
-        Phase::Released { .. } => (State::Absent, None, None, String::new()),
+        Phase::Released { at, .. } => match rec.pending_superseded() {
+            Some(pending) => {
+                fencing = pending.fencing;
+                (State::Expired, Some(*at), None, String::new())
+            }
+            None => (State::Absent, None, None, String::new()),
+        },
     };
     ActionView {
         state,
-        fencing: rec.fencing,
+        fencing,
         fingerprint: rec.fingerprint.clone(),
         lease_expires_at,
         completion,

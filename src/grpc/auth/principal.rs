@@ -68,12 +68,14 @@ pub struct Principal {
 }
 
 impl Principal {
-    /// The caller of a gate configured without principals (open, loopback only unless
-    /// `--insecure`): may do everything.
+    /// The caller of a gate configured without principals (open: loopback only unless mutual TLS
+    /// or `--insecure`): an agent for every agent. The operator role always needs a named
+    /// principal, so that no certificate holder or local process can settle another team's
+    /// actions.
     pub fn anonymous() -> Self {
         Self {
             name: "anonymous".into(),
-            role: Role::Operator,
+            role: Role::Agent,
             agents: Agents::All,
             limiter: None,
         }

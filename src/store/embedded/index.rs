@@ -42,18 +42,21 @@ fn lease_entry(agent_id: &[u8], lease_expires_at: Millis, key: &[u8]) -> Vec<u8>
 
 /// The lease-index entry of a record, when it is authorized (live or expired).
 pub(super) fn lease_key(record: &Record, key: &[u8]) -> Option<Vec<u8>> {
-    let Phase::Authorized {
-        lease_expires_at, ..
-    } = &record.phase
-    else {
-        return None;
+    let since = match &record.phase {
+        Phase::Authorized {
+            lease_expires_at, ..
+        } => *lease_expires_at,
+        Phase::Released { at, .. } if record.pending_superseded().is_some() => *at,
+        _ => return None,
     };
     let action = ActionKey::decode(key)?;
-    Some(lease_entry(
-        action.agent_id.as_bytes(),
-        *lease_expires_at,
-        key,
-    ))
+    Some(lease_entry(action.agent_id.as_bytes(), since, key))
+}
+
+/// Whether a record's outcome is still unknown (authorized, or released with superseded grants
+/// out): such a record never expires.
+fn unsettled(record: &Record) -> bool {
+    matches!(record.phase, Phase::Authorized { .. }) || record.pending_superseded().is_some()
 }
 
 /// Splits a lease-index entry into (agent, lease_expires_at, action key).
@@ -159,7 +162,14 @@ pub(super) fn purge_expired(
             Some(bytes) => Some(decode(bytes.value())?),
             None => None,
         };
-        if let Some(entry) = removed.as_ref().and_then(|r| lease_key(r, key)) {
+        let Some(mut record) = removed else { continue };
+        if unsettled(&record) {
+            // Written by a version that let unresolved records expire: keep it, without expiry.
+            record.expires_at = None;
+            let bytes =
+                rmp_serde::to_vec(&record).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+            records.insert(key, bytes.as_slice())?;
+        } else if let Some(entry) = lease_key(&record, key) {
             leases.remove(entry.as_slice())?;
         }
     }

@@ -65,7 +65,9 @@ impl Writer {
                 let (write, reply) = apply(job.op, current.as_ref(), now);
                 if let Write::Put(record) = write {
                     if let Some(old) = &current {
-                        expiry.remove(expiry_key(old.expires_at, &job.key).as_slice())?;
+                        if let Some(at) = old.expires_at {
+                            expiry.remove(expiry_key(at, &job.key).as_slice())?;
+                        }
                         if let Some(entry) = lease_key(old, &job.key) {
                             leases.remove(entry.as_slice())?;
                         }
@@ -73,7 +75,9 @@ impl Writer {
                     let bytes = rmp_serde::to_vec(&record)
                         .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
                     records.insert(job.key.as_slice(), bytes.as_slice())?;
-                    expiry.insert(expiry_key(record.expires_at, &job.key).as_slice(), ())?;
+                    if let Some(at) = record.expires_at {
+                        expiry.insert(expiry_key(at, &job.key).as_slice(), ())?;
+                    }
                     if let Some(entry) = lease_key(&record, &job.key) {
                         leases.insert(entry.as_slice(), ())?;
                     }

@@ -4,8 +4,8 @@
 -- ARGV[1]: the index member, the encoded action key
 -- ARGV[2]: token
 -- ARGV[3]: receipt (bytes)
--- Returns: { now, 'completed', recorded (0/1), double_execution (0/1), receipt, completed_at, fencing,
---            token, source, note, operator }
+-- Returns: { now, 'completed', recorded (0/1), double_execution (0/1), receipt, completed_at,
+--            fencing, token, source, note, operator }
 --        | { now, 'token_unknown' } | { now, 'token_mismatch' }
 --        | { now, 'completed_by_other', fencing, completed_at }
 local key, token, receipt = KEYS[1], ARGV[2], ARGV[3]
@@ -14,6 +14,7 @@ local rec = load(key)
 if not rec then
   return { NOW, 'token_unknown' }
 end
+local superseded, old_fencing = find_older(rec, token)
 
 local function record(fencing, double)
   local i = find_older(rec, token)
@@ -31,21 +32,22 @@ if rec[STATE] == COMPLETED then
   if rec[TOKEN] == token and rec[SOURCE] == BY_WORKER then
     return completion_reply('completed', rec, 0, 0)
   end
-  if find_older(rec, token) then
+  if superseded then
     return { NOW, 'completed_by_other', rec[COMPLETED_FENCING], rec[COMPLETED_AT] }
   end
   return { NOW, 'token_mismatch' }
 end
-if rec[STATE] == RELEASED then
-  return { NOW, 'token_mismatch' }
-end
--- authorized (live or expired): the live token completes; a superseded one is still recorded
-if rec[TOKEN] == token then
+if rec[STATE] == AUTHORIZED and rec[TOKEN] == token then
   return record(rec[FENCING], 0)
 end
-local _, old_fencing = find_older(rec, token)
-if not old_fencing then
+if not superseded then
   return { NOW, 'token_mismatch' }
 end
-table.insert(rec[OLDER], { [G_TOKEN] = rec[TOKEN], [G_FENCING] = rec[FENCING] })
-return record(old_fencing, 1)
+if rec[STATE] == AUTHORIZED then
+  -- A superseded holder finished after a newer grant: recorded (the effect happened); the newer
+  -- holder will hear COMPLETED_BY_OTHER.
+  table.insert(rec[OLDER], { [G_TOKEN] = rec[TOKEN], [G_FENCING] = rec[FENCING] })
+  return record(old_fencing, 1)
+end
+-- released: the newer grant definitely had no effect, so this one's is the only one
+return record(old_fencing, 0)

@@ -25,6 +25,6 @@ if NOW >= rec[LEASE_END] then
   return { NOW, 'lease_expired', rec[TOKEN], rec[FENCING], rec[LEASE_END] }
 end
 rec[LEASE_END] = NOW + ttl
-rec[EXPIRES_AT] = rec[LEASE_END] + rec[RETENTION]
+rec[EXPIRES_AT] = 0
 save(key, rec)
 return { NOW, 'extended', rec[LEASE_END] }

@@ -7,6 +7,12 @@ local rec = load(KEYS[1])
 if not rec then
   return { NOW, 'view', 1, 0, '', 0, '', 0, '', 0, 0, '', 0, '', '' }
 end
+if rec[STATE] == RELEASED and #rec[OLDER] > 0 then
+  -- superseded grants still out: unresolved, named by the newest of them
+  local newest = rec[OLDER][#rec[OLDER]]
+  return { NOW, 'view', 4, newest[G_FENCING], rec[FINGERPRINT], rec[LEASE_END], '', 0, '', 0, 0,
+           '', 0, '', '' }
+end
 if rec[STATE] == RELEASED then
   return { NOW, 'view', 1, rec[FENCING], rec[FINGERPRINT], 0, '', 0, '', 0, 0, '', 0, '', '' }
 end

@@ -8,10 +8,10 @@ local FINGERPRINT = 3       -- the request hash every later request must match
 local DIGESTS = 4           -- per-field digests (idempotency-keyed actions only), opaque here
 local RETENTION = 5         -- how long a completed record is kept, in ms
 local SLIDING = 6           -- 1 when a replay pushes retention forward
-local EXPIRES_AT = 7        -- store expiry in ms (mirrors the key's PX)
+local EXPIRES_AT = 7        -- store expiry in ms (the key's PX); 0: kept until settled
 local TOKEN = 8             -- live token (authorized), released token, completing token
 local HOLDER = 9            -- the holder named at grant time
-local LEASE_END = 10        -- lease_expires_at
+local LEASE_END = 10        -- lease_expires_at; for a released record, when it was released
 local OLDER = 11            -- { {token, fencing}, ... } earlier grants neither released nor completed
 local RECEIPT = 12
 local COMPLETED_AT = 13
@@ -19,16 +19,22 @@ local COMPLETED_FENCING = 14
 local SOURCE = 15           -- BY_WORKER or BY_OPERATOR
 local NOTE = 16             -- operator completions' note (absent in older records: read as '')
 local OPERATOR = 17         -- the operator principal's name (idem)
+local PRINCIPAL = 18        -- the principal the live token was granted to (absent in older records)
 
 -- Values of STATE and SOURCE, and the slots of one OLDER entry.
 local AUTHORIZED, COMPLETED, RELEASED = 1, 2, 3
 local BY_WORKER, BY_OPERATOR = 1, 2
 local G_TOKEN, G_FENCING = 1, 2
 
+-- A record whose outcome is unknown (authorized, live or expired; released with superseded grants
+-- still out) has no expiry: it stays until a Complete, a Release or an operator settles it.
+-- Retention applies to settled records only.
+--
 -- The lease index of one agent, og:{<agent digest>}:leases, is a sorted set: member = the encoded
--- action key, score = lease_expires_at, one member per authorized record (live or expired). Every
--- script that writes a record receives it as KEYS[2] and the member as ARGV[1], and `save` keeps
--- it in step; both keys share the agent's hash tag, so Cluster runs the script on one slot.
+-- action key, score = LEASE_END, one member per unsettled record. It has no expiry either (Redis
+-- deletes it with its last member). Every script that writes a record receives it as KEYS[2] and
+-- the member as ARGV[1], and `save` keeps it in step; both keys share the agent's hash tag, so
+-- Cluster runs the script on one slot.
 -- Every reply starts with { now_ms, tag, ... }; src/store/redis/reply.rs decodes them in one place.
 -- Time is Redis's own (TIME), so every gate replica agrees on when a lease ends.
 
@@ -46,27 +52,44 @@ local function load(key)
     return nil
   end
   local rec = cmsgpack.unpack(raw)
-  if rec[EXPIRES_AT] <= NOW then
+  if rec[EXPIRES_AT] ~= 0 and rec[EXPIRES_AT] <= NOW then
     return nil
   end
   return rec
 end
 
--- Keeps the agent's lease index in step with a record just written: indexed while authorized,
--- removed otherwise. The index outlives its longest-lived record, and no longer.
+-- Whether a record's outcome is unknown: authorized (live or expired), or released with
+-- superseded grants still out. Such a record has no expiry and is in the lease index.
+local function unsettled(rec)
+  return rec[STATE] == AUTHORIZED or (rec[STATE] == RELEASED and #rec[OLDER] > 0)
+end
+
+-- The expiry of a record settled now: the retention, unless superseded grants are still out.
+local function settled_expiry(rec)
+  if #rec[OLDER] > 0 then
+    return 0
+  end
+  return NOW + rec[RETENTION]
+end
+
+-- Keeps the agent's lease index in step with a record just written: indexed while unsettled,
+-- removed otherwise. PERSIST clears the expiry an index had before unsettled records stopped
+-- expiring.
 local function index(rec)
-  if rec[STATE] == AUTHORIZED then
+  if unsettled(rec) then
     redis.call('ZADD', KEYS[2], rec[LEASE_END], ARGV[1])
-    if redis.call('PTTL', KEYS[2]) < rec[EXPIRES_AT] - NOW then
-      redis.call('PEXPIRE', KEYS[2], rec[EXPIRES_AT] - NOW)
-    end
+    redis.call('PERSIST', KEYS[2])
   else
     redis.call('ZREM', KEYS[2], ARGV[1])
   end
 end
 
 local function save(key, rec)
-  redis.call('SET', key, cmsgpack.pack(rec), 'PX', rec[EXPIRES_AT] - NOW)
+  if rec[EXPIRES_AT] == 0 then
+    redis.call('SET', key, cmsgpack.pack(rec))
+  else
+    redis.call('SET', key, cmsgpack.pack(rec), 'PX', rec[EXPIRES_AT] - NOW)
+  end
   index(rec)
 end
 
@@ -87,7 +110,7 @@ local function new_record(state, fencing, fingerprint, digests, retention, slidi
            [DIGESTS] = digests, [RETENTION] = retention, [SLIDING] = sliding,
            [EXPIRES_AT] = expires_at, [TOKEN] = '', [HOLDER] = '', [LEASE_END] = 0, [OLDER] = {},
            [RECEIPT] = '', [COMPLETED_AT] = 0, [COMPLETED_FENCING] = 0, [SOURCE] = 0, [NOTE] = '',
-           [OPERATOR] = '' }
+           [OPERATOR] = '', [PRINCIPAL] = '' }
 end
 
 local function find_older(rec, token)

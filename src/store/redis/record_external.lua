@@ -21,10 +21,12 @@ if has_request and (not retention or retention <= 0) then
 end
 
 local rec = load(key)
-if rec and rec[STATE] ~= RELEASED and has_request and rec[FINGERPRINT] ~= fingerprint then
+-- A plain tombstone binds nothing; any other record binds the key to its request.
+local bound = rec and not (rec[STATE] == RELEASED and #rec[OLDER] == 0)
+if bound and has_request and rec[FINGERPRINT] ~= fingerprint then
   return { NOW, 'key_reused', rec[DIGESTS] }
 end
-if not rec or rec[STATE] == RELEASED then
+if not bound then
   if not has_request then
     return { NOW, 'request_required' }
   end
@@ -43,7 +45,7 @@ if rec[STATE] == COMPLETED then
   end
   return { NOW, 'already_completed' }
 end
--- authorized, live or expired
+-- authorized (live or expired), or released with superseded grants out
 operator_complete(rec, receipt, note, operator)
 save(key, rec)
 return completion_reply('completed', rec, 1, 0)

@@ -1,4 +1,5 @@
--- Release: give the live (or expired) token back; the fencing number is kept.
+-- Release: give the live (or expired) token back; the fencing number and the superseded grants
+-- are kept (while any is out, the record stays unsettled, without expiry).
 -- KEYS[1]: the action's record key
 -- KEYS[2]: the agent's lease index
 -- ARGV[1]: the index member, the encoded action key
@@ -18,7 +19,8 @@ if rec[TOKEN] ~= token then
   return { NOW, 'token_mismatch' }
 end
 if rec[STATE] == AUTHORIZED then
-  rec[STATE], rec[EXPIRES_AT] = RELEASED, NOW + rec[RETENTION]
+  rec[STATE], rec[LEASE_END] = RELEASED, NOW
+  rec[EXPIRES_AT] = settled_expiry(rec)
   save(key, rec)
 end
 -- state 3 with the same token: a repeated release is a no-op

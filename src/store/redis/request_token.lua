@@ -10,6 +10,8 @@
 -- ARGV[7]: retention in ms (> 0)
 -- ARGV[8]: sliding retention, '1' or '0'
 -- ARGV[9]: on expiry, 'reconcile' or 'regrant'
+-- ARGV[10]: the asking principal (a live token is redelivered only to the one it was granted to)
+-- ARGV[11]: the most superseded grants a record keeps (a regrant beyond it is refused)
 -- Returns: { now, 'granted', kind (1 new, 2 redelivered, 3 regranted), token, fencing, lease_expires_at }
 --        | { now, 'completed', 0, 0, receipt, completed_at, fencing, token, source, note, operator }
 --        | { now, 'key_reused', stored_digests }
@@ -19,19 +21,20 @@ local key = KEYS[1]
 local fingerprint, digests, holder, new_token = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local lease, retention = tonumber(ARGV[6]), tonumber(ARGV[7])
 local sliding, on_expiry = tonumber(ARGV[8]), ARGV[9]
-if not lease or lease <= 0 or not retention or retention <= 0 then
-  return redis.error_reply('ERR oncegate: lease and retention must be positive')
+local principal, max_superseded = ARGV[10], tonumber(ARGV[11])
+if not lease or lease <= 0 or not retention or retention <= 0 or not max_superseded then
+  return redis.error_reply('ERR oncegate: lease, retention and max_superseded must be numbers')
 end
 
+-- Unsettled records have no expiry (EXPIRES_AT 0): the key is kept until someone settles it.
 local function grant(fencing, older, kind, nx)
-  local lease_expires_at = NOW + lease
-  local rec = new_record(AUTHORIZED, fencing, fingerprint, digests, retention, sliding,
-                         lease_expires_at + retention)
-  rec[TOKEN], rec[HOLDER], rec[LEASE_END], rec[OLDER] = new_token, holder, lease_expires_at, older
+  local rec = new_record(AUTHORIZED, fencing, fingerprint, digests, retention, sliding, 0)
+  rec[TOKEN], rec[HOLDER], rec[LEASE_END] = new_token, holder, NOW + lease
+  rec[OLDER], rec[PRINCIPAL] = older, principal
   if nx then
-    -- A brand-new action: SET NX with its expiry, as the design asks; the script already runs
-    -- atomically, so NX failing would mean a lingering expired key, which we overwrite.
-    if redis.call('SET', key, cmsgpack.pack(rec), 'NX', 'PX', rec[EXPIRES_AT] - NOW) then
+    -- A brand-new action: SET NX, as the design asks; the script already runs atomically, so NX
+    -- failing would mean a lingering expired key, which we overwrite.
+    if redis.call('SET', key, cmsgpack.pack(rec), 'NX') then
       index(rec)
     else
       save(key, rec)
@@ -39,14 +42,15 @@ local function grant(fencing, older, kind, nx)
   else
     save(key, rec)
   end
-  return { NOW, 'granted', kind, new_token, fencing, lease_expires_at }
+  return { NOW, 'granted', kind, new_token, fencing, rec[LEASE_END] }
 end
 
 local rec = load(key)
 if not rec then
-  return grant(1, {}, 1, true)
+  -- The store clock in microseconds: fencing never goes backwards, even after a forgotten record.
+  return grant(NOW * 1000 + 1, {}, 1, true)
 end
-if rec[STATE] == RELEASED then
+if rec[STATE] == RELEASED and #rec[OLDER] == 0 then
   return grant(rec[FENCING] + 1, {}, 1, false)
 end
 if rec[FINGERPRINT] ~= fingerprint then
@@ -59,16 +63,28 @@ if rec[STATE] == COMPLETED then
   end
   return completion_reply('completed', rec, 0, 0)
 end
--- authorized
-if NOW < rec[LEASE_END] then
-  if holder ~= '' and holder == rec[HOLDER] then
+if rec[STATE] == AUTHORIZED and NOW < rec[LEASE_END] then
+  if holder ~= '' and holder == rec[HOLDER] and principal == (rec[PRINCIPAL] or '') then
     return { NOW, 'granted', 2, rec[TOKEN], rec[FENCING], rec[LEASE_END] }
   end
   return { NOW, 'in_progress', rec[LEASE_END] - NOW }
 end
-if on_expiry == 'regrant' then
-  local older = rec[OLDER]
-  table.insert(older, { [G_TOKEN] = rec[TOKEN], [G_FENCING] = rec[FENCING] })
-  return grant(rec[FENCING] + 1, older, 3, false)
+-- Unresolved: an authorized record whose lease ended, or a released one whose superseded grants
+-- are still out (the newest of them is the one to reconcile).
+local token, fencing, supersede = rec[TOKEN], rec[FENCING], true
+if rec[STATE] == RELEASED then
+  local newest = rec[OLDER][#rec[OLDER]]
+  token, fencing, supersede = newest[G_TOKEN], newest[G_FENCING], false
 end
-return { NOW, 'lease_expired', rec[TOKEN], rec[FENCING], rec[LEASE_END] }
+local refusal = { NOW, 'lease_expired', token, fencing, rec[LEASE_END] }
+if on_expiry ~= 'regrant' then
+  return refusal
+end
+local older = rec[OLDER]
+if supersede then
+  table.insert(older, { [G_TOKEN] = token, [G_FENCING] = fencing })
+end
+if #older > max_superseded then
+  return refusal
+end
+return grant(rec[FENCING] + 1, older, 3, false)

@@ -1,4 +1,5 @@
--- ResolveExpired: an operator settles a lease that ended without Complete or Release.
+-- ResolveExpired: an operator settles a lease that ended without Complete or Release, or (on a
+-- released record) the newest superseded grant still out; 'failed' settles that one grant.
 -- KEYS[1]: the action's record key
 -- KEYS[2]: the agent's lease index
 -- ARGV[1]: the index member, the encoded action key
@@ -15,13 +16,13 @@ if resolution ~= 'completed' and resolution ~= 'failed' then
 end
 
 local rec = load(key)
-if not rec or rec[STATE] == RELEASED then
+if not rec or (rec[STATE] == RELEASED and #rec[OLDER] == 0) then
   return { NOW, 'not_expired', 1 }
 end
 if rec[STATE] == COMPLETED then
   return { NOW, 'already_completed' }
 end
-if NOW < rec[LEASE_END] then
+if rec[STATE] == AUTHORIZED and NOW < rec[LEASE_END] then
   return { NOW, 'not_expired', 2 }
 end
 if resolution == 'completed' then
@@ -29,7 +30,16 @@ if resolution == 'completed' then
   save(key, rec)
   return completion_reply('completed', rec, 1, 0)
 end
--- failed: released, the expired token and the fencing number kept (as Release does)
-rec[STATE], rec[EXPIRES_AT] = RELEASED, NOW + rec[RETENTION]
+-- failed: the expired grant had no effect. An authorized record is released (the expired token
+-- and the fencing number kept, as Release does); on a released one the newest superseded grant
+-- is dropped.
+local fencing = rec[FENCING]
+if rec[STATE] == AUTHORIZED then
+  rec[STATE], rec[LEASE_END] = RELEASED, NOW
+else
+  fencing = rec[OLDER][#rec[OLDER]][G_FENCING]
+  table.remove(rec[OLDER])
+end
+rec[EXPIRES_AT] = settled_expiry(rec)
 save(key, rec)
-return { NOW, 'released', rec[FENCING] }
+return { NOW, 'released', fencing }

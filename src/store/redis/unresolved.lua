@@ -4,7 +4,8 @@
 -- KEYS[2..n+1]: the record keys of the members, in the same order as ARGV
 -- ARGV[1..n]: the members (encoded action keys), in index order
 -- Returns: { now, 'unresolved', n, then per member: status, fencing, fingerprint, lease_expires_at, holder }
---          status 1: unresolved (lease ended, neither completed nor released)
+--          status 1: unresolved (lease ended, neither completed nor released; or released with
+--                    superseded grants still out, named by the newest of them)
 --                 2: lease still live (this and every later member of the index: stop here)
 --                 0: stale, removed from the index
 -- (The prelude's `index` and `save` are not used: this script writes nothing but ZREM.)
@@ -17,6 +18,13 @@ for i, member in ipairs(ARGV) do
     table.insert(out, rec[FINGERPRINT])
     table.insert(out, rec[LEASE_END])
     table.insert(out, rec[HOLDER])
+  elseif rec and rec[STATE] == RELEASED and #rec[OLDER] > 0 then
+    -- superseded grants still out: unresolved, named by the newest of them
+    table.insert(out, 1)
+    table.insert(out, rec[OLDER][#rec[OLDER]][G_FENCING])
+    table.insert(out, rec[FINGERPRINT])
+    table.insert(out, rec[LEASE_END])
+    table.insert(out, '')
   elseif rec and rec[STATE] == AUTHORIZED then
     table.insert(out, 2)
     table.insert(out, rec[FENCING])

@@ -24,11 +24,12 @@ impl RedisStore {
         replicas: u32,
     ) -> Result<Acked<TokenOutcome>, StoreError> {
         let (lease, retention) = (req.lease.to_string(), req.retention.to_string());
+        let max_superseded = req.max_superseded.to_string();
         let on_expiry = match req.on_expiry {
             OnExpiry::Reconcile => "reconcile",
             OnExpiry::Regrant => "regrant",
         };
-        let args: [&[u8]; 8] = [
+        let args: [&[u8]; 10] = [
             req.fingerprint.as_bytes(),
             req.digests.as_bytes(),
             req.holder.as_bytes(),
@@ -37,6 +38,8 @@ impl RedisStore {
             retention.as_bytes(),
             if req.sliding { b"1" } else { b"0" },
             on_expiry.as_bytes(),
+            req.principal.as_bytes(),
+            max_superseded.as_bytes(),
         ];
         let wait = self.wait_for(replicas);
         let (now, decoded, mut acknowledged) = self

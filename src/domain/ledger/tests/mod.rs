@@ -8,6 +8,7 @@ use super::*;
 
 pub(super) const LEASE: Millis = 1_000;
 pub(super) const RETENTION: Millis = 10_000;
+pub(super) const MAX_SUPERSEDED: usize = 3;
 
 pub(super) fn req(fp: &str, holder: &str, token: &str, on_expiry: OnExpiry) -> TokenRequest {
     TokenRequest {
@@ -19,6 +20,8 @@ pub(super) fn req(fp: &str, holder: &str, token: &str, on_expiry: OnExpiry) -> T
         retention: RETENTION,
         sliding: true,
         on_expiry,
+        principal: "p".into(),
+        max_superseded: MAX_SUPERSEDED,
     }
 }
 
@@ -46,7 +49,7 @@ pub(super) fn granted(result: Result<TokenOutcome, Refusal>) -> Grant {
 }
 
 #[test]
-fn absent_grants_with_fencing_one_and_a_lease() {
+fn absent_grants_with_the_clock_as_fencing_and_a_lease() {
     let mut rec = None;
     let r = run(&mut rec, |r| {
         request_token(r, &req("f", "", "t1", OnExpiry::Reconcile), 100)
@@ -56,7 +59,7 @@ fn absent_grants_with_fencing_one_and_a_lease() {
         Ok(TokenOutcome::Granted(
             Grant {
                 token: "t1".into(),
-                fencing: 1,
+                fencing: first_fencing(100),
                 lease_expires_at: 100 + LEASE
             },
             GrantKind::New
@@ -118,15 +121,179 @@ fn completed_replays_and_slides_retention() {
     );
     assert_eq!(
         rec.as_ref().unwrap().expires_at,
-        5_000 + RETENTION,
+        Some(5_000 + RETENTION),
         "sliding retention refreshed"
     );
-    // Past retention the record is gone and the same request is a new action.
+    // Past retention the record is gone and the same request is a new action, whose fencing
+    // number is still above every earlier one.
     let later = 5_000 + RETENTION;
     let fresh = granted(run(&mut rec, |r| {
         request_token(r, &req("f", "", "t3", OnExpiry::Reconcile), later)
     }));
-    assert_eq!(fresh.fencing, 1);
+    assert_eq!(fresh.fencing, first_fencing(later));
+    assert!(fresh.fencing > g.fencing);
+}
+
+#[test]
+fn an_expired_lease_is_never_forgotten() {
+    let mut rec = None;
+    let g = granted(run(&mut rec, |_| {
+        request_token(None, &req("f", "w", "t1", OnExpiry::Reconcile), 0)
+    }));
+    assert_eq!(rec.as_ref().unwrap().expires_at, None, "no store expiry");
+    // Long past lease end + retention: still EXPIRED, still refused, still listed.
+    let much_later = 100 * (LEASE + RETENTION);
+    assert_eq!(view(rec.as_ref(), much_later).state, State::Expired);
+    assert!(is_unresolved(rec.as_ref(), much_later));
+    let again = run(&mut rec, |r| {
+        request_token(r, &req("f", "w", "t2", OnExpiry::Reconcile), much_later)
+    });
+    assert_eq!(
+        again,
+        Err(Refusal::LeaseExpired {
+            token: g.token.clone(),
+            fencing: g.fencing,
+            expired_at: LEASE
+        })
+    );
+    // A late Complete is still accepted, and only then does retention start.
+    let done = run(&mut rec, |r| complete(r, "t1", b"paid", much_later)).unwrap();
+    assert!(done.recorded);
+    assert_eq!(
+        rec.as_ref().unwrap().expires_at,
+        Some(much_later + RETENTION)
+    );
+}
+
+#[test]
+fn redelivery_needs_the_same_principal_and_holder() {
+    let mut rec = None;
+    run(&mut rec, |_| {
+        request_token(None, &req("f", "w1", "t1", OnExpiry::Reconcile), 0)
+    })
+    .unwrap();
+    let mut other = req("f", "w1", "t2", OnExpiry::Reconcile);
+    other.principal = "someone-else".into();
+    assert!(matches!(
+        request_token(rec.as_ref(), &other, 10).reply,
+        Err(Refusal::InProgress { .. })
+    ));
+}
+
+#[test]
+fn a_superseded_complete_after_the_newer_release_is_recorded() {
+    let mut rec = None;
+    let t1 = granted(run(&mut rec, |_| {
+        request_token(None, &req("f", "", "t1", OnExpiry::Regrant), 0)
+    }));
+    let t2 = granted(run(&mut rec, |r| {
+        request_token(r, &req("f", "", "t2", OnExpiry::Regrant), LEASE + 1)
+    }));
+    assert_eq!(t2.fencing, t1.fencing + 1);
+    // The newer holder fails definitely and releases: the superseded grant is still out.
+    let released_at = LEASE + 2;
+    run(&mut rec, |r| release(r, "t2", released_at)).unwrap();
+    assert_eq!(rec.as_ref().unwrap().expires_at, None, "not settled");
+    let v = view(rec.as_ref(), released_at + 100 * RETENTION);
+    assert_eq!(
+        (v.state, v.fencing, v.lease_expires_at),
+        (State::Expired, t1.fencing, Some(released_at))
+    );
+    // Under reconcile, a request is told to reconcile the superseded grant.
+    let refused = request_token(
+        rec.as_ref(),
+        &req("f", "", "t3", OnExpiry::Reconcile),
+        released_at + 1,
+    );
+    assert_eq!(
+        refused.reply,
+        Err(Refusal::LeaseExpired {
+            token: "t1".into(),
+            fencing: t1.fencing,
+            expired_at: released_at
+        })
+    );
+    // The superseded payment succeeded after all: recorded, not a double execution.
+    let done = run(&mut rec, |r| complete(r, "t1", b"tx-1", released_at + 5)).unwrap();
+    assert!(done.recorded && !done.double_execution);
+    assert_eq!(done.completion.fencing, t1.fencing);
+    let replay = request_token(
+        rec.as_ref(),
+        &req("f", "", "t4", OnExpiry::Regrant),
+        released_at + 6,
+    );
+    assert_eq!(
+        replay.reply,
+        Ok(TokenOutcome::AlreadyCompleted(done.completion))
+    );
+}
+
+#[test]
+fn a_regrant_after_the_newer_release_keeps_the_superseded_grants() {
+    let mut rec = None;
+    let t1 = granted(run(&mut rec, |_| {
+        request_token(None, &req("f", "", "t1", OnExpiry::Regrant), 0)
+    }));
+    run(&mut rec, |r| {
+        request_token(r, &req("f", "", "t2", OnExpiry::Regrant), LEASE + 1)
+    })
+    .unwrap();
+    run(&mut rec, |r| release(r, "t2", LEASE + 2)).unwrap();
+    // Another key's request under the same key is still a conflict: the key is bound.
+    let other = request_token(
+        rec.as_ref(),
+        &req("g", "", "tx", OnExpiry::Regrant),
+        LEASE + 3,
+    );
+    assert!(matches!(other.reply, Err(Refusal::KeyReused { .. })));
+    let t3 = run(&mut rec, |r| {
+        request_token(r, &req("f", "", "t3", OnExpiry::Regrant), LEASE + 3)
+    });
+    assert!(matches!(
+        t3,
+        Ok(TokenOutcome::Granted(_, GrantKind::Regranted))
+    ));
+    // t1 finishes late: recorded, and it may have run beside t3.
+    let done = run(&mut rec, |r| complete(r, "t1", b"tx-1", LEASE + 4)).unwrap();
+    assert!(done.recorded && done.double_execution);
+    assert_eq!(done.completion.fencing, t1.fencing);
+    assert!(matches!(
+        complete(rec.as_ref(), "t3", b"tx-3", LEASE + 5).reply,
+        Err(Refusal::CompletedByOther { .. })
+    ));
+}
+
+#[test]
+fn superseded_grants_are_bounded() {
+    let mut rec = None;
+    let mut now = 0;
+    let mut last = granted(run(&mut rec, |_| {
+        request_token(None, &req("f", "", "t0", OnExpiry::Regrant), now)
+    }));
+    for i in 1..=MAX_SUPERSEDED {
+        now += LEASE;
+        last = granted(run(&mut rec, |r| {
+            request_token(r, &req("f", "", &format!("t{i}"), OnExpiry::Regrant), now)
+        }));
+    }
+    assert_eq!(rec.as_ref().unwrap().older.len(), MAX_SUPERSEDED);
+    now += LEASE;
+    let refused = run(&mut rec, |r| {
+        request_token(r, &req("f", "", "too-many", OnExpiry::Regrant), now)
+    });
+    assert_eq!(
+        refused,
+        Err(Refusal::LeaseExpired {
+            token: last.token,
+            fencing: last.fencing,
+            expired_at: now
+        })
+    );
+    assert_eq!(
+        rec.as_ref().unwrap().older.len(),
+        MAX_SUPERSEDED,
+        "none dropped"
+    );
 }
 
 #[test]

@@ -44,7 +44,7 @@ fn external_completion_of_an_absent_action_needs_its_request_and_is_replayed() {
     assert_eq!(done.completion.token, "");
     assert_eq!(done.completion.note, "paid by phone");
     assert_eq!(done.completion.operator, "ops");
-    assert_eq!(rec.as_ref().unwrap().expires_at, 5 + RETENTION);
+    assert_eq!(rec.as_ref().unwrap().expires_at, Some(5 + RETENTION));
     // A worker asking later is told it already happened, with the operator's receipt.
     let replay = request_token(rec.as_ref(), &req("f", "", "t1", OnExpiry::Reconcile), 6).reply;
     assert_eq!(
@@ -191,4 +191,45 @@ fn resolve_expired_only_settles_expired_leases() {
         resolve_expired(done.as_ref(), &Resolution::Failed, LEASE + 3).reply,
         Err(Refusal::AlreadyCompleted)
     );
+}
+
+#[test]
+fn superseded_grants_are_resolved_one_at_a_time() {
+    let mut rec = None;
+    run(&mut rec, |_| {
+        request_token(None, &req("f", "", "t1", OnExpiry::Regrant), 0)
+    })
+    .unwrap();
+    let t2 = granted(run(&mut rec, |r| {
+        request_token(r, &req("f", "", "t2", OnExpiry::Regrant), LEASE)
+    }));
+    let t3 = granted(run(&mut rec, |r| {
+        request_token(r, &req("f", "", "t3", OnExpiry::Regrant), 2 * LEASE)
+    }));
+    run(&mut rec, |r| release(r, "t3", 2 * LEASE + 1)).unwrap();
+    // t2 (the newest superseded grant) is the one to reconcile first, then t1.
+    let now = 2 * LEASE + 2;
+    let first = run(&mut rec, |r| resolve_expired(r, &Resolution::Failed, now)).unwrap();
+    assert_eq!(
+        first,
+        Resolved::Released {
+            fencing: t2.fencing
+        }
+    );
+    assert_eq!(view(rec.as_ref(), now).state, State::Expired);
+    assert_eq!(rec.as_ref().unwrap().expires_at, None);
+    let second = run(&mut rec, |r| resolve_expired(r, &Resolution::Failed, now)).unwrap();
+    assert_eq!(
+        second,
+        Resolved::Released {
+            fencing: t2.fencing - 1
+        }
+    );
+    // All settled: a plain tombstone with the retention, fencing kept for the next grant.
+    assert_eq!(view(rec.as_ref(), now).state, State::Absent);
+    assert_eq!(rec.as_ref().unwrap().expires_at, Some(now + RETENTION));
+    let next = granted(run(&mut rec, |r| {
+        request_token(r, &req("f", "", "t4", OnExpiry::Reconcile), now + 1)
+    }));
+    assert_eq!(next.fencing, t3.fencing + 1);
 }
