@@ -12,6 +12,7 @@ fn error_name(e: &ParamsError) -> &'static str {
         ParamsError::TooDeep(_) => "too_deep",
         ParamsError::DuplicateMember(_) => "duplicate_member",
         ParamsError::UnsafeNumber => "unsafe_number",
+        ParamsError::InexactNumber { .. } => "inexact_number",
     }
 }
 

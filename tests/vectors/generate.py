@@ -18,8 +18,8 @@ File format (read by the Rust tests, keep it stable)::
       {"name", "action", "params_json", "intent", "key_fields", "error"}
     ]}
 
-``error`` is one of ``duplicate_member``, ``unsafe_number``, ``not_an_object``, ``syntax`` and
-``too_deep``.
+``error`` is one of ``duplicate_member``, ``unsafe_number``, ``inexact_number``,
+``not_an_object``, ``syntax`` and ``too_deep``.
 """
 
 from __future__ import annotations
@@ -124,11 +124,11 @@ def build() -> None:
     case("basic as a refund", '{"amount":100,"currency":"EUR","to":"DE89"}', action="refund")
 
     one = '{"action":"pay","intent":null,"params":{"n":1}}'
-    for spelling in ("1", "1.0", "1e0", "10e-1", "0.1E1", "1.00000", "1.000000000000000000001"):
+    for spelling in ("1", "1.0", "1e0", "10e-1", "0.1E1", "1.00000"):
         case(f"eq:one / {spelling}", f'{{"n":{spelling}}}', expect=one)
 
     zero = '{"action":"pay","intent":null,"params":{"n":0}}'
-    for spelling in ("0", "-0", "0.0", "-0.0", "0e10", "-0E-3", "1e-400"):
+    for spelling in ("0", "-0", "0.0", "-0.0", "0e10", "-0E-3"):
         case(f"eq:zero / {spelling}", f'{{"n":{spelling}}}', expect=zero)
 
     case(
@@ -156,7 +156,9 @@ def build() -> None:
         ("4.50", "4.5"),
         ("0.002", "0.002"),
         ("-1.5", "-1.5"),
-        ("333333333.33333329", "333333333.3333333"),
+        ("333333333.3333333", "333333333.3333333"),
+        ("0.1", "0.1"),
+        ("100.00000000000001", "100.00000000000001"),
         ("0.30000000000000004", "0.30000000000000004"),
         ("123456789.125", "123456789.125"),
         ("1e15", "1000000000000000"),
@@ -401,6 +403,19 @@ def build() -> None:
         ("unsafe number in a top-level array", "[9007199254740993]"),
     ):
         case(f"unsafe number: {name}", params, error="unsafe_number")
+    # A literal that JCS would write as another number: two amounts would share a fingerprint.
+    for name, params in (
+        ("0.1 ETH + 1 wei", '{"amount":0.100000000000000001}'),
+        ("underflow to zero", '{"amount":1e-400}'),
+        ("reads as the double of 100.00000000000001", '{"amount":100.00000000000002}'),
+        ("one and a tiny bit", '{"n":1.000000000000000000001}'),
+        ("more digits than the double", '{"n":333333333.33333329}'),
+        ("negative", '{"n":-0.1000000000000000001}'),
+        ("nested in an array", '{"a":[0.5,{"b":0.30000000000000001}]}'),
+        ("after an exact one", '{"a":0.25,"b":2.50000000000000001}'),
+        ("inexact before an unsafe integer is reported as unsafe", '{"a":0.10000000000000000001,"b":1e300}'),
+    ):
+        case(f"inexact number: {name}", params, error="unsafe_number" if "unsafe" in name else "inexact_number")
     for name, params in (
         ("empty array", "[]"),
         ("array", "[1,2]"),

@@ -5,6 +5,7 @@
 //! bounded nesting), key-field selection by JSON Pointer, the fingerprint format. Does no IO and
 //! knows nothing of stores or gRPC.
 
+mod numbers;
 mod params;
 
 use std::collections::BTreeMap;

@@ -1,7 +1,8 @@
 //! Strict params parsing: one pass that refuses duplicate members, nesting beyond the limit and
-//! every number a double cannot hold exactly, so that RFC 8785 canonicalises what was sent.
+//! integers beyond ±2^53, then (only when the params hold a fraction or an exponent) a check of
+//! those literals ([`super::numbers`]), so that RFC 8785 canonicalises what was sent.
 
-use std::fmt;
+use std::{cell::Cell, fmt};
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -46,6 +47,18 @@ pub enum ParamsError {
         "params hold a number beyond 2^53 in magnitude, which JSON doubles cannot represent exactly"
     )]
     UnsafeNumber,
+    #[error(
+        "params hold the number {literal} at {pointer}, which a double cannot hold: it would be \
+         read as {nearest}; send it as a string, or rounded to what a double holds"
+    )]
+    InexactNumber {
+        /// The JSON Pointer of the number.
+        pointer: String,
+        /// The literal as sent (its first 40 characters).
+        literal: String,
+        /// The double it would be read as, in its shortest form.
+        nearest: String,
+    },
 }
 
 /// Parses params text into a JSON object, refusing what RFC 8785 cannot canonicalise faithfully.
@@ -54,17 +67,22 @@ pub fn parse_params(text: &str, limits: ParamsLimits) -> Result<Map<String, Valu
         return Err(ParamsError::TooLarge(text.len(), limits.max_bytes));
     }
     let mut de = serde_json::Deserializer::from_str(text);
+    let fractions = Cell::new(false);
     let value = StrictValue {
         depth: 0,
         max_depth: limits.max_depth,
+        fractions: &fractions,
     }
     .deserialize(&mut de)
     .map_err(classify)?;
     de.end().map_err(classify)?;
-    match value {
-        Value::Object(map) => Ok(map),
-        _ => Err(ParamsError::NotAnObject),
+    let Value::Object(map) = value else {
+        return Err(ParamsError::NotAnObject);
+    };
+    if fractions.get() {
+        super::numbers::check_literals(text)?;
     }
+    Ok(map)
 }
 
 /// Our own errors travel through serde as custom messages; this recovers them.
@@ -92,17 +110,20 @@ const TOO_DEEP_PREFIX: &str = "oncegate-too-deep:";
 const UNSAFE_NUMBER: &str = "oncegate-unsafe-number";
 const SEPARATOR: char = '\u{0}';
 
-/// A `serde_json::Value` builder that checks duplicates, depth and number range in one pass.
-struct StrictValue {
+/// A `serde_json::Value` builder that checks duplicates, depth and number range in one pass, and
+/// notes whether any number had a fraction or an exponent.
+struct StrictValue<'a> {
     depth: usize,
     max_depth: usize,
+    fractions: &'a Cell<bool>,
 }
 
-impl StrictValue {
+impl StrictValue<'_> {
     fn nested(&self) -> Self {
         Self {
             depth: self.depth + 1,
             max_depth: self.max_depth,
+            fractions: self.fractions,
         }
     }
 
@@ -117,7 +138,7 @@ impl StrictValue {
     }
 }
 
-impl<'de> DeserializeSeed<'de> for StrictValue {
+impl<'de> DeserializeSeed<'de> for StrictValue<'_> {
     type Value = Value;
     fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
         d.deserialize_any(self)
@@ -132,7 +153,7 @@ fn checked_integer<E: de::Error>(magnitude: u64, value: Value) -> Result<Value, 
     Ok(value)
 }
 
-impl<'de> Visitor<'de> for StrictValue {
+impl<'de> Visitor<'de> for StrictValue<'_> {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
@@ -156,6 +177,7 @@ impl<'de> Visitor<'de> for StrictValue {
         if v.abs() >= MAX_SAFE_INTEGER as f64 {
             return Err(E::custom(UNSAFE_NUMBER));
         }
+        self.fractions.set(true);
         Ok(value)
     }
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Value, E> {

@@ -6,9 +6,17 @@ form of ``{"action": action, "intent": intent or null, "params": <key fields of 
 Params are parsed as strictly as the server parses them: duplicate member names, integers whose
 magnitude exceeds 2**53 and other numbers that reach it (JCS would round them into another
 action's fingerprint), nesting deeper than 32 levels, lone surrogates and non-standard literals
-(``NaN``, ``Infinity``) are refused. The
-parser reports the first problem in document order, as the server does, so both sides name the
-same error for the same text.
+(``NaN``, ``Infinity``) are refused. So is a number literal whose decimal value is not the one
+JCS would write for it (``0.100000000000000001`` would be written ``0.1``, ``1e-400`` would be
+written ``0``): two different amounts must never share a fingerprint. The parser reports the
+first problem in the order the server meets them, so both sides name the same error for the same
+text.
+
+Python values: a ``float`` is a double already and is sent in its shortest form, so it is always
+accepted (``0.1`` stays ``0.1``; a float that was rounded before it reached the client cannot be
+told apart). A :class:`decimal.Decimal` is sent as the double it equals, and refused with
+``inexact_number`` when it has no such double (``Decimal("0.100000000000000001")``), exactly as
+the same text is refused by the gate.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
+from decimal import Decimal
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Final, Literal
 
@@ -53,7 +62,13 @@ MAX_PARAMS_BYTES: Final = 64 * 1024
 """Largest accepted params text, in UTF-8 bytes."""
 
 ParamsErrorKind = Literal[
-    "duplicate_member", "unsafe_number", "not_an_object", "syntax", "too_deep", "too_large"
+    "duplicate_member",
+    "unsafe_number",
+    "inexact_number",
+    "not_an_object",
+    "syntax",
+    "too_deep",
+    "too_large",
 ]
 
 
@@ -88,6 +103,10 @@ class _Parser:
         self.text = text
         self.pos = 0
         self.max_depth = max_depth
+        self.path: list[str] = []
+        # The first number literal JCS would change, found while parsing and reported once the
+        # parse succeeded (the server checks literals after its parse, so its parse errors win).
+        self.inexact: ParamsError | None = None
 
     def document(self) -> Any:
         self._skip_whitespace()
@@ -145,7 +164,9 @@ class _Parser:
                 raise self._syntax("expected ':'")
             self.pos += 1
             self._skip_whitespace()
+            self.path.append(name.replace("~", "~0").replace("/", "~1"))
             members[name] = self._value(depth + 1)
+            self.path.pop()
             self._skip_whitespace()
             char = self._peek()
             self.pos += 1
@@ -164,7 +185,9 @@ class _Parser:
             self.pos += 1
             return items
         while True:
+            self.path.append(str(len(items)))
             items.append(self._value(depth + 1))
+            self.path.pop()
             self._skip_whitespace()
             char = self._peek()
             self.pos += 1
@@ -201,6 +224,8 @@ class _Parser:
         number = float(literal)
         if math.isinf(number) or abs(number) >= MAX_SAFE_NUMBER:
             raise _unsafe_number(literal)
+        if self.inexact is None and Decimal(literal) != Decimal(repr(number)):
+            self.inexact = _inexact_number(literal, "/" + "/".join(self.path), number)
         return number
 
 
@@ -209,6 +234,14 @@ def _unsafe_number(literal: str) -> ParamsError:
         "unsafe_number",
         f"params hold the number {literal[:40]}, beyond 2^53 in magnitude, "
         "which JSON doubles cannot represent exactly",
+    )
+
+
+def _inexact_number(literal: str, pointer: str, number: float) -> ParamsError:
+    return ParamsError(
+        "inexact_number",
+        f"params hold the number {literal[:40]} at {pointer}, which a double cannot hold: it "
+        f"would be read as {number!r}; send it as a string, or rounded to what a double holds",
     )
 
 
@@ -227,23 +260,46 @@ def parse_params(
         raise ParamsError("syntax", "params are not valid UTF-8 (lone surrogate)") from None
     if size > max_bytes:
         raise ParamsError("too_large", f"params are {size} bytes, more than the limit of {max_bytes}")
-    value = _Parser(text, max_depth).document()
+    parser = _Parser(text, max_depth)
+    value = parser.document()
     if not isinstance(value, dict):
         raise ParamsError("not_an_object", "params must be a JSON object")
+    if parser.inexact is not None:
+        raise parser.inexact
     return value
 
 
 def encode_params(params: Mapping[str, Any]) -> str:
     """Serialises a params mapping as compact JSON text, the form the client sends.
 
+    A ``Decimal`` is sent as the double it equals (see the module docs).
+
     Raises:
-        ParamsError: ``unsafe_number`` for NaN or infinite floats.
+        ParamsError: ``unsafe_number`` for NaN or infinite numbers, ``inexact_number`` for a
+            ``Decimal`` that no double equals.
         TypeError: for values JSON cannot hold.
     """
     try:
-        return json.dumps(dict(params), ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return json.dumps(
+            dict(params),
+            ensure_ascii=False,
+            allow_nan=False,
+            separators=(",", ":"),
+            default=_decimal_as_double,
+        )
+    except ParamsError:
+        raise
     except ValueError as err:
         raise ParamsError("unsafe_number", f"params hold a number JSON cannot carry: {err}") from None
+
+
+def _decimal_as_double(value: Any) -> Any:
+    if not isinstance(value, Decimal):
+        raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    number = float(value)
+    if math.isfinite(number) and Decimal(repr(number)) != value:
+        raise _inexact_number(str(value), "(a Decimal param)", number)
+    return number
 
 
 def resolve_pointer(document: Any, pointer: str) -> tuple[bool, Any]:
