@@ -24,7 +24,14 @@ def test_vectors_file_shape() -> None:
     names = [case["name"] for case in CASES]
     assert len(names) == len(set(names))
     errors = {case["error"] for case in CASES if "error" in case}
-    assert errors == {"duplicate_member", "unsafe_number", "not_an_object", "syntax", "too_deep"}
+    assert errors == {
+        "duplicate_member",
+        "unsafe_number",
+        "inexact_number",
+        "not_an_object",
+        "syntax",
+        "too_deep",
+    }
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case["name"] for case in CASES])
@@ -92,3 +99,22 @@ def test_size_limit() -> None:
 
 def test_doctests() -> None:
     assert doctest.testmod(oncegate.fingerprints).failed == 0
+
+
+def test_decimals_are_sent_as_their_double_or_refused() -> None:
+    from decimal import Decimal
+
+    from oncegate.fingerprints import encode_params
+
+    assert encode_params({"amount": Decimal("0.1")}) == '{"amount":0.1}'
+    assert fingerprint("pay", {"amount": Decimal("0.1")}) == fingerprint("pay", {"amount": 0.1})
+    with pytest.raises(ParamsError) as raised:
+        encode_params({"amount": Decimal("0.100000000000000001")})
+    assert raised.value.kind == "inexact_number"
+
+
+def test_an_inexact_literal_is_named_by_its_pointer() -> None:
+    with pytest.raises(ParamsError) as raised:
+        fingerprint("pay", '{"to":"x","legs":[{"amount":0.30000000000000001}]}')
+    assert raised.value.kind == "inexact_number"
+    assert "/legs/0/amount" in str(raised.value)
