@@ -12,7 +12,7 @@ use oncegate::{
         metrics::{self, Metrics},
         telemetry,
     },
-    store::Store,
+    store::{Store, StoreError},
     tools::{
         admin_cli,
         cli::{Cli, Command},
@@ -97,6 +97,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
     }
     let store = match config.store.open().await {
         Ok(store) => store,
+        Err(StoreError::Misconfigured(why)) => {
+            tracing::error!("bad configuration: {why}");
+            return ExitCode::from(exit::USAGE);
+        }
         Err(e) => {
             tracing::error!(error = %e, "cannot open the store");
             return ExitCode::from(exit::UNAVAILABLE);

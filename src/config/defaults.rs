@@ -54,5 +54,6 @@ pub fn redis() -> RedisOptions {
         sentinel_check_interval: Duration::from_millis(SENTINEL_CHECK_MS),
         username: None,
         password: None,
+        allow_eviction: false,
     }
 }

@@ -46,6 +46,12 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCEGATE_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
 
+    /// UNSAFE: serve although Redis may evict keys (its maxmemory-policy is not noeviction, or
+    /// cannot be read). An evicted completion runs its action again. Without it such a Redis is
+    /// refused at start-up (exit 64) and, if its policy changes later, every call fails closed.
+    #[arg(long, env = "ONCEGATE_ALLOW_REDIS_EVICTION")]
+    pub allow_redis_eviction: bool,
+
     /// Durability level: replicas that must confirm every state change (Redis WAIT) before it is
     /// acknowledged. When fewer confirm, a grant is not handed out and a Complete returns
     /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas.

@@ -191,6 +191,7 @@ fn store_config(args: &ServeArgs, policies: &Policies) -> Result<StoreConfig, Co
         sentinel_check_interval: Duration::from_millis(args.redis_sentinel_check_ms),
         username: args.redis_username.clone(),
         password: args.redis_password.clone(),
+        allow_eviction: args.allow_redis_eviction,
         ..defaults::redis()
     };
     if args.durability_replicas == 0 && policies.highest_durability() == 0 {

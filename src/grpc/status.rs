@@ -39,7 +39,9 @@ pub fn reason(error: &GateError) -> ErrorReason {
         GateError::Unauthenticated => ErrorReason::Unauthenticated,
         GateError::ForbiddenScope { .. } => ErrorReason::ForbiddenScope,
         GateError::RateLimited { .. } => ErrorReason::RateLimited,
-        GateError::Store(StoreError::Unavailable(_)) => ErrorReason::StoreUnavailable,
+        GateError::Store(StoreError::Unavailable(_) | StoreError::Misconfigured(_)) => {
+            ErrorReason::StoreUnavailable
+        }
         GateError::Store(StoreError::Corrupt(_)) => ErrorReason::Internal,
     }
 }
@@ -198,7 +200,7 @@ fn not_expired(state: State) -> Wire {
 
 fn store(error: StoreError) -> Wire {
     match error {
-        StoreError::Unavailable(source) => {
+        StoreError::Unavailable(source) | StoreError::Misconfigured(source) => {
             tracing::warn!(error = %source, "store unavailable; failing closed");
             Wire::new(
                 Code::Unavailable,

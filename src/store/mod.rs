@@ -60,6 +60,10 @@ pub enum StoreError {
     /// The store answered with something this version cannot read.
     #[error("store returned an unreadable record: {0}")]
     Corrupt(String),
+    /// The store is set up so that it could lose records (a Redis that may evict keys). Start-up
+    /// refuses it; seen later, calls fail closed as `Unavailable` instead.
+    #[error("store misconfigured: {0}")]
+    Misconfigured(String),
 }
 
 impl StoreError {
@@ -68,6 +72,7 @@ impl StoreError {
         match self {
             Self::Unavailable(_) => "unavailable",
             Self::Corrupt(_) => "corrupt",
+            Self::Misconfigured(_) => "misconfigured",
         }
     }
 }

@@ -105,9 +105,9 @@ pub const STORE_OPERATIONS: [&str; 8] = [
     "list_unresolved",
 ];
 
-/// The kinds of store failure: `unavailable` (fail closed, retry later) and `corrupt` (a record
-/// this version cannot read).
-pub const STORE_ERRORS: [&str; 2] = ["unavailable", "corrupt"];
+/// The kinds of store failure: `unavailable` (fail closed, retry later), `corrupt` (a record this
+/// version cannot read) and `misconfigured` (a store that could lose records).
+pub const STORE_ERRORS: [&str; 3] = ["unavailable", "corrupt", "misconfigured"];
 
 /// The release reasons a client can give (anything else is counted as `other`).
 pub const RELEASE_REASONS: [&str; 3] = ["definite_failure", "not_attempted", "resolved_failed"];

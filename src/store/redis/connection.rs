@@ -24,6 +24,7 @@ use redis::{
     aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
+    cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo},
 };
 
 use super::{RedisOptions, sentinel::SentinelConn};
@@ -198,6 +199,39 @@ impl Conn {
             }
             Self::Cluster(lanes) => run_on(&mut lanes.pick(wait.is_some()), invocation, wait).await,
             Self::Sentinel(conn) => conn.run(invocation, wait).await,
+        }
+    }
+
+    /// `cmd` on every node the store writes to, as `(node, answer)`: the server, each Cluster
+    /// master, or the master Sentinel names now.
+    pub async fn query_writable_nodes(&self, cmd: &Cmd) -> RedisResult<Vec<(String, Value)>> {
+        match self {
+            Self::Standalone(_) | Self::Sentinel(_) => {
+                let name = if matches!(self, Self::Sentinel(_)) {
+                    "the master"
+                } else {
+                    "the server"
+                };
+                Ok(vec![(name.to_owned(), self.query(cmd).await?)])
+            }
+            Self::Cluster(lanes) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                match lanes
+                    .pick(false)
+                    .route_command(cmd.clone(), routing)
+                    .await?
+                {
+                    Value::Map(answers) => Ok(answers
+                        .into_iter()
+                        .map(|(node, answer)| {
+                            let node = redis::from_redis_value::<String>(node)
+                                .unwrap_or_else(|_| "a master".into());
+                            (node, answer)
+                        })
+                        .collect()),
+                    other => Ok(vec![("the cluster".into(), other)]),
+                }
+            }
         }
     }
 

@@ -4,15 +4,18 @@ use super::{RedisStore, classify};
 use crate::store::{Durability, StoreError};
 
 impl RedisStore {
+    /// The health probe: every node answers, and none may evict keys (see [`super::eviction`]).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        tokio::time::timeout(
-            self.options.call_timeout,
-            self.conn.query(&redis::cmd("PING")),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable("Redis did not answer PING in time".into()))?
-        .map_err(classify)?;
-        Ok(())
+        let probe = async {
+            self.conn
+                .query(&redis::cmd("PING"))
+                .await
+                .map_err(classify)?;
+            self.recheck_eviction().await
+        };
+        tokio::time::timeout(self.options.call_timeout, probe)
+            .await
+            .map_err(|_| StoreError::Unavailable("Redis did not answer PING in time".into()))?
     }
 
     /// Reads `appendonly` and `save`; a managed Redis that refuses CONFIG is reported as unknown.

@@ -7,6 +7,7 @@
 //! connection to standalone, Cluster or Sentinel deployments is [`connection`]'s.
 
 mod connection;
+mod eviction;
 mod health;
 pub mod keys;
 mod listing;
@@ -79,6 +80,9 @@ pub struct RedisOptions {
     pub username: Option<String>,
     /// Password for the data nodes, unless their URL names one.
     pub password: Option<String>,
+    /// Serve although a node may evict keys (`maxmemory-policy` other than `noeviction`, or
+    /// unreadable): UNSAFE, an evicted completion runs its action again. Logged loudly.
+    pub allow_eviction: bool,
 }
 
 /// Settings for unit tests of this module's parts (values of no importance).
@@ -92,6 +96,7 @@ fn test_options() -> RedisOptions {
         sentinel_check_interval: Duration::from_secs(1),
         username: None,
         password: None,
+        allow_eviction: false,
     }
 }
 
@@ -103,6 +108,8 @@ pub struct RedisStore {
     options: RedisOptions,
     /// Agents this process already added to the `og:agents` hint set.
     agents_seen: Arc<listing::SeenAgents>,
+    /// Fails every call closed while a node may evict keys.
+    eviction: Arc<eviction::Guard>,
 }
 
 impl RedisStore {
@@ -111,8 +118,9 @@ impl RedisStore {
         Self::connect_to(&Topology::Standalone { url: url.into() }, options).await
     }
 
-    /// Connects to `topology`. Fails when Redis cannot be reached within the call timeout; once
-    /// connected, the handle reconnects (and, with Sentinel, follows failovers) by itself.
+    /// Connects to `topology`. Fails when Redis cannot be reached within the call timeout, or
+    /// (`Misconfigured`) when a node may evict keys; once connected, the handle reconnects (and,
+    /// with Sentinel, follows failovers) by itself.
     pub async fn connect_to(
         topology: &Topology,
         options: RedisOptions,
@@ -126,12 +134,19 @@ impl RedisStore {
                 ))
             })?
             .map_err(unavailable)?;
-        Ok(Self {
+        let store = Self {
             conn,
             scripts: Arc::new(Scripts::load()),
             options,
             agents_seen: Arc::default(),
-        })
+            eviction: Arc::default(),
+        };
+        tokio::time::timeout(store.options.call_timeout, store.check_eviction_at_start())
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable("Redis did not answer CONFIG GET in time".into())
+            })??;
+        Ok(store)
     }
 
     /// The `WAIT` a state change needs: the deployment's level or the policy's, whichever is higher.
@@ -152,6 +167,7 @@ impl RedisStore {
         args: &[&[u8]],
         wait: Option<Wait>,
     ) -> Result<(Value, u32), StoreError> {
+        self.eviction.check()?;
         let mut invocation = script.key(keys::record(key));
         invocation
             .key(keys::lease_index(&key.agent_id))
@@ -226,8 +242,14 @@ fn unavailable(e: redis::RedisError) -> StoreError {
     StoreError::Unavailable(e.to_string())
 }
 
-/// Connection trouble, failover and overload fail closed as UNAVAILABLE; anything else Redis says
-/// (a script error) is a bug or a foreign record, not something a retry fixes.
+/// Server errors that waiting cures: out of memory under `noeviction` (`OOM`), a busy script
+/// (`BUSY`), too few replicas for `min-replicas-to-write` (`NOREPLICAS`), a failing snapshot that
+/// stops writes (`MISCONF`).
+const TRANSIENT_CODES: [&str; 4] = ["OOM", "BUSY", "NOREPLICAS", "MISCONF"];
+
+/// Connection trouble, failover, overload and the server errors a retry can cure fail closed as
+/// UNAVAILABLE (retryable: a guard keeps retrying its Complete); anything else Redis says (a
+/// script error) is a bug or a foreign record, not something a retry fixes.
 fn classify(e: redis::RedisError) -> StoreError {
     use redis::{ErrorKind, ServerErrorKind as S};
     let transient = e.is_io_error()
@@ -242,7 +264,8 @@ fn classify(e: redis::RedisError) -> StoreError {
                 | ErrorKind::Server(
                     S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly
                 )
-        );
+        )
+        || e.code().is_some_and(|code| TRANSIENT_CODES.contains(&code));
     if transient {
         StoreError::Unavailable(e.to_string())
     } else {
