@@ -21,14 +21,10 @@ use oncegate::{
 use tempfile::TempDir;
 use tonic::{Code, transport::Channel};
 
-use crate::{
-    pki::{Ca, PkiFiles},
-    security::{authed, principals_toml},
-    support::{Kind, TestGate, expect_error, token_request, write_file},
+use crate::support::{
+    Ca, Kind, OPS_KEY, PkiFiles, TestGate, WORKER_KEY, authed, expect_error, principals_toml,
+    tls_channel, token_request, write_file,
 };
-
-const OPS_KEY: &str = "ops-secret-key-1";
-const WORKER_KEY: &str = "worker-secret-key-1";
 
 fn policies() -> ConfigFile {
     crate::support::config(&format!(
@@ -606,9 +602,7 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
     let server_url = format!("https://localhost:{port}");
 
     // A worker takes a lease that then expires (over TLS, with its API key).
-    let channel = crate::security::tls_channel(&served.addr, &ca.pem, None)
-        .await
-        .unwrap();
+    let channel = tls_channel(&served.addr, &ca.pem, None).await.unwrap();
     let mut gate = ActionGateServiceClient::new(channel);
     const MARKER: &str = "params-marker-IBAN-DE89";
     let mut req = token_request(

@@ -12,7 +12,6 @@ mod failover;
 mod failures;
 mod layers;
 mod metrics;
-mod pki;
 mod properties;
 mod races;
 mod rows;

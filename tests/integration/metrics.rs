@@ -16,12 +16,9 @@ use oncegate::{
 use tonic::{Code, transport::Channel};
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::{
-    failures::{health, wait_for_health},
-    support::{
-        GateProcess, Kind, Scrape, TestGate, expect_error, free_port, http_get, token_request,
-        write_file,
-    },
+use crate::support::{
+    GateProcess, Kind, Scrape, TestGate, expect_error, free_port, health, http_get, token_request,
+    wait_for_health, write_file,
 };
 
 type Client = ActionGateServiceClient<Channel>;

@@ -10,49 +10,20 @@ use oncegate::{
     domain::ActionKey,
     gate::policy::Policies,
     grpc::server::ServerOptions,
-    grpc::{auth::hash_key, tls},
+    grpc::tls,
     pb::{
         self, action_gate_service_client::ActionGateServiceClient,
         gate_admin_service_client::GateAdminServiceClient,
     },
 };
-use tonic::{
-    Code, Request, Status,
-    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
-};
+use tonic::{Code, Status, transport::Channel};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tonic_types::StatusExt;
 
-use crate::{
-    pki::{Ca, Pem},
-    support::{Kind, TestGate, backend, config, expect_error, token_request},
+use crate::support::{
+    Ca, Kind, OPS_KEY, Pem, TestGate, WORKER_KEY, authed, backend, config, expect_error,
+    principals_toml, tls_channel, token_request,
 };
-
-const WORKER_KEY: &str = "worker-secret-key-1";
-const OPS_KEY: &str = "ops-secret-key-1";
-
-/// The principals of every test here: a worker for `billing-*`, an operator for everything.
-pub fn principals_toml(extra: &str) -> String {
-    format!(
-        r#"
-        [[principals]]
-        name = "billing-worker"
-        role = "agent"
-        agents = ["billing-*"]
-        api_key_sha256 = "{}"
-        cert_identity = "worker.billing"
-        {extra}
-
-        [[principals]]
-        name = "ops"
-        role = "operator"
-        api_key_sha256 = "{}"
-        cert_identity = "ops.example"
-        "#,
-        hash_key(WORKER_KEY),
-        hash_key(OPS_KEY)
-    )
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -131,38 +102,6 @@ impl Pki {
             ca,
         }
     }
-}
-
-/// A TLS channel to the gate, with a client certificate when given.
-pub async fn tls_channel(
-    addr: &str,
-    ca_pem: &str,
-    client: Option<&Pem>,
-) -> Result<Channel, String> {
-    let mut config = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca_pem))
-        .domain_name("localhost");
-    if let Some(pem) = client {
-        config = config.identity(Identity::from_pem(&pem.cert, &pem.key));
-    }
-    Endpoint::from_shared(format!("https://{addr}"))
-        .unwrap()
-        .tls_config(config)
-        .unwrap()
-        .connect()
-        .await
-        .map_err(|e| format!("{e:?}"))
-}
-
-/// A message with an `authorization` header when a key is given.
-pub fn authed<T>(message: T, key: Option<&str>) -> Request<T> {
-    let mut request = Request::new(message);
-    if let Some(key) = key {
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    }
-    request
 }
 
 /// How one caller reaches the gate: a channel and maybe an API key.

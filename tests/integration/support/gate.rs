@@ -1,0 +1,180 @@
+//! Gates to test against: in-process on `127.0.0.1:0` over a [`Backend`] ([`TestGate`]), or as real
+//! `oncegate serve` processes ([`GateProcess`]), and a client that waits for one to listen
+//! ([`connect`]).
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use oncegate::{
+    config::{ConfigFile, defaults},
+    gate::{Gate, policy::Policies},
+    grpc::server::{self, ServerOptions},
+    observe::metrics::{self, Metrics},
+    pb::action_gate_service_client::ActionGateServiceClient,
+};
+use tonic::transport::Channel;
+
+use super::stores::{Backend, Kind, backend};
+
+/// A gate served in-process on `127.0.0.1:0`, stopped on drop.
+pub struct TestGate {
+    pub addr: SocketAddr,
+    pub backend: Backend,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl TestGate {
+    /// Serves a fresh store of `kind` with default policies.
+    pub async fn start(kind: Kind) -> Self {
+        Self::start_with(kind, Policies::default()).await
+    }
+
+    /// Serves a fresh store of `kind` with `config` (policies, and principals if any).
+    pub async fn start_with(kind: Kind, config: impl Into<ConfigFile>) -> Self {
+        Self::serve(backend(kind).await, config).await
+    }
+
+    /// Serves an existing backend.
+    pub async fn serve(backend: Backend, config: impl Into<ConfigFile>) -> Self {
+        Self::serve_with_options(backend, config, defaults::server()).await
+    }
+
+    /// Serves a fresh store of `kind` with `policies`, counting into a registry served on its own
+    /// `/metrics` listener, whose address is returned.
+    pub async fn start_with_metrics(kind: Kind, policies: Policies) -> (Self, SocketAddr) {
+        let backend = backend(kind).await;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(
+            &mut registry,
+            policies.names(),
+            metrics::DEFAULT_OTHER_ACTION,
+        );
+        let gate = Gate::with_metrics(backend.store.clone(), policies, metrics);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_addr = listener.local_addr().unwrap();
+        tokio::spawn(metrics::endpoint::serve(
+            listener,
+            std::sync::Arc::new(registry),
+            std::future::pending(),
+        ));
+        let gate = Self::serve_gate(backend, gate, defaults::server()).await;
+        (gate, metrics_addr)
+    }
+
+    /// Serves an existing backend with server options (TLS, message size) and the configuration
+    /// file's principals; the health interval is always short.
+    pub async fn serve_with_options(
+        backend: Backend,
+        config: impl Into<ConfigFile>,
+        options: ServerOptions,
+    ) -> Self {
+        let ConfigFile {
+            policies,
+            principals,
+        } = config.into();
+        let gate = Gate::new(backend.store.clone(), policies);
+        let options = ServerOptions {
+            principals,
+            ..options
+        };
+        Self::serve_gate(backend, gate, options).await
+    }
+
+    /// Serves `gate` over `backend` with server options.
+    pub async fn serve_gate(backend: Backend, gate: Gate, options: ServerOptions) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let options = ServerOptions {
+            health_interval: Duration::from_millis(100),
+            ..options
+        };
+        tokio::spawn(server::run(listener, gate, options, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            addr,
+            backend,
+            stop: Some(stop),
+        }
+    }
+
+    /// A new client (its own HTTP/2 connection).
+    pub async fn client(&self) -> ActionGateServiceClient<Channel> {
+        connect(&self.addr.to_string()).await
+    }
+}
+
+impl Drop for TestGate {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A client on `addr` (`host:port`), retrying the connection for a few seconds.
+pub async fn connect(addr: &str) -> ActionGateServiceClient<Channel> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ActionGateServiceClient::connect(format!("http://{addr}")).await {
+            Ok(client) => return client,
+            Err(e) if Instant::now() > deadline => panic!("cannot connect to {addr}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// A real `oncegate serve` process, killed (SIGKILL) on drop.
+pub struct GateProcess {
+    pub addr: String,
+    child: Child,
+}
+
+impl GateProcess {
+    /// Starts `oncegate serve --listen 127.0.0.1:0 <args>` and waits for its `listening on` line.
+    pub fn spawn(args: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from oncegate: {line:?}"))
+            .to_owned();
+        Self { addr, child }
+    }
+
+    /// Kills the process with SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for GateProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
