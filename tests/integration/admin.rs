@@ -22,8 +22,8 @@ use tempfile::TempDir;
 use tonic::{Code, transport::Channel};
 
 use crate::support::{
-    Ca, Kind, OPS_KEY, PkiFiles, TestGate, WORKER_KEY, authed, expect_error, principals_toml,
-    tls_channel, token_request, write_file,
+    Ca, Kind, OPS_KEY, PkiFiles, TestGate, WORKER_KEY, authed, expect_error, on_stores,
+    principals_toml, tls_channel, token_request, write_file,
 };
 
 fn policies() -> ConfigFile {
@@ -203,6 +203,7 @@ async fn hand_done_completion_reaches_the_worker_as_completed_by_other(kind: Kin
     let meta = expect_error(&status, Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED");
     assert_eq!(meta["differing_fields"], "/amount");
 }
+on_stores!(hand_done_completion_reaches_the_worker_as_completed_by_other: embedded, redis);
 
 async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
@@ -295,6 +296,7 @@ async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
         .unwrap_err();
     expect_error(&status, Code::FailedPrecondition, "TOKEN_MISMATCH");
 }
+on_stores!(expired_lease_listed_resolved_failed_and_granted_again: embedded, redis);
 
 async fn expired_lease_resolved_completed(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
@@ -344,6 +346,7 @@ async fn expired_lease_resolved_completed(kind: Kind) {
         .into_inner();
     assert_eq!(resp.completion.unwrap().receipt, b"tx_42");
 }
+on_stores!(expired_lease_resolved_completed: embedded, redis);
 
 async fn listing_pages_across_agents(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
@@ -410,34 +413,7 @@ async fn listing_pages_across_agents(kind: Kind) {
         .unwrap_err();
     expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
 }
-
-macro_rules! both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Kind::Embedded).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    super::$name(super::Kind::Redis).await;
-                }
-            )*
-        }
-    };
-}
-
-both_stores!(
-    hand_done_completion_reaches_the_worker_as_completed_by_other,
-    expired_lease_listed_resolved_failed_and_granted_again,
-    expired_lease_resolved_completed,
-    listing_pages_across_agents,
-);
+on_stores!(listing_pages_across_agents: embedded, redis);
 
 fn oncegate() -> Command {
     Command::new(env!("CARGO_BIN_EXE_oncegate"))

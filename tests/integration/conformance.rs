@@ -13,7 +13,7 @@ use oncegate::{
     store::{Reply, Store},
 };
 
-use crate::support::{Kind, backend};
+use crate::support::{Kind, backend, on_stores};
 
 /// A tiny deterministic generator (xorshift), so a failing seed can be replayed.
 struct Rng(u64);
@@ -219,23 +219,7 @@ async fn random_sequences_match_the_model(kind: Kind) {
         actor.await.unwrap();
     }
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn embedded_random_sequences_match_the_model() {
-    random_sequences_match_the_model(Kind::Embedded).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_random_sequences_match_the_model() {
-    random_sequences_match_the_model(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_random_sequences_match_the_model() {
-    random_sequences_match_the_model(Kind::Cluster).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sentinel_random_sequences_match_the_model() {
-    random_sequences_match_the_model(Kind::Sentinel).await;
-}
+on_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    random_sequences_match_the_model: embedded, redis, cluster, sentinel
+);

@@ -1,5 +1,5 @@
-//! Every row of SPEC.md's state and error tables, through real gRPC, on both stores (Redis as
-//! standalone, Cluster and Sentinel).
+//! The rows of docs/CONTRACT.md's worker transitions and error table, through real gRPC, on every
+//! store (embedded; Redis standalone, Cluster and Sentinel).
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use oncegate::{
 use tonic::{Code, transport::Channel};
 use tonic_types::StatusExt;
 
-use crate::support::{Kind, TestGate, expect_error, token_request};
+use crate::support::{Kind, TestGate, expect_error, on_stores, token_request};
 
 type Client = ActionGateServiceClient<Channel>;
 
@@ -82,7 +82,9 @@ async fn state(client: &mut Client, action: &pb::ActionRef) -> pb::GetActionResp
         .into_inner()
 }
 
-async fn absent_grants_then_complete_replays(client: &mut Client) {
+async fn absent_grants_then_complete_replays(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let req = token_request("agent", "run-1", "payments.transfer", PAY);
     let (action, g) = grant(client, req.clone()).await;
     assert_eq!(g.fencing, 1);
@@ -130,8 +132,11 @@ async fn absent_grants_then_complete_replays(client: &mut Client) {
     assert_eq!(view.state(), pb::ActionState::Completed);
     assert_eq!(view.completion.unwrap().receipt, b"paid #1");
 }
+on_stores!(absent_grants_then_complete_replays: embedded, redis, cluster, sentinel);
 
-async fn live_lease_same_holder_gets_same_token_others_in_progress(client: &mut Client) {
+async fn live_lease_same_holder_gets_same_token_others_in_progress(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-2", "email.send", r#"{"to":"a@b.c"}"#);
     req.holder = "worker-1".into();
     let (_, first) = grant(client, req.clone()).await;
@@ -159,8 +164,13 @@ async fn live_lease_same_holder_gets_same_token_others_in_progress(client: &mut 
         assert!(meta["retry_after_ms"].parse::<u64>().unwrap() > 0);
     }
 }
+on_stores!(
+    live_lease_same_holder_gets_same_token_others_in_progress: embedded, redis, cluster, sentinel
+);
 
-async fn expired_lease_reconcile_then_late_complete(client: &mut Client) {
+async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-3", "payments.transfer", PAY);
     req.lease_ttl = ms(150);
     let (action, g) = grant(client, req.clone()).await;
@@ -182,8 +192,11 @@ async fn expired_lease_reconcile_then_late_complete(client: &mut Client) {
     let done = complete(client, &action, &g.token, b"late").await.unwrap();
     assert_eq!(done.receipt, b"late");
 }
+on_stores!(expired_lease_reconcile_then_late_complete: embedded, redis, cluster, sentinel);
 
-async fn expired_lease_regrant_and_double_execution(client: &mut Client) {
+async fn expired_lease_regrant_and_double_execution(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-4", "payments.regrant", r#"{"n":1}"#);
     req.lease_ttl = ms(150);
     let (action, old) = grant(client, req.clone()).await;
@@ -204,8 +217,11 @@ async fn expired_lease_regrant_and_double_execution(client: &mut Client) {
     let meta = expect_error(&status, Code::FailedPrecondition, "COMPLETED_BY_OTHER");
     assert_eq!(meta["fencing"], "1");
 }
+on_stores!(expired_lease_regrant_and_double_execution: embedded, redis, cluster, sentinel);
 
-async fn changed_key_fields_under_one_idempotency_key_are_refused(client: &mut Client) {
+async fn changed_key_fields_under_one_idempotency_key_are_refused(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-5", "payments.transfer", PAY);
     req.idempotency_key = "order-42".into();
     let (action, g) = grant(client, req.clone()).await;
@@ -231,8 +247,13 @@ async fn changed_key_fields_under_one_idempotency_key_are_refused(client: &mut C
     let resp = client.request_token(memo).await.unwrap().into_inner();
     assert_eq!(resp.decision(), pb::Decision::AlreadyCompleted);
 }
+on_stores!(
+    changed_key_fields_under_one_idempotency_key_are_refused: embedded, redis, cluster, sentinel
+);
 
-async fn token_errors(client: &mut Client) {
+async fn token_errors(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let req = token_request("agent", "run-6", "x", r#"{"a":1}"#);
     let (action, g) = grant(client, req).await;
     let status = complete(client, &action, "not-a-token", b"")
@@ -250,8 +271,11 @@ async fn token_errors(client: &mut Client) {
         pb::ActionState::Absent
     );
 }
+on_stores!(token_errors: embedded, redis, cluster, sentinel);
 
-async fn release_keeps_fencing_and_completed_cannot_be_released(client: &mut Client) {
+async fn release_keeps_fencing_and_completed_cannot_be_released(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let req = token_request("agent", "run-7", "x", r#"{"a":2}"#);
     let (action, g1) = grant(client, req.clone()).await;
     assert_eq!(release(client, &action, &g1.token).await.unwrap(), 1);
@@ -274,8 +298,13 @@ async fn release_keeps_fencing_and_completed_cannot_be_released(client: &mut Cli
         .unwrap_err();
     expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
 }
+on_stores!(
+    release_keeps_fencing_and_completed_cannot_be_released: embedded, redis, cluster, sentinel
+);
 
-async fn extend_lease_for_the_holder_only(client: &mut Client) {
+async fn extend_lease_for_the_holder_only(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-8", "x", r#"{"a":3}"#);
     req.lease_ttl = ms(200);
     let (action, g) = grant(client, req.clone()).await;
@@ -303,15 +332,21 @@ async fn extend_lease_for_the_holder_only(client: &mut Client) {
         .unwrap_err();
     expect_error(&status, Code::FailedPrecondition, "TOKEN_MISMATCH");
 }
+on_stores!(extend_lease_for_the_holder_only: embedded, redis, cluster, sentinel);
 
-async fn scopes_are_unambiguous(client: &mut Client) {
+async fn scopes_are_unambiguous(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let (a, _) = grant(client, token_request("a::b", "c", "x", r#"{"k":1}"#)).await;
     let (b, _) = grant(client, token_request("a", "b::c", "x", r#"{"k":1}"#)).await;
     assert_eq!(a.key, b.key, "same fingerprint");
     assert_ne!(a.scope, b.scope);
 }
+on_stores!(scopes_are_unambiguous: embedded, redis, cluster, sentinel);
 
-async fn bad_input_is_refused_and_creates_nothing(client: &mut Client) {
+async fn bad_input_is_refused_and_creates_nothing(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let long = "x".repeat(257);
     let deep = format!(
         "{}1{}",
@@ -410,77 +445,18 @@ async fn bad_input_is_refused_and_creates_nothing(client: &mut Client) {
         pb::ActionState::Authorized
     );
 }
+on_stores!(bad_input_is_refused_and_creates_nothing: embedded, redis, cluster, sentinel);
 
-macro_rules! rows {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let gate = TestGate::start_with(Kind::Embedded, policies()).await;
-                    super::$name(&mut gate.client().await).await;
-                }
-            )*
-        }
-        mod redis {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let gate = TestGate::start_with(Kind::Redis, policies()).await;
-                    super::$name(&mut gate.client().await).await;
-                }
-            )*
-        }
-        mod cluster {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let gate = TestGate::start_with(Kind::Cluster, policies()).await;
-                    super::$name(&mut gate.client().await).await;
-                }
-            )*
-        }
-        mod sentinel {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let gate = TestGate::start_with(Kind::Sentinel, policies()).await;
-                    super::$name(&mut gate.client().await).await;
-                }
-            )*
-        }
-    };
+async fn strict_mode_refuses_actions_without_policy(kind: Kind) {
+    let strict = crate::support::policies("strict = true\n[actions.\"known\"]\n");
+    let gate = TestGate::start_with(kind, strict).await;
+    let mut client = gate.client().await;
+    let status = client
+        .request_token(token_request("a", "r", "unknown", "{}"))
+        .await
+        .unwrap_err();
+    let meta = expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
+    assert_eq!(meta["field"], "action");
+    grant(&mut client, token_request("a", "r", "known", "{}")).await;
 }
-
-rows!(
-    absent_grants_then_complete_replays,
-    live_lease_same_holder_gets_same_token_others_in_progress,
-    expired_lease_reconcile_then_late_complete,
-    expired_lease_regrant_and_double_execution,
-    changed_key_fields_under_one_idempotency_key_are_refused,
-    token_errors,
-    release_keeps_fencing_and_completed_cannot_be_released,
-    extend_lease_for_the_holder_only,
-    scopes_are_unambiguous,
-    bad_input_is_refused_and_creates_nothing,
-);
-
-#[tokio::test]
-async fn strict_mode_refuses_actions_without_policy() {
-    for kind in [Kind::Embedded, Kind::Redis] {
-        let strict = crate::support::policies("strict = true\n[actions.\"known\"]\n");
-        let gate = TestGate::start_with(kind, strict).await;
-        let mut client = gate.client().await;
-        let status = client
-            .request_token(token_request("a", "r", "unknown", "{}"))
-            .await
-            .unwrap_err();
-        let meta = expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
-        assert_eq!(meta["field"], "action");
-        grant(&mut client, token_request("a", "r", "known", "{}")).await;
-    }
-}
+on_stores!(strict_mode_refuses_actions_without_policy: embedded, redis);

@@ -21,7 +21,7 @@ use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tonic_types::StatusExt;
 
 use crate::support::{
-    Ca, Kind, OPS_KEY, Pem, TestGate, WORKER_KEY, authed, backend, config, expect_error,
+    Ca, Kind, OPS_KEY, Pem, TestGate, WORKER_KEY, authed, backend, config, expect_error, on_stores,
     principals_toml, tls_channel, token_request,
 };
 
@@ -330,25 +330,15 @@ async fn access_matrix(kind: Kind, mode: Mode) {
     assert_eq!(view.fencing, 1);
 }
 
-#[tokio::test]
-async fn access_matrix_embedded_tls() {
-    access_matrix(Kind::Embedded, Mode::Tls).await;
+async fn access_matrix_over_tls(kind: Kind) {
+    access_matrix(kind, Mode::Tls).await;
 }
+on_stores!(access_matrix_over_tls: embedded, redis);
 
-#[tokio::test]
-async fn access_matrix_redis_tls() {
-    access_matrix(Kind::Redis, Mode::Tls).await;
+async fn access_matrix_over_mtls(kind: Kind) {
+    access_matrix(kind, Mode::Mtls).await;
 }
-
-#[tokio::test]
-async fn access_matrix_embedded_mtls() {
-    access_matrix(Kind::Embedded, Mode::Mtls).await;
-}
-
-#[tokio::test]
-async fn access_matrix_redis_mtls() {
-    access_matrix(Kind::Redis, Mode::Mtls).await;
-}
+on_stores!(access_matrix_over_mtls: embedded, redis);
 
 #[tokio::test]
 async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certificate() {

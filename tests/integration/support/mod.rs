@@ -2,13 +2,32 @@
 //! import from each other). By concern:
 //! - [`redis`]: a `redis-server` of the test's own on a free loopback port; [`topology`]: Cluster
 //!   and Sentinel deployments of them.
-//! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]).
+//! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]), and [`on_stores!`].
 //! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
 //!   ([`GateProcess`]), and [`connect`].
 //! - [`inputs`]: requests, configuration text, files.
 //! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
 //!   [`pki`]: certificates made here and a TLS channel.
 //! - [`errors`]: rich-status checks; [`health`]: probes; [`scrape`]: `/metrics` parsed.
+//!
+//! # One test on several stores
+//!
+//! Write the test once, taking the store's [`Kind`], then name the stores it runs on:
+//!
+//! ```ignore
+//! async fn expired_lease_is_refused(kind: Kind) {
+//!     let gate = TestGate::start_with(kind, policies()).await;
+//!     let mut client = gate.client().await;
+//!     // ...
+//! }
+//! on_stores!(expired_lease_is_refused: embedded, redis, cluster, sentinel);
+//! ```
+//!
+//! [`on_stores!`] generates a module of that name with one `#[tokio::test]` per store, so each
+//! store's case is listed, run, filtered and reported by its own name
+//! (`rows::expired_lease_is_refused::cluster`). A test on another runtime puts its attribute
+//! first: `on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] name: redis);`.
+//! A store name other than `embedded`, `redis`, `cluster` or `sentinel` does not compile.
 
 pub mod errors;
 pub mod gate;
@@ -37,3 +56,4 @@ pub use self::{
     scrape::{Scrape, http_get},
     stores::{Backend, Kind, STORE_TIMEOUT, backend, backend_with, test_options},
 };
+pub(crate) use stores::{on_stores, store_kind};

@@ -1,4 +1,5 @@
-//! Stores of every kind, fresh and empty per test.
+//! Stores of every kind, fresh and empty per test, and the one way to run a test on several of
+//! them ([`on_stores!`](crate::support::on_stores), documented in [`crate::support`]).
 
 use std::time::Duration;
 
@@ -127,3 +128,40 @@ pub async fn backend_with(kind: Kind, options: RedisOptions) -> Backend {
         _dir: None,
     }
 }
+
+/// Generates one test per named store for `async fn $test(kind: Kind)`: a module `$test` holding
+/// `#[tokio::test] async fn <store>()` for each store (`embedded`, `redis`, `cluster`,
+/// `sentinel`). An attribute first replaces `#[tokio::test]` (another runtime flavor).
+macro_rules! on_stores {
+    (#[$runtime:meta] $test:ident: $($store:ident),+ $(,)?) => {
+        mod $test {
+            $(
+                #[$runtime]
+                async fn $store() {
+                    super::$test($crate::support::store_kind!($store)).await;
+                }
+            )+
+        }
+    };
+    ($test:ident: $($store:ident),+ $(,)?) => {
+        $crate::support::on_stores!(#[tokio::test] $test: $($store),+);
+    };
+}
+pub(crate) use on_stores;
+
+/// The [`Kind`] an [`on_stores!`] store name stands for; any other name does not compile.
+macro_rules! store_kind {
+    (embedded) => {
+        $crate::support::Kind::Embedded
+    };
+    (redis) => {
+        $crate::support::Kind::Redis
+    };
+    (cluster) => {
+        $crate::support::Kind::Cluster
+    };
+    (sentinel) => {
+        $crate::support::Kind::Sentinel
+    };
+}
+pub(crate) use store_kind;
