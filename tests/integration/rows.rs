@@ -1,18 +1,15 @@
 //! The rows of docs/CONTRACT.md's worker transitions and error table, through real gRPC, on every
-//! store (embedded; Redis standalone, Cluster and Sentinel).
+//! store (embedded; Redis standalone, Cluster and Sentinel). Refused input is in `validation.rs`.
 
 use std::time::Duration;
 
-use oncegate::{
-    gate::policy::Policies,
-    pb::{self, action_gate_service_client::ActionGateServiceClient},
-};
-use tonic::{Code, transport::Channel};
+use oncegate::{gate::policy::Policies, pb};
+use tonic::Code;
 use tonic_types::StatusExt;
 
-use crate::support::{Kind, TestGate, expect_error, on_stores, token_request};
-
-type Client = ActionGateServiceClient<Channel>;
+use crate::support::{
+    Kind, TestGate, complete, expect_error, grant, on_stores, release, state, token_request, ttl_ms,
+};
 
 const PAY: &str = r#"{"amount":100,"currency":"EUR","to":"DE89","memo":"rent"}"#;
 
@@ -26,60 +23,6 @@ fn policies() -> Policies {
         [actions."strict.*"]
         "#,
     )
-}
-
-fn ms(d: u64) -> Option<prost_types::Duration> {
-    Some(prost_types::Duration {
-        seconds: (d / 1000) as i64,
-        nanos: ((d % 1000) * 1_000_000) as i32,
-    })
-}
-
-async fn grant(client: &mut Client, req: pb::RequestTokenRequest) -> (pb::ActionRef, pb::Grant) {
-    let resp = client.request_token(req).await.unwrap().into_inner();
-    assert_eq!(resp.decision(), pb::Decision::Granted, "{resp:?}");
-    (resp.action.unwrap(), resp.grant.unwrap())
-}
-
-async fn complete(
-    client: &mut Client,
-    action: &pb::ActionRef,
-    token: &str,
-    receipt: &[u8],
-) -> Result<pb::Completion, tonic::Status> {
-    client
-        .complete(pb::CompleteRequest {
-            action: Some(action.clone()),
-            token: token.into(),
-            receipt: receipt.to_vec(),
-        })
-        .await
-        .map(|r| r.into_inner().completion.unwrap())
-}
-
-async fn release(
-    client: &mut Client,
-    action: &pb::ActionRef,
-    token: &str,
-) -> Result<u64, tonic::Status> {
-    client
-        .release(pb::ReleaseRequest {
-            action: Some(action.clone()),
-            token: token.into(),
-            reason: pb::ReleaseReason::DefiniteFailure as i32,
-        })
-        .await
-        .map(|r| r.into_inner().fencing)
-}
-
-async fn state(client: &mut Client, action: &pb::ActionRef) -> pb::GetActionResponse {
-    client
-        .get_action(pb::GetActionRequest {
-            action: Some(action.clone()),
-        })
-        .await
-        .unwrap()
-        .into_inner()
 }
 
 async fn absent_grants_then_complete_replays(kind: Kind) {
@@ -172,7 +115,7 @@ async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
     let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-3", "payments.transfer", PAY);
-    req.lease_ttl = ms(150);
+    req.lease_ttl = ttl_ms(150);
     let (action, g) = grant(client, req.clone()).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(
@@ -198,7 +141,7 @@ async fn expired_lease_regrant_and_double_execution(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
     let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-4", "payments.regrant", r#"{"n":1}"#);
-    req.lease_ttl = ms(150);
+    req.lease_ttl = ttl_ms(150);
     let (action, old) = grant(client, req.clone()).await;
     tokio::time::sleep(Duration::from_millis(250)).await;
     req.lease_ttl = None;
@@ -306,13 +249,13 @@ async fn extend_lease_for_the_holder_only(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
     let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-8", "x", r#"{"a":3}"#);
-    req.lease_ttl = ms(200);
+    req.lease_ttl = ttl_ms(200);
     let (action, g) = grant(client, req.clone()).await;
     let extended = client
         .extend_lease(pb::ExtendLeaseRequest {
             action: Some(action.clone()),
             token: g.token.clone(),
-            ttl: ms(60_000),
+            ttl: ttl_ms(60_000),
         })
         .await
         .unwrap()
@@ -326,7 +269,7 @@ async fn extend_lease_for_the_holder_only(kind: Kind) {
         .extend_lease(pb::ExtendLeaseRequest {
             action: Some(action.clone()),
             token: "someone-else".into(),
-            ttl: ms(1000),
+            ttl: ttl_ms(1000),
         })
         .await
         .unwrap_err();
@@ -343,120 +286,3 @@ async fn scopes_are_unambiguous(kind: Kind) {
     assert_ne!(a.scope, b.scope);
 }
 on_stores!(scopes_are_unambiguous: embedded, redis, cluster, sentinel);
-
-async fn bad_input_is_refused_and_creates_nothing(kind: Kind) {
-    let gate = TestGate::start_with(kind, policies()).await;
-    let client = &mut gate.client().await;
-    let long = "x".repeat(257);
-    let deep = format!(
-        "{}1{}",
-        r#"{"a":"#.to_owned() + &"[".repeat(32),
-        "]".repeat(32) + "}"
-    );
-    let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(64 * 1024));
-    type Mutation = Box<dyn Fn(&mut pb::RequestTokenRequest)>;
-    let cases: Vec<(&str, Mutation)> = vec![
-        (
-            "scope.agent_id",
-            Box::new(|r| r.scope.as_mut().unwrap().agent_id.clear()),
-        ),
-        (
-            "scope.run_id",
-            Box::new(move |r| r.scope.as_mut().unwrap().run_id = "y".repeat(257)),
-        ),
-        ("action", Box::new(|r| r.action.clear())),
-        ("action", Box::new(move |r| r.action = long.clone())),
-        (
-            "params_json",
-            Box::new(|r| r.params_json = "not json".into()),
-        ),
-        ("params_json", Box::new(|r| r.params_json = "[1,2]".into())),
-        (
-            "params_json",
-            Box::new(|r| r.params_json = r#"{"a":1,"a":2}"#.into()),
-        ),
-        (
-            "params_json",
-            Box::new(|r| r.params_json = r#"{"amount":9007199254740993}"#.into()),
-        ),
-        (
-            "params_json",
-            Box::new(move |r| r.params_json = deep.clone()),
-        ),
-        (
-            "params_json",
-            Box::new(move |r| r.params_json = big.clone()),
-        ),
-        (
-            "lease_ttl",
-            Box::new(|r| {
-                r.lease_ttl = Some(prost_types::Duration {
-                    seconds: 0,
-                    nanos: 0,
-                })
-            }),
-        ),
-        (
-            "lease_ttl",
-            Box::new(|r| {
-                r.lease_ttl = Some(prost_types::Duration {
-                    seconds: -5,
-                    nanos: 0,
-                })
-            }),
-        ),
-        (
-            "lease_ttl",
-            Box::new(|r| {
-                r.lease_ttl = Some(prost_types::Duration {
-                    seconds: 90_000,
-                    nanos: 0,
-                })
-            }),
-        ),
-        ("scope", Box::new(|r| r.scope = None)),
-    ];
-    for (field, mutate) in cases {
-        let mut req = token_request("agent", "run-bad", "x", r#"{"a":1}"#);
-        mutate(&mut req);
-        let status = client.request_token(req).await.unwrap_err();
-        let meta = expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
-        assert_eq!(meta["field"], field, "{status:?}");
-        let violations = status
-            .get_error_details()
-            .bad_request()
-            .unwrap()
-            .field_violations
-            .clone();
-        assert_eq!(violations.len(), 1);
-        assert_eq!(violations[0].field, field);
-    }
-    // Exactly at the limits is fine; nothing of the refused requests was created.
-    let ok = token_request("agent", "run-bad", "x", r#"{"a":1}"#);
-    let (action, g) = grant(client, ok).await;
-    assert_eq!(g.fencing, 1);
-    let status = complete(client, &action, &g.token, &vec![0u8; 64 * 1024 + 1])
-        .await
-        .unwrap_err();
-    let meta = expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
-    assert_eq!(meta["field"], "receipt");
-    assert_eq!(
-        state(client, &action).await.state(),
-        pb::ActionState::Authorized
-    );
-}
-on_stores!(bad_input_is_refused_and_creates_nothing: embedded, redis, cluster, sentinel);
-
-async fn strict_mode_refuses_actions_without_policy(kind: Kind) {
-    let strict = crate::support::policies("strict = true\n[actions.\"known\"]\n");
-    let gate = TestGate::start_with(kind, strict).await;
-    let mut client = gate.client().await;
-    let status = client
-        .request_token(token_request("a", "r", "unknown", "{}"))
-        .await
-        .unwrap_err();
-    let meta = expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
-    assert_eq!(meta["field"], "action");
-    grant(&mut client, token_request("a", "r", "known", "{}")).await;
-}
-on_stores!(strict_mode_refuses_actions_without_policy: embedded, redis);

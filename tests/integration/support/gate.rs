@@ -1,10 +1,11 @@
 //! Gates to test against: in-process on `127.0.0.1:0` over a [`Backend`] ([`TestGate`]), or as real
-//! `oncegate serve` processes ([`GateProcess`]), and a client that waits for one to listen
-//! ([`connect`]).
+//! `oncegate serve` processes ([`GateProcess`]; [`LoggedGate`] when the test reads the log), and a
+//! client that waits for one to listen ([`connect`]).
 
 use std::{
     io::{BufRead, BufReader},
     net::SocketAddr,
+    path::PathBuf,
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -16,6 +17,7 @@ use oncegate::{
     observe::metrics::{self, Metrics},
     pb::action_gate_service_client::ActionGateServiceClient,
 };
+use tempfile::TempDir;
 use tonic::transport::Channel;
 
 use super::stores::{Backend, Kind, backend};
@@ -129,6 +131,22 @@ pub async fn connect(addr: &str) -> ActionGateServiceClient<Channel> {
     }
 }
 
+/// The `oncegate` binary under test.
+pub fn oncegate_command() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_oncegate"))
+}
+
+/// Reads the `listening on <addr>` line a starting `oncegate serve` prints first; `None` when the
+/// first line is something else (the process failed to start).
+fn listening_on(child: &mut Child) -> (Option<String>, String) {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().strip_prefix("listening on ").map(str::to_owned);
+    (addr, line)
+}
+
 /// A real `oncegate serve` process, killed (SIGKILL) on drop.
 pub struct GateProcess {
     pub addr: String,
@@ -138,7 +156,7 @@ pub struct GateProcess {
 impl GateProcess {
     /// Starts `oncegate serve --listen 127.0.0.1:0 <args>` and waits for its `listening on` line.
     pub fn spawn(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_oncegate"))
+        let mut child = oncegate_command()
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
             .env("RUST_LOG", "warn")
@@ -146,14 +164,8 @@ impl GateProcess {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from oncegate: {line:?}"))
-            .to_owned();
+        let (addr, line) = listening_on(&mut child);
+        let addr = addr.unwrap_or_else(|| panic!("unexpected first line from oncegate: {line:?}"));
         Self { addr, child }
     }
 
@@ -176,5 +188,50 @@ impl GateProcess {
 impl Drop for GateProcess {
     fn drop(&mut self) {
         self.kill9();
+    }
+}
+
+/// A real `oncegate serve` process on the embedded store in `dir/data`, logging at `info` into a
+/// file the test reads; killed on drop.
+pub struct LoggedGate {
+    pub addr: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl LoggedGate {
+    /// Starts `oncegate serve --data-dir <dir>/data <args>` (`args` choose the listener) and waits
+    /// for its `listening on` line.
+    pub fn start(dir: &TempDir, args: &[&str]) -> Self {
+        let log = dir.path().join("gate.log");
+        let mut child = oncegate_command()
+            .args(["serve", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let (addr, line) = listening_on(&mut child);
+        let addr = addr.unwrap_or_else(|| {
+            panic!(
+                "unexpected first line {line:?}: {}",
+                std::fs::read_to_string(&log).unwrap()
+            )
+        });
+        Self { addr, child, log }
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+impl Drop for LoggedGate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }

@@ -1,5 +1,5 @@
-//! What tests feed a gate: requests with the common fields filled in, configuration text, and
-//! files for a process to read.
+//! What tests feed a gate: requests with the common fields filled in, lease durations,
+//! configuration text, and files for a process to read.
 
 use std::path::{Path, PathBuf};
 
@@ -21,6 +21,14 @@ pub fn token_request(
         params_json: params.into(),
         ..Default::default()
     }
+}
+
+/// `ms` milliseconds as a lease or extension TTL.
+pub fn ttl_ms(ms: u64) -> Option<prost_types::Duration> {
+    Some(prost_types::Duration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    })
 }
 
 /// Parses a configuration file's text (policies, limits, principals); panics when it is bad.

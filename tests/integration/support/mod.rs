@@ -4,8 +4,8 @@
 //!   and Sentinel deployments of them.
 //! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]), and [`on_stores!`].
 //! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
-//!   ([`GateProcess`]), and [`connect`].
-//! - [`inputs`]: requests, configuration text, files.
+//!   ([`GateProcess`], [`LoggedGate`]), and [`connect`].
+//! - [`inputs`]: requests, TTLs, configuration text, files; [`calls`]: one worker RPC each.
 //! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
 //!   [`pki`]: certificates made here and a TLS channel.
 //! - [`errors`]: rich-status checks; [`health`]: probes; [`scrape`]: `/metrics` parsed.
@@ -29,6 +29,7 @@
 //! first: `on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] name: redis);`.
 //! A store name other than `embedded`, `redis`, `cluster` or `sentinel` does not compile.
 
+pub mod calls;
 pub mod errors;
 pub mod gate;
 pub mod health;
@@ -46,11 +47,12 @@ pub mod topology;
     reason = "re-exports for every test file, present and future"
 )]
 pub use self::{
+    calls::{complete, grant, release, state},
     errors::{expect_error, reason},
-    gate::{GateProcess, TestGate, connect},
+    gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command},
     health::{health, wait_for_health},
-    inputs::{config, policies, token_request, write_file},
-    pki::{Ca, Pem, PkiFiles, tls_channel},
+    inputs::{config, policies, token_request, ttl_ms, write_file},
+    pki::{Ca, Pem, Pki, PkiFiles, tls_channel},
     principals::{OPS_KEY, WORKER_KEY, authed, principals_toml},
     redis::{RedisServer, free_port},
     scrape::{Scrape, http_get},

@@ -70,6 +70,37 @@ impl Ca {
     }
 }
 
+/// The certificates of a test with the principals of [`super::principals`]: a CA, the gate's
+/// server certificate, the worker's and the operator's client certificates (their certificate
+/// identities), and a stranger's the CA signed but no principal names.
+pub struct Pki {
+    pub ca: Ca,
+    pub server: Pem,
+    pub worker: Pem,
+    pub ops: Pem,
+    pub stranger: Pem,
+}
+
+impl Pki {
+    /// Fresh certificates from a fresh CA.
+    pub fn new() -> Self {
+        let ca = Ca::new("oncegate test CA");
+        Self {
+            server: ca.server(),
+            worker: ca.client("worker.billing"),
+            ops: ca.client("ops.example"),
+            stranger: ca.client("stranger.example"),
+            ca,
+        }
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The files an `oncegate serve --tls-*` process or `oncegate admin --ca/--cert/--key` reads.
 pub struct PkiFiles {
     pub dir: TempDir,
