@@ -3,7 +3,7 @@
 //! flags in `--help`, and what the gate's log says about it all: audit events naming the
 //! principals, never a key, a token or params.
 
-use std::{io::Write, process::Stdio, time::Duration};
+use std::{io::Write, process::Stdio};
 
 use oncegate::{
     grpc::auth::hash_key,
@@ -13,8 +13,8 @@ use tempfile::TempDir;
 use tonic::Code;
 
 use crate::support::{
-    Ca, LoggedGate, OPS_KEY, PkiFiles, WORKER_KEY, authed, expect_error, oncegate_command,
-    principals_toml, tls_channel, token_request, ttl_ms, write_file,
+    Ca, LoggedGate, OPS_KEY, PkiFiles, StoreTime, WORKER_KEY, authed, expect_error,
+    oncegate_command, principals_toml, tls_channel, token_request, ttl_ms, write_file,
 };
 
 #[test]
@@ -116,8 +116,12 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
         .unwrap()
         .into_inner();
     let action = resp.action.unwrap();
-    let token = resp.grant.unwrap().token;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let grant = resp.grant.unwrap();
+    let token = grant.token;
+    // A real process on the system clock: wait until its lease has ended.
+    StoreTime::System
+        .pass_beyond(grant.lease_expires_at.unwrap())
+        .await;
 
     let admin = |args: &[&str], api_key: Option<&str>| {
         let mut cmd = oncegate_command();

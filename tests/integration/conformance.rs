@@ -1,7 +1,10 @@
 //! The conformance suite: every store is driven with randomised operation sequences and each reply
 //! is compared with what the pure ledger answers for the same record, request and store time.
 //! Many actors run at once (one task per action key), so the stores are also exercised
-//! concurrently.
+//! concurrently. Store time passes between operations: the embedded store's test clock advances,
+//! Redis is waited for.
+
+use std::time::Duration;
 
 use oncegate::{
     domain::ActionKey,
@@ -13,7 +16,7 @@ use oncegate::{
     store::{Reply, Store},
 };
 
-use crate::support::{Kind, backend, on_stores};
+use crate::support::{Kind, StoreTime, backend_with_test_clock, on_stores};
 
 /// A tiny deterministic generator (xorshift), so a failing seed can be replayed.
 struct Rng(u64);
@@ -54,8 +57,9 @@ fn check<T: PartialEq + std::fmt::Debug>(
     reply.result
 }
 
-/// One actor: a random sequence of operations on one action key, checked step by step.
-async fn actor(store: Store, seed: u64, ops: usize) {
+/// One actor: a random sequence of operations on one action key, checked step by step, letting up
+/// to 60 ms of store time pass now and then.
+async fn actor(store: Store, time: StoreTime, seed: u64, ops: usize) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let key = ActionKey::new(format!("agent-{seed}"), "run", format!("key-{seed}"));
     let params = [r#"{"amount":1}"#, r#"{"amount":2,"memo":"x"}"#];
@@ -205,15 +209,15 @@ async fn actor(store: Store, seed: u64, ops: usize) {
                 );
                 assert_eq!(page.next, None);
             }
-            _ => tokio::time::sleep(std::time::Duration::from_millis(rng.below(60))).await,
+            _ => time.pass(Duration::from_millis(rng.below(60))).await,
         }
     }
 }
 
 async fn random_sequences_match_the_model(kind: Kind) {
-    let backend = backend(kind).await;
+    let (backend, time) = backend_with_test_clock(kind).await;
     let actors: Vec<_> = (1..=24u64)
-        .map(|seed| tokio::spawn(actor(backend.store.clone(), seed, 120)))
+        .map(|seed| tokio::spawn(actor(backend.store.clone(), time.clone(), seed, 120)))
         .collect();
     for actor in actors {
         actor.await.unwrap();

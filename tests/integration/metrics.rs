@@ -14,7 +14,7 @@ use tonic::{Code, transport::Channel};
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::{
-    Kind, Scrape, TestGate, expect_error, health, token_request, ttl_ms, wait_for_health,
+    Kind, Scrape, StoreTime, TestGate, expect_error, health, token_request, ttl_ms, wait_for_health,
 };
 
 type Client = ActionGateServiceClient<Channel>;
@@ -78,6 +78,8 @@ impl Expected {
 struct Workload {
     client: Client,
     want: Expected,
+    /// How the store's time passes (for the leases left to expire).
+    time: StoreTime,
 }
 
 impl Workload {
@@ -254,8 +256,11 @@ async fn run_workload(w: &mut Workload) {
         ),
         300,
     );
-    let (pa, late) = w.grant(PT, pay3.clone()).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let granted = w.token(PT, pay3.clone(), "granted").await.unwrap();
+    let (pa, late) = (granted.action.unwrap(), granted.grant.unwrap());
+    // Granted last, its lease ends last.
+    w.time.pass_beyond(late.lease_expires_at.unwrap()).await;
+    let late = late.token;
 
     let second = w.token(PR, regrant.clone(), "regranted").await.unwrap();
     let second = second.grant.unwrap().token;
@@ -365,6 +370,7 @@ async fn scripted_workload_is_counted_exactly_and_health_follows_redis() {
     let mut w = Workload {
         client: gate.client().await,
         want: Expected::default(),
+        time: gate.time.clone(),
     };
     wait_for_health(&addr, ServingStatus::Serving).await;
     run_workload(&mut w).await;

@@ -1,8 +1,9 @@
 //! The operator API end to end, on both stores: a completion done by hand reaching the worker as
 //! COMPLETED_BY_OTHER, expired leases listed, resolved and granted again with a higher fencing
-//! number, pagination. The `oncegate admin` command is in `admin_cli.rs`.
+//! number, pagination. Leases end on the store's time: the embedded store's test clock moves past
+//! them at once, Redis is waited out. The `oncegate admin` command is in `admin_cli.rs`.
 
-use std::{collections::BTreeSet, time::Duration};
+use std::collections::BTreeSet;
 
 use oncegate::{
     config::ConfigFile,
@@ -191,7 +192,7 @@ async fn hand_done_completion_reaches_the_worker_as_completed_by_other(kind: Kin
 on_stores!(hand_done_completion_reaches_the_worker_as_completed_by_other: embedded, redis);
 
 async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
-    let gate = TestGate::start_with(kind, policies()).await;
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
     let mut c = clients(&gate).await;
     let mut req = token_request(
         "billing-2",
@@ -224,7 +225,7 @@ async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
     let meta = expect_error(&status, Code::FailedPrecondition, "LEASE_NOT_EXPIRED");
     assert_eq!(meta["state"], "AUTHORIZED");
 
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
     let page = list(&mut c, "billing-2", 0, "").await;
     assert_eq!(page.actions.len(), 1, "only the expired lease: {page:?}");
     let listed = &page.actions[0];
@@ -284,7 +285,7 @@ async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
 on_stores!(expired_lease_listed_resolved_failed_and_granted_again: embedded, redis);
 
 async fn expired_lease_resolved_completed(kind: Kind) {
-    let gate = TestGate::start_with(kind, policies()).await;
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
     let mut c = clients(&gate).await;
     let mut req = token_request(
         "billing-3",
@@ -294,7 +295,7 @@ async fn expired_lease_resolved_completed(kind: Kind) {
     );
     req.lease_ttl = ttl_ms(100);
     let (action, g) = grant(&mut c, req.clone()).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
     let resolved = c
         .admin
         .resolve_expired(authed(
@@ -334,7 +335,7 @@ async fn expired_lease_resolved_completed(kind: Kind) {
 on_stores!(expired_lease_resolved_completed: embedded, redis);
 
 async fn listing_pages_across_agents(kind: Kind) {
-    let gate = TestGate::start_with(kind, policies()).await;
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
     let mut c = clients(&gate).await;
     let mut expected = BTreeSet::new();
     for (i, agent) in ["billing-a", "billing-bb", "billing-c"].iter().enumerate() {
@@ -349,6 +350,8 @@ async fn listing_pages_across_agents(kind: Kind) {
     let mut req = token_request("billing-a", "run", "x", r#"{"n":"done"}"#);
     req.lease_ttl = ttl_ms(100);
     let (done_action, done) = grant(&mut c, req).await;
+    // Granted last, its lease ends last.
+    let last_lease_end = done.lease_expires_at.unwrap();
     c.gate
         .complete(authed(
             pb::CompleteRequest {
@@ -360,7 +363,7 @@ async fn listing_pages_across_agents(kind: Kind) {
         ))
         .await
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    gate.time.pass_beyond(last_lease_end).await;
 
     let mut seen = BTreeSet::new();
     let mut token = String::new();

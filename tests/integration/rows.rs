@@ -1,5 +1,7 @@
 //! The rows of docs/CONTRACT.md's worker transitions and error table, through real gRPC, on every
 //! store (embedded; Redis standalone, Cluster and Sentinel). Refused input is in `validation.rs`.
+//! Leases end on the store's time: the embedded store's test clock moves past them at once, Redis
+//! is waited out.
 
 use std::time::Duration;
 
@@ -112,12 +114,12 @@ on_stores!(
 );
 
 async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
-    let gate = TestGate::start_with(kind, policies()).await;
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
     let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-3", "payments.transfer", PAY);
     req.lease_ttl = ttl_ms(150);
     let (action, g) = grant(client, req.clone()).await;
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
     assert_eq!(
         state(client, &action).await.state(),
         pb::ActionState::Expired
@@ -138,12 +140,12 @@ async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
 on_stores!(expired_lease_reconcile_then_late_complete: embedded, redis, cluster, sentinel);
 
 async fn expired_lease_regrant_and_double_execution(kind: Kind) {
-    let gate = TestGate::start_with(kind, policies()).await;
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
     let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-4", "payments.regrant", r#"{"n":1}"#);
     req.lease_ttl = ttl_ms(150);
     let (action, old) = grant(client, req.clone()).await;
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    gate.time.pass_beyond(old.lease_expires_at.unwrap()).await;
     req.lease_ttl = None;
     let (_, new) = grant(client, req).await;
     assert_eq!(new.fencing, 2);
@@ -246,7 +248,7 @@ on_stores!(
 );
 
 async fn extend_lease_for_the_holder_only(kind: Kind) {
-    let gate = TestGate::start_with(kind, policies()).await;
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
     let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-8", "x", r#"{"a":3}"#);
     req.lease_ttl = ttl_ms(200);
@@ -261,8 +263,8 @@ async fn extend_lease_for_the_holder_only(kind: Kind) {
         .unwrap()
         .into_inner();
     assert!(extended.lease_expires_at.unwrap().seconds > g.lease_expires_at.unwrap().seconds + 30);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Still live thanks to the heartbeat.
+    // Past the original lease: still live thanks to the heartbeat.
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
     let status = client.request_token(req).await.unwrap_err();
     expect_error(&status, Code::Aborted, "IDEMPOTENCY_IN_PROGRESS");
     let status = client

@@ -20,12 +20,18 @@ use oncegate::{
 use tempfile::TempDir;
 use tonic::transport::Channel;
 
-use super::stores::{Backend, Kind, backend};
+use super::{
+    clock::StoreTime,
+    stores::{Backend, Kind, backend, backend_with_test_clock},
+};
 
 /// A gate served in-process on `127.0.0.1:0`, stopped on drop.
 pub struct TestGate {
     pub addr: SocketAddr,
     pub backend: Backend,
+    /// How the store's time passes: a test clock only when started by
+    /// [`TestGate::start_with_test_clock`] on the embedded store, the system clock otherwise.
+    pub time: StoreTime,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
@@ -38,6 +44,15 @@ impl TestGate {
     /// Serves a fresh store of `kind` with `config` (policies, and principals if any).
     pub async fn start_with(kind: Kind, config: impl Into<ConfigFile>) -> Self {
         Self::serve(backend(kind).await, config).await
+    }
+
+    /// Like [`TestGate::start_with`], with the store's time in the test's hands where it can be:
+    /// the embedded store on a test clock that [`TestGate::time`] advances; Redis on its own.
+    pub async fn start_with_test_clock(kind: Kind, config: impl Into<ConfigFile>) -> Self {
+        let (backend, time) = backend_with_test_clock(kind).await;
+        let mut gate = Self::serve(backend, config).await;
+        gate.time = time;
+        gate
     }
 
     /// Serves an existing backend.
@@ -101,6 +116,7 @@ impl TestGate {
         Self {
             addr,
             backend,
+            time: StoreTime::System,
             stop: Some(stop),
         }
     }

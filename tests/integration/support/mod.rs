@@ -3,6 +3,7 @@
 //! - [`redis`]: a `redis-server` of the test's own on a free loopback port; [`topology`]: Cluster
 //!   and Sentinel deployments of them.
 //! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]), and [`on_stores!`].
+//! - [`clock`]: store time a test moves ([`TestClock`], [`StoreTime`]).
 //! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
 //!   ([`GateProcess`], [`LoggedGate`]), and [`connect`].
 //! - [`inputs`]: requests, TTLs, configuration text, files; [`calls`]: one worker RPC each.
@@ -16,8 +17,10 @@
 //!
 //! ```ignore
 //! async fn expired_lease_is_refused(kind: Kind) {
-//!     let gate = TestGate::start_with(kind, policies()).await;
+//!     let gate = TestGate::start_with_test_clock(kind, policies()).await;
 //!     let mut client = gate.client().await;
+//!     let (action, grant) = grant(&mut client, req).await;
+//!     gate.time.pass_beyond(grant.lease_expires_at.unwrap()).await;
 //!     // ...
 //! }
 //! on_stores!(expired_lease_is_refused: embedded, redis, cluster, sentinel);
@@ -28,8 +31,17 @@
 //! (`rows::expired_lease_is_refused::cluster`). A test on another runtime puts its attribute
 //! first: `on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] name: redis);`.
 //! A store name other than `embedded`, `redis`, `cluster` or `sentinel` does not compile.
+//!
+//! # Store time
+//!
+//! A test that waits for store time (a lease to end, a retention to pass) starts its gate with
+//! [`TestGate::start_with_test_clock`] (or its store with [`backend_with_test_clock`]) and lets
+//! time pass through [`StoreTime`]: on the embedded store that advances a [`TestClock`] at once;
+//! Redis decides with its own `TIME`, so there the test waits, and only until the timestamp the
+//! gate returned has passed ([`StoreTime::pass_beyond`]).
 
 pub mod calls;
+pub mod clock;
 pub mod errors;
 pub mod gate;
 pub mod health;
@@ -48,6 +60,7 @@ pub mod topology;
 )]
 pub use self::{
     calls::{complete, grant, release, state},
+    clock::{StoreTime, TestClock, millis_of},
     errors::{expect_error, reason},
     gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command},
     health::{health, wait_for_health},
@@ -56,6 +69,8 @@ pub use self::{
     principals::{OPS_KEY, WORKER_KEY, authed, principals_toml},
     redis::{RedisServer, free_port},
     scrape::{Scrape, http_get},
-    stores::{Backend, Kind, STORE_TIMEOUT, backend, backend_with, test_options},
+    stores::{
+        Backend, Kind, STORE_TIMEOUT, backend, backend_with, backend_with_test_clock, test_options,
+    },
 };
 pub(crate) use stores::{on_stores, store_kind};

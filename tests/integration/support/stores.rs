@@ -13,7 +13,11 @@ use oncegate::{
 };
 use tempfile::TempDir;
 
-use super::{redis::RedisServer, topology};
+use super::{
+    clock::{StoreTime, TestClock},
+    redis::RedisServer,
+    topology,
+};
 
 /// Which store a test runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +77,18 @@ pub const STORE_TIMEOUT: Duration = Duration::from_millis(defaults::STORE_TIMEOU
 /// A fresh, empty store of `kind`.
 pub async fn backend(kind: Kind) -> Backend {
     backend_with(kind, test_options()).await
+}
+
+/// A fresh, empty store of `kind` whose time the test moves where it can: the embedded store on a
+/// [`TestClock`], Redis on its own clock (see [`StoreTime`]).
+pub async fn backend_with_test_clock(kind: Kind) -> (Backend, StoreTime) {
+    match kind {
+        Kind::Embedded => {
+            let clock = TestClock::new();
+            (embedded(clock.clock()), StoreTime::Test(clock))
+        }
+        _ => (backend(kind).await, StoreTime::System),
+    }
 }
 
 /// A fresh embedded store deciding with `clock`.
