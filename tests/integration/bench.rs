@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use crate::support::{Kind, TestGate};
+use crate::support::{Kind, TestGate, on_stores};
 
 async fn oncegate_bench(args: &[&str]) -> std::process::Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
@@ -66,7 +66,7 @@ fn count(report: &Value, rpc: &str, outcome: &str) -> u64 {
     report["outcomes"][rpc][outcome].as_u64().unwrap_or(0)
 }
 
-async fn every_scenario(kind: Kind) {
+async fn bench_reports_every_scenario(kind: Kind) {
     let gate = TestGate::start(kind).await;
     let addr = gate.addr.to_string();
 
@@ -93,16 +93,10 @@ async fn every_scenario(kind: Kind) {
 
     run_scenario(&addr, "mix").await;
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_reports_every_scenario_on_the_embedded_store() {
-    every_scenario(Kind::Embedded).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bench_reports_every_scenario_on_redis() {
-    every_scenario(Kind::Redis).await;
-}
+on_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    bench_reports_every_scenario: embedded, redis
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_prints_a_readable_report_and_stops_after_actions() {

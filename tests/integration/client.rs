@@ -7,17 +7,18 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use oncegate::{
     client::{
         ActionSpec, ClientError, Failure, GateClient, GuardError, GuardOptions, Outcome, TokenReply,
     },
+    gate::policy::Policies,
     pb,
 };
 
-use crate::support::{Kind, TestGate};
+use crate::support::{Kind, StoreTime, TestGate, millis_of};
 
 async fn gate_client(gate: &TestGate) -> GateClient {
     GateClient::connect(format!("http://{}", gate.addr))
@@ -185,19 +186,38 @@ async fn a_reused_key_stops_the_guard_with_the_differing_fields() {
 
 #[tokio::test]
 async fn the_heartbeat_keeps_a_long_action_alive() {
-    let gate = TestGate::start(Kind::Embedded).await;
+    let gate = TestGate::start_with_test_clock(Kind::Embedded, Policies::default()).await;
+    let StoreTime::Test(clock) = gate.time.clone() else {
+        panic!("the embedded store runs on a test clock");
+    };
     let client = gate_client(&gate).await;
-    let spec =
-        ActionSpec::new("agent", "run", "deploy", r#"{"v":1}"#).lease(Duration::from_millis(1500));
+    let lease = Duration::from_millis(1500);
+    let spec = ActionSpec::new("agent", "run", "deploy", r#"{"v":1}"#).lease(lease);
+    // The heartbeat runs on real time, the lease on the store's test clock: beats come often so
+    // that the test waits little for one.
     let options = GuardOptions {
-        heartbeat: Some(Duration::from_millis(300)),
+        heartbeat: Some(Duration::from_millis(50)),
         ..GuardOptions::default()
     };
     let probe = client.clone();
     let probe_spec = spec.clone();
     let outcome = client
         .run_once(&spec, &options, |grant| async move {
-            tokio::time::sleep(Duration::from_millis(2500)).await;
+            // 2.5 s of store time pass in steps shorter than the lease; after each step a
+            // heartbeat must extend the lease from the new store time.
+            for _ in 0..5 {
+                clock.advance(Duration::from_millis(500));
+                let extended_to = clock.now() + lease.as_millis() as i64;
+                let deadline = Instant::now() + Duration::from_secs(10);
+                loop {
+                    let view = probe.clone().get_action(&grant.action).await.unwrap();
+                    if millis_of(view.lease_expires_at.unwrap()) >= extended_to {
+                        break;
+                    }
+                    assert!(Instant::now() < deadline, "no heartbeat extended the lease");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
             // Past the original 1.5 s lease, still ours: others are told it is in progress.
             let err = probe.clone().request_token(&probe_spec).await.unwrap_err();
             assert!(matches!(err, ClientError::InProgress { .. }), "{err:?}");

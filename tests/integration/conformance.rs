@@ -1,7 +1,10 @@
 //! The conformance suite: every store is driven with randomised operation sequences and each reply
 //! is compared with what the pure ledger answers for the same record, request and store time.
-//! Many actors run at once (one task per action key), so the stores are also exercised
-//! concurrently.
+//! Many actors run at once (one task per agent), so the stores are also exercised concurrently.
+//! Store time passes between operations: the embedded store's test clock advances, Redis is
+//! waited for.
+
+use std::time::Duration;
 
 use oncegate::{
     domain::ActionKey,
@@ -13,7 +16,7 @@ use oncegate::{
     store::{Reply, Store},
 };
 
-use crate::support::{Kind, backend};
+use crate::support::{Kind, StoreTime, backend_with_test_clock, on_stores};
 
 /// A tiny deterministic generator (xorshift), so a failing seed can be replayed.
 struct Rng(u64);
@@ -72,6 +75,7 @@ const PARAMS: [&str; 2] = [r#"{"amount":1}"#, r#"{"amount":2,"memo":"x"}"#];
 /// against the model.
 struct Actor {
     store: Store,
+    time: StoreTime,
     rng: Rng,
     seed: u64,
     key: ActionKey,
@@ -323,7 +327,7 @@ impl Actor {
         let mut req = self.random_request(i, Some(OnExpiry::Regrant));
         req.lease = 40;
         self.request(req).await;
-        tokio::time::sleep(std::time::Duration::from_millis(45)).await;
+        self.time.pass(Duration::from_millis(45)).await;
         let mut again = self.random_request(i + 1_000_000, Some(OnExpiry::Regrant));
         again.fingerprint = format!("fp-{}", self.variant);
         again.digests = digests(PARAMS[self.variant]);
@@ -359,7 +363,7 @@ impl Actor {
                 11 => self.list().await,
                 12 | 13 => {
                     let ms = self.rng.below(60);
-                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                    self.time.pass(Duration::from_millis(ms)).await;
                 }
                 14 => self.supersede_and_release(i).await,
                 _ => self.rotate(i),
@@ -369,12 +373,13 @@ impl Actor {
 }
 
 async fn random_sequences_match_the_model(kind: Kind) {
-    let backend = backend(kind).await;
+    let (backend, time) = backend_with_test_clock(kind).await;
     let visited = Visited::default();
     let actors: Vec<_> = (1..=24u64)
         .map(|seed| {
             let actor = Actor {
                 store: backend.store.clone(),
+                time: time.clone(),
                 rng: Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1),
                 seed,
                 key: ActionKey::new(format!("agent-{seed}"), "run", format!("key-{seed}")),
@@ -398,22 +403,7 @@ async fn random_sequences_match_the_model(kind: Kind) {
     assert!(missed.is_empty(), "the sequences never reached: {missed:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn embedded_random_sequences_match_the_model() {
-    random_sequences_match_the_model(Kind::Embedded).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_random_sequences_match_the_model() {
-    random_sequences_match_the_model(Kind::Redis).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_random_sequences_match_the_model() {
-    random_sequences_match_the_model(Kind::Cluster).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sentinel_random_sequences_match_the_model() {
-    random_sequences_match_the_model(Kind::Sentinel).await;
-}
+on_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    random_sequences_match_the_model: embedded, redis, cluster, sentinel
+);

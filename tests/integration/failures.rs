@@ -6,36 +6,11 @@ use std::time::{Duration, Instant};
 use oncegate::pb;
 use tempfile::TempDir;
 use tonic::Code;
-use tonic_health::pb::{
-    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use crate::support::{
+    GateProcess, Kind, TestGate, connect, expect_error, health, token_request, wait_for_health,
 };
-
-use crate::support::{GateProcess, Kind, TestGate, connect, expect_error, token_request};
-
-pub(crate) async fn health(addr: &str, service: &str) -> ServingStatus {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut client = HealthClient::new(channel);
-    let resp = client
-        .check(HealthCheckRequest {
-            service: service.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    resp.status()
-}
-
-pub(crate) async fn wait_for_health(addr: &str, want: ServingStatus) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while health(addr, oncegate::grpc::server::SERVICE_NAME).await != want {
-        assert!(Instant::now() < deadline, "health never became {want:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_fails_closed_and_recovers_without_restart() {

@@ -1,7 +1,7 @@
 //! The one integration test binary: real gRPC servers, a real `redis-server` per test, real
 //! `oncegate` processes where a test needs two of them or a crash.
 
-mod admin;
+mod admin_cli;
 mod bench;
 mod cli;
 mod client;
@@ -11,13 +11,17 @@ mod durability;
 mod failover;
 mod failures;
 mod layers;
+mod limits;
 mod metrics;
-mod pki;
+mod metrics_endpoint;
+mod operator;
 mod properties;
 mod races;
 mod rows;
 mod security;
 mod services;
 mod support;
+mod tls;
 mod traces;
+mod validation;
 mod vectors;

@@ -1,27 +1,20 @@
 //! Metrics, black-box: a scripted workload with known outcomes through real gRPC on the Redis
 //! store, then a scrape of `/metrics` over HTTP (every counter equals what the workload did, and
 //! DAR from the scrape is the expected ratio); Redis stopped and restarted under the gate (health
-//! and `oncegate_store_up` follow it); the endpoint; the binary's metrics flags.
+//! and `oncegate_store_up` follow it). The endpoint and the binary's metrics flags are in
+//! `metrics_endpoint.rs`.
 
 use std::{
     collections::{BTreeSet, HashMap},
-    net::SocketAddr,
     time::{Duration, Instant},
 };
 
-use oncegate::{
-    gate::policy::Policies,
-    pb::{self, action_gate_service_client::ActionGateServiceClient},
-};
+use oncegate::pb::{self, action_gate_service_client::ActionGateServiceClient};
 use tonic::{Code, transport::Channel};
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use crate::{
-    failures::{health, wait_for_health},
-    support::{
-        GateProcess, Kind, Scrape, TestGate, expect_error, free_port, http_get, token_request,
-        write_file,
-    },
+use crate::support::{
+    Kind, Scrape, StoreTime, TestGate, expect_error, health, token_request, ttl_ms, wait_for_health,
 };
 
 type Client = ActionGateServiceClient<Channel>;
@@ -85,6 +78,8 @@ impl Expected {
 struct Workload {
     client: Client,
     want: Expected,
+    /// How the store's time passes (for the leases left to expire).
+    time: StoreTime,
 }
 
 impl Workload {
@@ -177,11 +172,8 @@ impl Workload {
     }
 }
 
-fn with_lease(mut req: pb::RequestTokenRequest, ms: i32) -> pb::RequestTokenRequest {
-    req.lease_ttl = Some(prost_types::Duration {
-        seconds: 0,
-        nanos: ms * 1_000_000,
-    });
+fn with_lease(mut req: pb::RequestTokenRequest, ms: u64) -> pb::RequestTokenRequest {
+    req.lease_ttl = ttl_ms(ms);
     req
 }
 
@@ -264,8 +256,11 @@ async fn run_workload(w: &mut Workload) {
         ),
         300,
     );
-    let (pa, late) = w.grant(PT, pay3.clone()).await;
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    let granted = w.token(PT, pay3.clone(), "granted").await.unwrap();
+    let (pa, late) = (granted.action.unwrap(), granted.grant.unwrap());
+    // Granted last, its lease ends last.
+    w.time.pass_beyond(late.lease_expires_at.unwrap()).await;
+    let late = late.token;
 
     let second = w.token(PR, regrant.clone(), "regranted").await.unwrap();
     let second = second.grant.unwrap().token;
@@ -375,6 +370,7 @@ async fn scripted_workload_is_counted_exactly_and_health_follows_redis() {
     let mut w = Workload {
         client: gate.client().await,
         want: Expected::default(),
+        time: gate.time.clone(),
     };
     wait_for_health(&addr, ServingStatus::Serving).await;
     run_workload(&mut w).await;
@@ -431,96 +427,5 @@ async fn scripted_workload_is_counted_exactly_and_health_follows_redis() {
             "oncegate_store_up never returned to 1"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-#[tokio::test]
-async fn metrics_endpoint_serves_only_get_metrics() {
-    let (_gate, addr) = TestGate::start_with_metrics(Kind::Embedded, Policies::default()).await;
-    let (status, body) = http_get(addr, "/metrics").await;
-    assert_eq!(status, 200);
-    assert!(
-        body.contains("# TYPE oncegate_attempts_total counter"),
-        "{body}"
-    );
-    assert_eq!(http_get(addr, "/").await.0, 404);
-}
-
-fn spawn_with_metrics(dir: &std::path::Path, extra: &[&str]) -> (GateProcess, SocketAddr) {
-    let port = free_port();
-    let listen = format!("127.0.0.1:{port}");
-    let data = dir.join("data");
-    let mut args = vec![
-        "--data-dir",
-        data.to_str().unwrap(),
-        "--metrics-listen",
-        &listen,
-    ];
-    args.extend(extra);
-    (GateProcess::spawn(&args), listen.parse().unwrap())
-}
-
-#[tokio::test]
-async fn the_binary_serves_metrics_with_its_configured_labels() {
-    let dir = tempfile::TempDir::new().unwrap();
-    let config = write_file(dir.path(), "p.toml", "[actions.\"pay\"]\n");
-    let (gate, metrics) = spawn_with_metrics(
-        dir.path(),
-        &[
-            "--config",
-            config.to_str().unwrap(),
-            "--metrics-other-action-label",
-            "unnamed",
-        ],
-    );
-    let mut client = crate::support::connect(&gate.addr).await;
-    for action in ["pay", "x", "y"] {
-        client
-            .request_token(token_request("a", "r", action, "{}"))
-            .await
-            .unwrap();
-    }
-    let scrape = Scrape::fetch(metrics).await;
-    let granted = |action| {
-        scrape.sum(
-            "oncegate_attempts_total",
-            &[("action", action), ("decision", "granted")],
-        )
-    };
-    assert_eq!((granted("pay"), granted("unnamed")), (1.0, 2.0));
-    let build = scrape.series("oncegate_build_info").next().unwrap().0;
-    assert_eq!(build["version"], env!("CARGO_PKG_VERSION"));
-}
-
-#[test]
-fn an_other_label_equal_to_a_policy_name_is_bad_configuration() {
-    let dir = tempfile::TempDir::new().unwrap();
-    let config = write_file(dir.path(), "p.toml", "[actions.\"other\"]\n");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(64), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("metrics-other-action-label"), "{stderr}");
-}
-
-#[test]
-fn help_documents_the_metrics_flags() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_oncegate"))
-        .args(["serve", "--help"])
-        .output()
-        .unwrap();
-    let help = String::from_utf8(out.stdout).unwrap();
-    for flag in [
-        "--metrics-listen",
-        "ONCEGATE_METRICS_LISTEN",
-        "--metrics-other-action-label",
-        "ONCEGATE_METRICS_OTHER_ACTION_LABEL",
-    ] {
-        assert!(help.contains(flag), "{flag} missing from --help");
     }
 }

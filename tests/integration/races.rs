@@ -7,7 +7,9 @@ use std::collections::HashSet;
 use oncegate::pb;
 use tonic::Code;
 
-use crate::support::{GateProcess, Kind, TestGate, backend, connect, reason, token_request};
+use crate::support::{
+    GateProcess, Kind, TestGate, backend, connect, on_stores, reason, token_request,
+};
 
 const RACERS: usize = 120;
 
@@ -85,22 +87,23 @@ async fn racers_across_gate_processes(kind: Kind, gates: usize, keys: usize, rac
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn racers_across_two_gate_processes_get_exactly_one_grant() {
-    racers_across_gate_processes(Kind::Redis, 2, 1, RACERS).await;
+/// Racers across gate processes on every Redis topology; on a Cluster, twelve keys (spread over
+/// the masters' slots) through three gates.
+async fn racers_across_gate_processes_get_one_grant_per_key(kind: Kind) {
+    let (gates, keys, racers) = match kind {
+        Kind::Cluster => (3, 12, 30),
+        _ => (2, 1, RACERS),
+    };
+    racers_across_gate_processes(kind, gates, keys, racers).await;
 }
+on_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    racers_across_gate_processes_get_one_grant_per_key: redis, cluster, sentinel
+);
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_racers_across_three_gate_processes_get_one_grant_per_key() {
-    racers_across_gate_processes(Kind::Cluster, 3, 12, 30).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sentinel_racers_across_two_gate_processes_get_exactly_one_grant() {
-    racers_across_gate_processes(Kind::Sentinel, 2, 1, RACERS).await;
-}
-
-async fn distinct_actions_all_granted(kind: Kind, actions: usize) {
+/// 500 distinct actions requested at once: every one granted, each with its own token.
+async fn five_hundred_distinct_actions_get_distinct_tokens(kind: Kind) {
+    let actions = 500;
     let gate = TestGate::start(kind).await;
     let mut tasks = Vec::new();
     for i in 0..actions {
@@ -123,26 +126,10 @@ async fn distinct_actions_all_granted(kind: Kind, actions: usize) {
     }
     assert_eq!(tokens.len(), actions, "every action got its own token");
 }
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn redis_500_distinct_actions_get_500_distinct_tokens() {
-    distinct_actions_all_granted(Kind::Redis, 500).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn cluster_500_distinct_actions_get_500_distinct_tokens() {
-    distinct_actions_all_granted(Kind::Cluster, 500).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn sentinel_500_distinct_actions_get_500_distinct_tokens() {
-    distinct_actions_all_granted(Kind::Sentinel, 500).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn embedded_500_distinct_actions_get_500_distinct_tokens() {
-    distinct_actions_all_granted(Kind::Embedded, 500).await;
-}
+on_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    five_hundred_distinct_actions_get_distinct_tokens: embedded, redis, cluster, sentinel
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn embedded_racers_get_exactly_one_grant() {

@@ -1,18 +1,17 @@
-//! Every row of SPEC.md's state and error tables, through real gRPC, on both stores (Redis as
-//! standalone, Cluster and Sentinel).
+//! The rows of docs/CONTRACT.md's worker transitions and error table, through real gRPC, on every
+//! store (embedded; Redis standalone, Cluster and Sentinel). Refused input is in `validation.rs`.
+//! Leases end on the store's time: the embedded store's test clock moves past them at once, Redis
+//! is waited out.
 
 use std::time::Duration;
 
-use oncegate::{
-    gate::policy::Policies,
-    pb::{self, action_gate_service_client::ActionGateServiceClient},
-};
-use tonic::{Code, transport::Channel};
+use oncegate::{gate::policy::Policies, pb};
+use tonic::Code;
 use tonic_types::StatusExt;
 
-use crate::support::{Kind, TestGate, expect_error, token_request};
-
-type Client = ActionGateServiceClient<Channel>;
+use crate::support::{
+    Kind, TestGate, complete, expect_error, grant, on_stores, release, state, token_request, ttl_ms,
+};
 
 const PAY: &str = r#"{"amount":100,"currency":"EUR","to":"DE89","memo":"rent"}"#;
 
@@ -28,61 +27,9 @@ fn policies() -> Policies {
     )
 }
 
-fn ms(d: u64) -> Option<prost_types::Duration> {
-    Some(prost_types::Duration {
-        seconds: (d / 1000) as i64,
-        nanos: ((d % 1000) * 1_000_000) as i32,
-    })
-}
-
-async fn grant(client: &mut Client, req: pb::RequestTokenRequest) -> (pb::ActionRef, pb::Grant) {
-    let resp = client.request_token(req).await.unwrap().into_inner();
-    assert_eq!(resp.decision(), pb::Decision::Granted, "{resp:?}");
-    (resp.action.unwrap(), resp.grant.unwrap())
-}
-
-async fn complete(
-    client: &mut Client,
-    action: &pb::ActionRef,
-    token: &str,
-    receipt: &[u8],
-) -> Result<pb::Completion, tonic::Status> {
-    client
-        .complete(pb::CompleteRequest {
-            action: Some(action.clone()),
-            token: token.into(),
-            receipt: receipt.to_vec(),
-        })
-        .await
-        .map(|r| r.into_inner().completion.unwrap())
-}
-
-async fn release(
-    client: &mut Client,
-    action: &pb::ActionRef,
-    token: &str,
-) -> Result<u64, tonic::Status> {
-    client
-        .release(pb::ReleaseRequest {
-            action: Some(action.clone()),
-            token: token.into(),
-            reason: pb::ReleaseReason::DefiniteFailure as i32,
-        })
-        .await
-        .map(|r| r.into_inner().fencing)
-}
-
-async fn state(client: &mut Client, action: &pb::ActionRef) -> pb::GetActionResponse {
-    client
-        .get_action(pb::GetActionRequest {
-            action: Some(action.clone()),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
-async fn absent_grants_then_complete_replays(client: &mut Client) {
+async fn absent_grants_then_complete_replays(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let req = token_request("agent", "run-1", "payments.transfer", PAY);
     let (action, g) = grant(client, req.clone()).await;
     assert_eq!(g.fencing, 1);
@@ -130,8 +77,11 @@ async fn absent_grants_then_complete_replays(client: &mut Client) {
     assert_eq!(view.state(), pb::ActionState::Completed);
     assert_eq!(view.completion.unwrap().receipt, b"paid #1");
 }
+on_stores!(absent_grants_then_complete_replays: embedded, redis, cluster, sentinel);
 
-async fn live_lease_same_holder_gets_same_token_others_in_progress(client: &mut Client) {
+async fn live_lease_same_holder_gets_same_token_others_in_progress(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-2", "email.send", r#"{"to":"a@b.c"}"#);
     req.holder = "worker-1".into();
     let (_, first) = grant(client, req.clone()).await;
@@ -159,12 +109,17 @@ async fn live_lease_same_holder_gets_same_token_others_in_progress(client: &mut 
         assert!(meta["retry_after_ms"].parse::<u64>().unwrap() > 0);
     }
 }
+on_stores!(
+    live_lease_same_holder_gets_same_token_others_in_progress: embedded, redis, cluster, sentinel
+);
 
-async fn expired_lease_reconcile_then_late_complete(client: &mut Client) {
+async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-3", "payments.transfer", PAY);
-    req.lease_ttl = ms(150);
+    req.lease_ttl = ttl_ms(150);
     let (action, g) = grant(client, req.clone()).await;
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
     assert_eq!(
         state(client, &action).await.state(),
         pb::ActionState::Expired
@@ -182,12 +137,15 @@ async fn expired_lease_reconcile_then_late_complete(client: &mut Client) {
     let done = complete(client, &action, &g.token, b"late").await.unwrap();
     assert_eq!(done.receipt, b"late");
 }
+on_stores!(expired_lease_reconcile_then_late_complete: embedded, redis, cluster, sentinel);
 
-async fn expired_lease_regrant_and_double_execution(client: &mut Client) {
+async fn expired_lease_regrant_and_double_execution(kind: Kind) {
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-4", "payments.regrant", r#"{"n":1}"#);
-    req.lease_ttl = ms(150);
+    req.lease_ttl = ttl_ms(150);
     let (action, old) = grant(client, req.clone()).await;
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    gate.time.pass_beyond(old.lease_expires_at.unwrap()).await;
     req.lease_ttl = None;
     let (_, new) = grant(client, req).await;
     assert_eq!(new.fencing, 2);
@@ -204,8 +162,11 @@ async fn expired_lease_regrant_and_double_execution(client: &mut Client) {
     let meta = expect_error(&status, Code::FailedPrecondition, "COMPLETED_BY_OTHER");
     assert_eq!(meta["fencing"], "1");
 }
+on_stores!(expired_lease_regrant_and_double_execution: embedded, redis, cluster, sentinel);
 
-async fn changed_key_fields_under_one_idempotency_key_are_refused(client: &mut Client) {
+async fn changed_key_fields_under_one_idempotency_key_are_refused(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-5", "payments.transfer", PAY);
     req.idempotency_key = "order-42".into();
     let (action, g) = grant(client, req.clone()).await;
@@ -231,8 +192,13 @@ async fn changed_key_fields_under_one_idempotency_key_are_refused(client: &mut C
     let resp = client.request_token(memo).await.unwrap().into_inner();
     assert_eq!(resp.decision(), pb::Decision::AlreadyCompleted);
 }
+on_stores!(
+    changed_key_fields_under_one_idempotency_key_are_refused: embedded, redis, cluster, sentinel
+);
 
-async fn token_errors(client: &mut Client) {
+async fn token_errors(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let req = token_request("agent", "run-6", "x", r#"{"a":1}"#);
     let (action, g) = grant(client, req).await;
     let status = complete(client, &action, "not-a-token", b"")
@@ -250,8 +216,11 @@ async fn token_errors(client: &mut Client) {
         pb::ActionState::Absent
     );
 }
+on_stores!(token_errors: embedded, redis, cluster, sentinel);
 
-async fn release_keeps_fencing_and_completed_cannot_be_released(client: &mut Client) {
+async fn release_keeps_fencing_and_completed_cannot_be_released(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let req = token_request("agent", "run-7", "x", r#"{"a":2}"#);
     let (action, g1) = grant(client, req.clone()).await;
     assert_eq!(release(client, &action, &g1.token).await.unwrap(), 1);
@@ -274,213 +243,48 @@ async fn release_keeps_fencing_and_completed_cannot_be_released(client: &mut Cli
         .unwrap_err();
     expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
 }
+on_stores!(
+    release_keeps_fencing_and_completed_cannot_be_released: embedded, redis, cluster, sentinel
+);
 
-async fn extend_lease_for_the_holder_only(client: &mut Client) {
+async fn extend_lease_for_the_holder_only(kind: Kind) {
+    let gate = TestGate::start_with_test_clock(kind, policies()).await;
+    let client = &mut gate.client().await;
     let mut req = token_request("agent", "run-8", "x", r#"{"a":3}"#);
-    req.lease_ttl = ms(200);
+    req.lease_ttl = ttl_ms(200);
     let (action, g) = grant(client, req.clone()).await;
     let extended = client
         .extend_lease(pb::ExtendLeaseRequest {
             action: Some(action.clone()),
             token: g.token.clone(),
-            ttl: ms(60_000),
+            ttl: ttl_ms(60_000),
         })
         .await
         .unwrap()
         .into_inner();
     assert!(extended.lease_expires_at.unwrap().seconds > g.lease_expires_at.unwrap().seconds + 30);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // Still live thanks to the heartbeat.
+    // Past the original lease: still live thanks to the heartbeat.
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
     let status = client.request_token(req).await.unwrap_err();
     expect_error(&status, Code::Aborted, "IDEMPOTENCY_IN_PROGRESS");
     let status = client
         .extend_lease(pb::ExtendLeaseRequest {
             action: Some(action.clone()),
             token: "someone-else".into(),
-            ttl: ms(1000),
+            ttl: ttl_ms(1000),
         })
         .await
         .unwrap_err();
     expect_error(&status, Code::FailedPrecondition, "TOKEN_MISMATCH");
 }
+on_stores!(extend_lease_for_the_holder_only: embedded, redis, cluster, sentinel);
 
-async fn scopes_are_unambiguous(client: &mut Client) {
+async fn scopes_are_unambiguous(kind: Kind) {
+    let gate = TestGate::start_with(kind, policies()).await;
+    let client = &mut gate.client().await;
     let (a, _) = grant(client, token_request("a::b", "c", "x", r#"{"k":1}"#)).await;
     let (b, _) = grant(client, token_request("a", "b::c", "x", r#"{"k":1}"#)).await;
     assert_eq!(a.key, b.key, "same fingerprint");
     assert_ne!(a.scope, b.scope);
 }
-
-async fn bad_input_is_refused_and_creates_nothing(client: &mut Client) {
-    let long = "x".repeat(257);
-    let deep = format!(
-        "{}1{}",
-        r#"{"a":"#.to_owned() + &"[".repeat(32),
-        "]".repeat(32) + "}"
-    );
-    let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(64 * 1024));
-    type Mutation = Box<dyn Fn(&mut pb::RequestTokenRequest)>;
-    let cases: Vec<(&str, Mutation)> = vec![
-        (
-            "scope.agent_id",
-            Box::new(|r| r.scope.as_mut().unwrap().agent_id.clear()),
-        ),
-        (
-            "scope.run_id",
-            Box::new(move |r| r.scope.as_mut().unwrap().run_id = "y".repeat(257)),
-        ),
-        ("action", Box::new(|r| r.action.clear())),
-        ("action", Box::new(move |r| r.action = long.clone())),
-        (
-            "params_json",
-            Box::new(|r| r.params_json = "not json".into()),
-        ),
-        ("params_json", Box::new(|r| r.params_json = "[1,2]".into())),
-        (
-            "params_json",
-            Box::new(|r| r.params_json = r#"{"a":1,"a":2}"#.into()),
-        ),
-        (
-            "params_json",
-            Box::new(|r| r.params_json = r#"{"amount":9007199254740993}"#.into()),
-        ),
-        (
-            "params_json",
-            Box::new(move |r| r.params_json = deep.clone()),
-        ),
-        (
-            "params_json",
-            Box::new(move |r| r.params_json = big.clone()),
-        ),
-        (
-            "lease_ttl",
-            Box::new(|r| {
-                r.lease_ttl = Some(prost_types::Duration {
-                    seconds: 0,
-                    nanos: 0,
-                })
-            }),
-        ),
-        (
-            "lease_ttl",
-            Box::new(|r| {
-                r.lease_ttl = Some(prost_types::Duration {
-                    seconds: -5,
-                    nanos: 0,
-                })
-            }),
-        ),
-        (
-            "lease_ttl",
-            Box::new(|r| {
-                r.lease_ttl = Some(prost_types::Duration {
-                    seconds: 90_000,
-                    nanos: 0,
-                })
-            }),
-        ),
-        ("scope", Box::new(|r| r.scope = None)),
-    ];
-    for (field, mutate) in cases {
-        let mut req = token_request("agent", "run-bad", "x", r#"{"a":1}"#);
-        mutate(&mut req);
-        let status = client.request_token(req).await.unwrap_err();
-        let meta = expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
-        assert_eq!(meta["field"], field, "{status:?}");
-        let violations = status
-            .get_error_details()
-            .bad_request()
-            .unwrap()
-            .field_violations
-            .clone();
-        assert_eq!(violations.len(), 1);
-        assert_eq!(violations[0].field, field);
-    }
-    // Exactly at the limits is fine; nothing of the refused requests was created.
-    let ok = token_request("agent", "run-bad", "x", r#"{"a":1}"#);
-    let (action, g) = grant(client, ok).await;
-    assert_eq!(g.fencing, 1);
-    let status = complete(client, &action, &g.token, &vec![0u8; 64 * 1024 + 1])
-        .await
-        .unwrap_err();
-    let meta = expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
-    assert_eq!(meta["field"], "receipt");
-    assert_eq!(
-        state(client, &action).await.state(),
-        pb::ActionState::Authorized
-    );
-}
-
-macro_rules! rows {
-    ($($name:ident),* $(,)?) => {
-        mod embedded {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let gate = TestGate::start_with(Kind::Embedded, policies()).await;
-                    super::$name(&mut gate.client().await).await;
-                }
-            )*
-        }
-        mod redis {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let gate = TestGate::start_with(Kind::Redis, policies()).await;
-                    super::$name(&mut gate.client().await).await;
-                }
-            )*
-        }
-        mod cluster {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let gate = TestGate::start_with(Kind::Cluster, policies()).await;
-                    super::$name(&mut gate.client().await).await;
-                }
-            )*
-        }
-        mod sentinel {
-            use super::*;
-            $(
-                #[tokio::test]
-                async fn $name() {
-                    let gate = TestGate::start_with(Kind::Sentinel, policies()).await;
-                    super::$name(&mut gate.client().await).await;
-                }
-            )*
-        }
-    };
-}
-
-rows!(
-    absent_grants_then_complete_replays,
-    live_lease_same_holder_gets_same_token_others_in_progress,
-    expired_lease_reconcile_then_late_complete,
-    expired_lease_regrant_and_double_execution,
-    changed_key_fields_under_one_idempotency_key_are_refused,
-    token_errors,
-    release_keeps_fencing_and_completed_cannot_be_released,
-    extend_lease_for_the_holder_only,
-    scopes_are_unambiguous,
-    bad_input_is_refused_and_creates_nothing,
-);
-
-#[tokio::test]
-async fn strict_mode_refuses_actions_without_policy() {
-    for kind in [Kind::Embedded, Kind::Redis] {
-        let strict = crate::support::policies("strict = true\n[actions.\"known\"]\n");
-        let gate = TestGate::start_with(kind, strict).await;
-        let mut client = gate.client().await;
-        let status = client
-            .request_token(token_request("a", "r", "unknown", "{}"))
-            .await
-            .unwrap_err();
-        let meta = expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
-        assert_eq!(meta["field"], "action");
-        grant(&mut client, token_request("a", "r", "known", "{}")).await;
-    }
-}
+on_stores!(scopes_are_unambiguous: embedded, redis, cluster, sentinel);

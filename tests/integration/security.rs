@@ -1,58 +1,25 @@
 //! Who may do what, through real gRPC over TLS and mutual TLS with certificates made here: every
 //! RPC × {no credential, wrong credential, agent in scope, agent out of scope, operator} gives
 //! the expected code and reason, on both stores, and nothing a refused caller sends changes the
-//! store. Also: untrusted client certificates, open health, rate limits.
-
-use std::time::Duration;
+//! store. Untrusted certificates and the exposure rule are in `tls.rs`; rate and size limits in
+//! `limits.rs`.
 
 use oncegate::{
     config::defaults,
     domain::ActionKey,
-    gate::policy::Policies,
-    grpc::server::ServerOptions,
-    grpc::{auth::hash_key, tls},
+    grpc::{server::ServerOptions, tls},
     pb::{
         self, action_gate_service_client::ActionGateServiceClient,
         gate_admin_service_client::GateAdminServiceClient,
     },
 };
-use tonic::{
-    Code, Request, Status,
-    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
-};
-use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+use tonic::{Code, Status, transport::Channel};
 use tonic_types::StatusExt;
 
-use crate::{
-    pki::{Ca, Pem},
-    support::{Kind, TestGate, backend, config, expect_error, token_request},
+use crate::support::{
+    Kind, OPS_KEY, Pki, TestGate, WORKER_KEY, authed, backend, config, expect_error, on_stores,
+    principals_toml, tls_channel, token_request,
 };
-
-const WORKER_KEY: &str = "worker-secret-key-1";
-const OPS_KEY: &str = "ops-secret-key-1";
-
-/// The principals of every test here: a worker for `billing-*`, an operator for everything.
-pub fn principals_toml(extra: &str) -> String {
-    format!(
-        r#"
-        [[principals]]
-        name = "billing-worker"
-        role = "agent"
-        agents = ["billing-*"]
-        api_key_sha256 = "{}"
-        cert_identity = "worker.billing"
-        {extra}
-
-        [[principals]]
-        name = "ops"
-        role = "operator"
-        api_key_sha256 = "{}"
-        cert_identity = "ops.example"
-        "#,
-        hash_key(WORKER_KEY),
-        hash_key(OPS_KEY)
-    )
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
@@ -109,60 +76,6 @@ impl Rpc {
             Rpc::RecordExternalCompletion | Rpc::ResolveExpired | Rpc::ListUnresolved
         )
     }
-}
-
-/// The certificates of one test.
-struct Pki {
-    ca: Ca,
-    server: Pem,
-    worker: Pem,
-    ops: Pem,
-    stranger: Pem,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let ca = Ca::new("oncegate test CA");
-        Self {
-            server: ca.server(),
-            worker: ca.client("worker.billing"),
-            ops: ca.client("ops.example"),
-            stranger: ca.client("stranger.example"),
-            ca,
-        }
-    }
-}
-
-/// A TLS channel to the gate, with a client certificate when given.
-pub async fn tls_channel(
-    addr: &str,
-    ca_pem: &str,
-    client: Option<&Pem>,
-) -> Result<Channel, String> {
-    let mut config = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca_pem))
-        .domain_name("localhost");
-    if let Some(pem) = client {
-        config = config.identity(Identity::from_pem(&pem.cert, &pem.key));
-    }
-    Endpoint::from_shared(format!("https://{addr}"))
-        .unwrap()
-        .tls_config(config)
-        .unwrap()
-        .connect()
-        .await
-        .map_err(|e| format!("{e:?}"))
-}
-
-/// A message with an `authorization` header when a key is given.
-pub fn authed<T>(message: T, key: Option<&str>) -> Request<T> {
-    let mut request = Request::new(message);
-    if let Some(key) = key {
-        request
-            .metadata_mut()
-            .insert("authorization", format!("Bearer {key}").parse().unwrap());
-    }
-    request
 }
 
 /// How one caller reaches the gate: a channel and maybe an API key.
@@ -391,164 +304,12 @@ async fn access_matrix(kind: Kind, mode: Mode) {
     assert_eq!(view.fencing, 1);
 }
 
-#[tokio::test]
-async fn access_matrix_embedded_tls() {
-    access_matrix(Kind::Embedded, Mode::Tls).await;
+async fn access_matrix_over_tls(kind: Kind) {
+    access_matrix(kind, Mode::Tls).await;
 }
+on_stores!(access_matrix_over_tls: embedded, redis);
 
-#[tokio::test]
-async fn access_matrix_redis_tls() {
-    access_matrix(Kind::Redis, Mode::Tls).await;
+async fn access_matrix_over_mtls(kind: Kind) {
+    access_matrix(kind, Mode::Mtls).await;
 }
-
-#[tokio::test]
-async fn access_matrix_embedded_mtls() {
-    access_matrix(Kind::Embedded, Mode::Mtls).await;
-}
-
-#[tokio::test]
-async fn access_matrix_redis_mtls() {
-    access_matrix(Kind::Redis, Mode::Mtls).await;
-}
-
-#[tokio::test]
-async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certificate() {
-    let pki = Pki::new();
-    let rogue = Ca::new("rogue CA").client("ops.example");
-    let settings = tls::settings(
-        pki.server.cert.as_bytes(),
-        pki.server.key.as_bytes(),
-        Some(pki.ca.pem.as_bytes()),
-        false,
-    )
-    .unwrap();
-    let options = ServerOptions {
-        tls: Some(settings),
-        ..defaults::server()
-    };
-    let policies = config(&principals_toml(""));
-    let gate = TestGate::serve_with_options(backend(Kind::Embedded).await, policies, options).await;
-    let addr = gate.addr.to_string();
-    // A certificate from another CA, even with an operator's name, does not get through TLS.
-    let rogue_result = match tls_channel(&addr, &pki.ca.pem, Some(&rogue)).await {
-        Err(e) => Err(e),
-        Ok(channel) => ActionGateServiceClient::new(channel)
-            .get_action(pb::GetActionRequest {
-                action: Some(pb::ActionRef {
-                    scope: Some(pb::Scope {
-                        agent_id: "a".into(),
-                        run_id: "r".into(),
-                    }),
-                    key: "k".into(),
-                }),
-            })
-            .await
-            .map(drop)
-            .map_err(|s| format!("{s:?}")),
-    };
-    assert!(
-        rogue_result.is_err(),
-        "an untrusted certificate was accepted"
-    );
-
-    // A good operator certificate with a wrong API key: the key is judged, and refused.
-    let channel = tls_channel(&addr, &pki.ca.pem, Some(&pki.ops))
-        .await
-        .unwrap();
-    let status = GateAdminServiceClient::new(channel.clone())
-        .list_unresolved(authed(pb::ListUnresolvedRequest::default(), Some("wrong")))
-        .await
-        .unwrap_err();
-    expect_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
-    // Health needs no credential (Kubernetes probes it).
-    let health = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap();
-    assert_eq!(health.into_inner().status, 1);
-}
-
-#[tokio::test]
-async fn rate_limit_answers_resource_exhausted_with_retry_info() {
-    let policies = config(&principals_toml("rate_limit_per_second = 1\nburst = 2"));
-    let gate = TestGate::start_with(Kind::Embedded, policies).await;
-    let mut client = gate.client().await;
-    let get = || {
-        authed(
-            pb::GetActionRequest {
-                action: Some(pb::ActionRef {
-                    scope: Some(pb::Scope {
-                        agent_id: "billing-1".into(),
-                        run_id: "r".into(),
-                    }),
-                    key: "k".into(),
-                }),
-            },
-            Some(WORKER_KEY),
-        )
-    };
-    client.get_action(get()).await.unwrap();
-    client.get_action(get()).await.unwrap();
-    let status = client.get_action(get()).await.unwrap_err();
-    let meta = expect_error(&status, Code::ResourceExhausted, "RATE_LIMITED");
-    assert!(meta["retry_after_ms"].parse::<u64>().unwrap() <= 1000);
-    let delay = status
-        .get_error_details()
-        .retry_info()
-        .unwrap()
-        .retry_delay
-        .unwrap();
-    assert!(delay > Duration::ZERO && delay <= Duration::from_secs(1));
-    // Another principal has its own budget (the operator has none).
-    for _ in 0..5 {
-        client
-            .get_action(authed(get().into_inner(), Some(OPS_KEY)))
-            .await
-            .unwrap();
-    }
-}
-
-#[tokio::test]
-async fn oversized_messages_are_refused_before_the_service() {
-    let options = ServerOptions {
-        max_message_bytes: 4096,
-        ..defaults::server()
-    };
-    let gate =
-        TestGate::serve_with_options(backend(Kind::Embedded).await, Policies::default(), options)
-            .await;
-    let mut client = gate.client().await;
-    let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(8192));
-    let status = client
-        .request_token(token_request("a", "r", "x", &big))
-        .await
-        .unwrap_err();
-    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
-    // A request within the bound is served.
-    client
-        .request_token(token_request("a", "r", "x", r#"{"a":1}"#))
-        .await
-        .unwrap();
-}
-
-#[tokio::test]
-async fn embedded_store_calls_have_a_deadline() {
-    let dir = tempfile::TempDir::new().unwrap();
-    // A clock that takes half a second: the writer is as slow as a stuck disk.
-    let slow: oncegate::store::embedded::Clock = std::sync::Arc::new(|| {
-        std::thread::sleep(Duration::from_millis(500));
-        1_700_000_000_000
-    });
-    let store =
-        oncegate::store::embedded::EmbeddedStore::open(dir.path(), slow, Duration::from_millis(50))
-            .unwrap();
-    let started = std::time::Instant::now();
-    let result = store.get(&ActionKey::new("a", "r", "k")).await;
-    assert!(
-        matches!(result, Err(oncegate::store::StoreError::Unavailable(_))),
-        "{result:?}"
-    );
-    assert!(started.elapsed() < Duration::from_millis(400));
-}
+on_stores!(access_matrix_over_mtls: embedded, redis);

@@ -9,7 +9,7 @@ use std::{
 
 use tempfile::TempDir;
 
-use super::{RedisServer, free_port, wait_for_redis};
+use super::redis::{RedisServer, free_port, wait_for_redis};
 
 /// Sentinel's name for the master in every test deployment.
 pub const MASTER_NAME: &str = "oncegate-test";

@@ -1,12 +1,13 @@
 //! Certificates made by the tests themselves (rcgen): a CA, the gate's server certificate for
 //! `localhost`/127.0.0.1, client certificates by common name, and a rogue CA the gate does not
-//! trust.
+//! trust; the files a process reads them from, and a TLS channel that presents them.
 
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     SanType,
 };
 use tempfile::TempDir;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 /// A PEM certificate and its private key.
 pub struct Pem {
@@ -21,6 +22,7 @@ pub struct Ca {
 }
 
 impl Ca {
+    /// A self-signed CA named `name`.
     pub fn new(name: &str) -> Self {
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -68,12 +70,44 @@ impl Ca {
     }
 }
 
+/// The certificates of a test with the principals of [`super::principals`]: a CA, the gate's
+/// server certificate, the worker's and the operator's client certificates (their certificate
+/// identities), and a stranger's the CA signed but no principal names.
+pub struct Pki {
+    pub ca: Ca,
+    pub server: Pem,
+    pub worker: Pem,
+    pub ops: Pem,
+    pub stranger: Pem,
+}
+
+impl Pki {
+    /// Fresh certificates from a fresh CA.
+    pub fn new() -> Self {
+        let ca = Ca::new("oncegate test CA");
+        Self {
+            server: ca.server(),
+            worker: ca.client("worker.billing"),
+            ops: ca.client("ops.example"),
+            stranger: ca.client("stranger.example"),
+            ca,
+        }
+    }
+}
+
+impl Default for Pki {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// The files an `oncegate serve --tls-*` process or `oncegate admin --ca/--cert/--key` reads.
 pub struct PkiFiles {
     pub dir: TempDir,
 }
 
 impl PkiFiles {
+    /// Writes `ca.pem`, `server.pem`/`server.key` and `<name>.pem`/`<name>.key` per client.
     pub fn write(ca: &Ca, server: &Pem, clients: &[(&str, &Pem)]) -> Self {
         let dir = TempDir::new().unwrap();
         std::fs::write(dir.path().join("ca.pem"), &ca.pem).unwrap();
@@ -86,7 +120,30 @@ impl PkiFiles {
         Self { dir }
     }
 
+    /// The path of one of the files, as a flag value.
     pub fn path(&self, name: &str) -> String {
         self.dir.path().join(name).to_str().unwrap().to_owned()
     }
+}
+
+/// A TLS channel to the gate at `addr` (its certificate checked against `ca_pem` as `localhost`),
+/// with a client certificate when given.
+pub async fn tls_channel(
+    addr: &str,
+    ca_pem: &str,
+    client: Option<&Pem>,
+) -> Result<Channel, String> {
+    let mut config = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca_pem))
+        .domain_name("localhost");
+    if let Some(pem) = client {
+        config = config.identity(Identity::from_pem(&pem.cert, &pem.key));
+    }
+    Endpoint::from_shared(format!("https://{addr}"))
+        .unwrap()
+        .tls_config(config)
+        .unwrap()
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))
 }

@@ -1,0 +1,268 @@
+//! The operator's command line against a real `oncegate serve` process: `oncegate admin` over
+//! mutual TLS and with API keys (text and JSON output, refusals), `oncegate hash-key`, the security
+//! flags in `--help`, and what the gate's log says about it all: audit events naming the
+//! principals, never a key, a token or params.
+
+use std::{io::Write, process::Stdio};
+
+use oncegate::{
+    grpc::auth::hash_key,
+    pb::{self, action_gate_service_client::ActionGateServiceClient},
+};
+use tempfile::TempDir;
+use tonic::Code;
+
+use crate::support::{
+    Ca, LoggedGate, OPS_KEY, PkiFiles, StoreTime, WORKER_KEY, authed, expect_error,
+    oncegate_command, principals_toml, tls_channel, token_request, ttl_ms, write_file,
+};
+
+#[test]
+fn hash_key_prints_the_sha256_of_stdin() {
+    let mut child = oncegate_command()
+        .arg("hash-key")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"abc\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    // FIPS 180-2's SHA-256("abc"): the trailing newline is not part of the key.
+    let expected = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    assert_eq!(String::from_utf8(out.stdout).unwrap().trim(), expected);
+    assert_eq!(hash_key("abc"), expected);
+}
+
+#[test]
+fn help_documents_the_security_flags_with_their_environment_variables() {
+    let out = oncegate_command()
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in [
+        "--tls-cert",
+        "ONCEGATE_TLS_CERT",
+        "--tls-key",
+        "ONCEGATE_TLS_KEY",
+        "--tls-client-ca",
+        "ONCEGATE_TLS_CLIENT_CA",
+        "--insecure",
+        "--max-message-bytes",
+        "ONCEGATE_MAX_MESSAGE_BYTES",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from serve --help");
+    }
+    let out = oncegate_command()
+        .args(["admin", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for word in [
+        "--server",
+        "--api-key",
+        "ONCEGATE_API_KEY",
+        "--ca",
+        "--cert",
+        "--json",
+        "list-unresolved",
+        "resolve",
+    ] {
+        assert!(help.contains(word), "{word} missing from admin --help");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
+    let dir = TempDir::new().unwrap();
+    let ca = Ca::new("cli CA");
+    let server = ca.server();
+    let ops = ca.client("ops.example");
+    let files = PkiFiles::write(&ca, &server, &[("ops", &ops)]);
+    let config = write_file(dir.path(), "p.toml", &principals_toml(""));
+    let served = LoggedGate::start(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+            "--tls-cert",
+            &files.path("server.pem"),
+            "--tls-key",
+            &files.path("server.key"),
+            "--tls-client-ca",
+            &files.path("ca.pem"),
+        ],
+    );
+    let port = served.addr.rsplit(':').next().unwrap().to_owned();
+    let server_url = format!("https://localhost:{port}");
+
+    // A worker takes a lease that then expires (over TLS, with its API key).
+    let channel = tls_channel(&served.addr, &ca.pem, None).await.unwrap();
+    let mut gate = ActionGateServiceClient::new(channel);
+    const MARKER: &str = "params-marker-IBAN-DE89";
+    let mut req = token_request(
+        "billing-9",
+        "run-1",
+        "payments.transfer",
+        &format!(r#"{{"iban":"{MARKER}"}}"#),
+    );
+    req.lease_ttl = ttl_ms(100);
+    let resp = gate
+        .request_token(authed(req, Some(WORKER_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    let action = resp.action.unwrap();
+    let grant = resp.grant.unwrap();
+    let token = grant.token;
+    // A real process on the system clock: wait until its lease has ended.
+    StoreTime::System
+        .pass_beyond(grant.lease_expires_at.unwrap())
+        .await;
+
+    let admin = |args: &[&str], api_key: Option<&str>| {
+        let mut cmd = oncegate_command();
+        cmd.args([
+            "admin",
+            "--server",
+            &server_url,
+            "--ca",
+            &files.path("ca.pem"),
+        ]);
+        match api_key {
+            Some(key) => {
+                cmd.env("ONCEGATE_API_KEY", key);
+            }
+            None => {
+                cmd.args([
+                    "--cert",
+                    &files.path("ops.pem"),
+                    "--key",
+                    &files.path("ops.key"),
+                ]);
+            }
+        }
+        let out = cmd.args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    // The operator's client certificate is its credential.
+    let (code, stdout, stderr) =
+        admin(&["--json", "list-unresolved", "--agent", "billing-9"], None);
+    assert_eq!(code, Some(0), "{stderr}");
+    let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(listed["actions"][0]["key"], action.key.as_str());
+    assert_eq!(listed["actions"][0]["fencing"], 1);
+    let (code, stdout, _) = admin(&["list-unresolved"], None);
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("billing-9 / run-1 /") && stdout.contains("fencing 1"),
+        "{stdout}"
+    );
+
+    let (code, stdout, stderr) = admin(
+        &[
+            "--json",
+            "resolve",
+            "--agent",
+            "billing-9",
+            "--run",
+            "run-1",
+            "--key",
+            &action.key,
+            "--outcome",
+            "completed",
+            "--receipt",
+            "tx_77",
+            "--note",
+            "confirmed by provider",
+        ],
+        None,
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    let resolved: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(resolved["completion"]["receipt_text"], "tx_77");
+    assert_eq!(
+        resolved["completion"]["source"],
+        "COMPLETION_SOURCE_OPERATOR"
+    );
+
+    let (code, stdout, _) = admin(
+        &[
+            "get",
+            "--agent",
+            "billing-9",
+            "--run",
+            "run-1",
+            "--key",
+            &action.key,
+        ],
+        None,
+    );
+    assert_eq!(code, Some(0));
+    assert!(stdout.contains("ACTION_STATE_COMPLETED"), "{stdout}");
+    // An agent's key is refused for operator commands; a wrong one is unauthenticated.
+    let (code, _, stderr) = admin(&["list-unresolved"], Some(WORKER_KEY));
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("FORBIDDEN_SCOPE"), "{stderr}");
+    let (code, stdout, _) = admin(&["--json", "list-unresolved"], Some("wrong"));
+    assert_eq!(code, Some(1));
+    assert!(stdout.contains("UNAUTHENTICATED"));
+    let (code, stdout, _) = admin(
+        &[
+            "--json",
+            "complete",
+            "--agent",
+            "billing-9",
+            "--run",
+            "run-2",
+            "--key",
+            "k-1",
+            "--receipt",
+            "manual",
+            "--action-name",
+            "payments.transfer",
+            "--params",
+            "{\"n\":1}",
+        ],
+        Some(OPS_KEY),
+    );
+    assert_eq!(code, Some(0), "{stdout}");
+    assert!(stdout.contains("\"recorded\": true"));
+
+    // The late worker hears COMPLETED_BY_OTHER.
+    let status = gate
+        .complete(authed(
+            pb::CompleteRequest {
+                action: Some(action),
+                token: token.clone(),
+                receipt: b"late".to_vec(),
+            },
+            Some(WORKER_KEY),
+        ))
+        .await
+        .unwrap_err();
+    expect_error(&status, Code::FailedPrecondition, "COMPLETED_BY_OTHER");
+
+    // The log has audit events naming the principals, and never a key, a token or params.
+    let log = served.log();
+    for secret in [WORKER_KEY, OPS_KEY, token.as_str(), MARKER] {
+        assert!(
+            !log.contains(secret),
+            "{secret:?} leaked into the log:\n{log}"
+        );
+    }
+    assert!(log.contains("oncegate::audit"), "{log}");
+    assert!(log.contains("principal=billing-worker"), "{log}");
+    assert!(
+        log.contains("principal=ops") && log.contains("resolved_completed"),
+        "{log}"
+    );
+    assert!(log.contains("double execution"), "{log}");
+}

@@ -1,0 +1,99 @@
+//! Limits that protect the gate: a principal's rate limit (RESOURCE_EXHAUSTED with RetryInfo, each
+//! principal its own budget), the message size bound (refused before the service), and the
+//! embedded store's call deadline (a stuck writer answers STORE_UNAVAILABLE in time).
+
+use std::time::Duration;
+
+use oncegate::{
+    config::defaults, domain::ActionKey, gate::policy::Policies, grpc::server::ServerOptions, pb,
+};
+use tonic::Code;
+use tonic_types::StatusExt;
+
+use crate::support::{
+    Kind, OPS_KEY, TestGate, WORKER_KEY, authed, backend, config, expect_error, principals_toml,
+    token_request,
+};
+
+#[tokio::test]
+async fn rate_limit_answers_resource_exhausted_with_retry_info() {
+    let policies = config(&principals_toml("rate_limit_per_second = 1\nburst = 2"));
+    let gate = TestGate::start_with(Kind::Embedded, policies).await;
+    let mut client = gate.client().await;
+    let get = || {
+        authed(
+            pb::GetActionRequest {
+                action: Some(pb::ActionRef {
+                    scope: Some(pb::Scope {
+                        agent_id: "billing-1".into(),
+                        run_id: "r".into(),
+                    }),
+                    key: "k".into(),
+                }),
+            },
+            Some(WORKER_KEY),
+        )
+    };
+    client.get_action(get()).await.unwrap();
+    client.get_action(get()).await.unwrap();
+    let status = client.get_action(get()).await.unwrap_err();
+    let meta = expect_error(&status, Code::ResourceExhausted, "RATE_LIMITED");
+    assert!(meta["retry_after_ms"].parse::<u64>().unwrap() <= 1000);
+    let delay = status
+        .get_error_details()
+        .retry_info()
+        .unwrap()
+        .retry_delay
+        .unwrap();
+    assert!(delay > Duration::ZERO && delay <= Duration::from_secs(1));
+    // Another principal has its own budget (the operator has none).
+    for _ in 0..5 {
+        client
+            .get_action(authed(get().into_inner(), Some(OPS_KEY)))
+            .await
+            .unwrap();
+    }
+}
+
+#[tokio::test]
+async fn oversized_messages_are_refused_before_the_service() {
+    let options = ServerOptions {
+        max_message_bytes: 4096,
+        ..defaults::server()
+    };
+    let gate =
+        TestGate::serve_with_options(backend(Kind::Embedded).await, Policies::default(), options)
+            .await;
+    let mut client = gate.client().await;
+    let big = format!(r#"{{"a":"{}"}}"#, "x".repeat(8192));
+    let status = client
+        .request_token(token_request("a", "r", "x", &big))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    // A request within the bound is served.
+    client
+        .request_token(token_request("a", "r", "x", r#"{"a":1}"#))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn embedded_store_calls_have_a_deadline() {
+    let dir = tempfile::TempDir::new().unwrap();
+    // A clock that takes half a second: the writer is as slow as a stuck disk.
+    let slow: oncegate::store::embedded::Clock = std::sync::Arc::new(|| {
+        std::thread::sleep(Duration::from_millis(500));
+        1_700_000_000_000
+    });
+    let store =
+        oncegate::store::embedded::EmbeddedStore::open(dir.path(), slow, Duration::from_millis(50))
+            .unwrap();
+    let started = std::time::Instant::now();
+    let result = store.get(&ActionKey::new("a", "r", "k")).await;
+    assert!(
+        matches!(result, Err(oncegate::store::StoreError::Unavailable(_))),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(400));
+}

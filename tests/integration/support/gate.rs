@@ -1,0 +1,253 @@
+//! Gates to test against: in-process on `127.0.0.1:0` over a [`Backend`] ([`TestGate`]), or as real
+//! `oncegate serve` processes ([`GateProcess`]; [`LoggedGate`] when the test reads the log), and a
+//! client that waits for one to listen ([`connect`]).
+
+use std::{
+    io::{BufRead, BufReader},
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use oncegate::{
+    config::{ConfigFile, defaults},
+    gate::{Gate, policy::Policies},
+    grpc::server::{self, ServerOptions},
+    observe::metrics::{self, Metrics},
+    pb::action_gate_service_client::ActionGateServiceClient,
+};
+use tempfile::TempDir;
+use tonic::transport::Channel;
+
+use super::{
+    clock::StoreTime,
+    stores::{Backend, Kind, backend, backend_with_test_clock},
+};
+
+/// A gate served in-process on `127.0.0.1:0`, stopped on drop.
+pub struct TestGate {
+    pub addr: SocketAddr,
+    pub backend: Backend,
+    /// How the store's time passes: a test clock only when started by
+    /// [`TestGate::start_with_test_clock`] on the embedded store, the system clock otherwise.
+    pub time: StoreTime,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl TestGate {
+    /// Serves a fresh store of `kind` with default policies.
+    pub async fn start(kind: Kind) -> Self {
+        Self::start_with(kind, Policies::default()).await
+    }
+
+    /// Serves a fresh store of `kind` with `config` (policies, and principals if any).
+    pub async fn start_with(kind: Kind, config: impl Into<ConfigFile>) -> Self {
+        Self::serve(backend(kind).await, config).await
+    }
+
+    /// Like [`TestGate::start_with`], with the store's time in the test's hands where it can be:
+    /// the embedded store on a test clock that [`TestGate::time`] advances; Redis on its own.
+    pub async fn start_with_test_clock(kind: Kind, config: impl Into<ConfigFile>) -> Self {
+        let (backend, time) = backend_with_test_clock(kind).await;
+        let mut gate = Self::serve(backend, config).await;
+        gate.time = time;
+        gate
+    }
+
+    /// Serves an existing backend.
+    pub async fn serve(backend: Backend, config: impl Into<ConfigFile>) -> Self {
+        Self::serve_with_options(backend, config, defaults::server()).await
+    }
+
+    /// Serves a fresh store of `kind` with `policies`, counting into a registry served on its own
+    /// `/metrics` listener, whose address is returned.
+    pub async fn start_with_metrics(kind: Kind, policies: Policies) -> (Self, SocketAddr) {
+        let backend = backend(kind).await;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(
+            &mut registry,
+            policies.names(),
+            metrics::DEFAULT_OTHER_ACTION,
+        );
+        let gate = Gate::with_metrics(backend.store.clone(), policies, metrics);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_addr = listener.local_addr().unwrap();
+        tokio::spawn(metrics::endpoint::serve(
+            listener,
+            std::sync::Arc::new(registry),
+            std::future::pending(),
+        ));
+        let gate = Self::serve_gate(backend, gate, defaults::server()).await;
+        (gate, metrics_addr)
+    }
+
+    /// Serves an existing backend with server options (TLS, message size) and the configuration
+    /// file's principals; the health interval is always short.
+    pub async fn serve_with_options(
+        backend: Backend,
+        config: impl Into<ConfigFile>,
+        options: ServerOptions,
+    ) -> Self {
+        let ConfigFile {
+            policies,
+            principals,
+        } = config.into();
+        let gate = Gate::new(backend.store.clone(), policies);
+        let options = ServerOptions {
+            principals,
+            ..options
+        };
+        Self::serve_gate(backend, gate, options).await
+    }
+
+    /// Serves `gate` over `backend` with server options.
+    pub async fn serve_gate(backend: Backend, gate: Gate, options: ServerOptions) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let options = ServerOptions {
+            health_interval: Duration::from_millis(100),
+            ..options
+        };
+        tokio::spawn(server::run(listener, gate, options, async {
+            let _ = stopped.await;
+        }));
+        Self {
+            addr,
+            backend,
+            time: StoreTime::System,
+            stop: Some(stop),
+        }
+    }
+
+    /// A new client (its own HTTP/2 connection).
+    pub async fn client(&self) -> ActionGateServiceClient<Channel> {
+        connect(&self.addr.to_string()).await
+    }
+}
+
+impl Drop for TestGate {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A client on `addr` (`host:port`), retrying the connection for a few seconds.
+pub async fn connect(addr: &str) -> ActionGateServiceClient<Channel> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match ActionGateServiceClient::connect(format!("http://{addr}")).await {
+            Ok(client) => return client,
+            Err(e) if Instant::now() > deadline => panic!("cannot connect to {addr}: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+}
+
+/// The `oncegate` binary under test.
+pub fn oncegate_command() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_oncegate"))
+}
+
+/// Reads the `listening on <addr>` line a starting `oncegate serve` prints first; `None` when the
+/// first line is something else (the process failed to start).
+fn listening_on(child: &mut Child) -> (Option<String>, String) {
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line.trim().strip_prefix("listening on ").map(str::to_owned);
+    (addr, line)
+}
+
+/// A real `oncegate serve` process, killed (SIGKILL) on drop.
+pub struct GateProcess {
+    pub addr: String,
+    child: Child,
+}
+
+impl GateProcess {
+    /// Starts `oncegate serve --listen 127.0.0.1:0 <args>` and waits for its `listening on` line.
+    pub fn spawn(args: &[&str]) -> Self {
+        let mut child = oncegate_command()
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let (addr, line) = listening_on(&mut child);
+        let addr = addr.unwrap_or_else(|| panic!("unexpected first line from oncegate: {line:?}"));
+        Self { addr, child }
+    }
+
+    /// Kills the process with SIGKILL, as a crash would.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for GateProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A real `oncegate serve` process on the embedded store in `dir/data`, logging at `info` into a
+/// file the test reads; killed on drop.
+pub struct LoggedGate {
+    pub addr: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl LoggedGate {
+    /// Starts `oncegate serve --data-dir <dir>/data <args>` (`args` choose the listener) and waits
+    /// for its `listening on` line.
+    pub fn start(dir: &TempDir, args: &[&str]) -> Self {
+        let log = dir.path().join("gate.log");
+        let mut child = oncegate_command()
+            .args(["serve", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let (addr, line) = listening_on(&mut child);
+        let addr = addr.unwrap_or_else(|| {
+            panic!(
+                "unexpected first line {line:?}: {}",
+                std::fs::read_to_string(&log).unwrap()
+            )
+        });
+        Self { addr, child, log }
+    }
+
+    /// The log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap()
+    }
+}
+
+impl Drop for LoggedGate {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

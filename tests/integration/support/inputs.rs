@@ -1,0 +1,49 @@
+//! What tests feed a gate: requests with the common fields filled in, lease durations,
+//! configuration text, and files for a process to read.
+
+use std::path::{Path, PathBuf};
+
+use oncegate::{config::ConfigFile, gate::policy::Policies, pb};
+
+/// A RequestToken with the common fields filled in.
+pub fn token_request(
+    agent: &str,
+    run: &str,
+    action: &str,
+    params: &str,
+) -> pb::RequestTokenRequest {
+    pb::RequestTokenRequest {
+        scope: Some(pb::Scope {
+            agent_id: agent.into(),
+            run_id: run.into(),
+        }),
+        action: action.into(),
+        params_json: params.into(),
+        ..Default::default()
+    }
+}
+
+/// `ms` milliseconds as a lease or extension TTL.
+pub fn ttl_ms(ms: u64) -> Option<prost_types::Duration> {
+    Some(prost_types::Duration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    })
+}
+
+/// Parses a configuration file's text (policies, limits, principals); panics when it is bad.
+pub fn config(text: &str) -> ConfigFile {
+    ConfigFile::parse(text).unwrap()
+}
+
+/// Parses a configuration file's text and keeps its policies.
+pub fn policies(text: &str) -> Policies {
+    config(text).policies
+}
+
+/// Writes `text` to `name` in `dir` and returns the path.
+pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path
+}

@@ -1,0 +1,76 @@
+//! Test support, the one home of every helper more than one test file uses (test files never
+//! import from each other). By concern:
+//! - [`redis`]: a `redis-server` of the test's own on a free loopback port; [`topology`]: Cluster
+//!   and Sentinel deployments of them.
+//! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]), and [`on_stores!`].
+//! - [`clock`]: store time a test moves ([`TestClock`], [`StoreTime`]).
+//! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
+//!   ([`GateProcess`], [`LoggedGate`]), and [`connect`].
+//! - [`inputs`]: requests, TTLs, configuration text, files; [`calls`]: one worker RPC each.
+//! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
+//!   [`pki`]: certificates made here and a TLS channel.
+//! - [`errors`]: rich-status checks; [`health`]: probes; [`scrape`]: `/metrics` parsed.
+//!
+//! # One test on several stores
+//!
+//! Write the test once, taking the store's [`Kind`], then name the stores it runs on:
+//!
+//! ```ignore
+//! async fn expired_lease_is_refused(kind: Kind) {
+//!     let gate = TestGate::start_with_test_clock(kind, policies()).await;
+//!     let mut client = gate.client().await;
+//!     let (action, grant) = grant(&mut client, req).await;
+//!     gate.time.pass_beyond(grant.lease_expires_at.unwrap()).await;
+//!     // ...
+//! }
+//! on_stores!(expired_lease_is_refused: embedded, redis, cluster, sentinel);
+//! ```
+//!
+//! [`on_stores!`] generates a module of that name with one `#[tokio::test]` per store, so each
+//! store's case is listed, run, filtered and reported by its own name
+//! (`rows::expired_lease_is_refused::cluster`). A test on another runtime puts its attribute
+//! first: `on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] name: redis);`.
+//! A store name other than `embedded`, `redis`, `cluster` or `sentinel` does not compile.
+//!
+//! # Store time
+//!
+//! A test that waits for store time (a lease to end, a retention to pass) starts its gate with
+//! [`TestGate::start_with_test_clock`] (or its store with [`backend_with_test_clock`]) and lets
+//! time pass through [`StoreTime`]: on the embedded store that advances a [`TestClock`] at once;
+//! Redis decides with its own `TIME`, so there the test waits, and only until the timestamp the
+//! gate returned has passed ([`StoreTime::pass_beyond`]).
+
+pub mod calls;
+pub mod clock;
+pub mod errors;
+pub mod gate;
+pub mod health;
+pub mod inputs;
+pub mod pki;
+pub mod principals;
+pub mod redis;
+pub mod scrape;
+pub mod stores;
+pub mod topology;
+
+// The support API, importable from `support` by name whether a test uses it today or not.
+#[allow(
+    unused_imports,
+    reason = "re-exports for every test file, present and future"
+)]
+pub use self::{
+    calls::{complete, grant, release, state},
+    clock::{StoreTime, TestClock, millis_of},
+    errors::{expect_error, reason},
+    gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command},
+    health::{health, wait_for_health},
+    inputs::{config, policies, token_request, ttl_ms, write_file},
+    pki::{Ca, Pem, Pki, PkiFiles, tls_channel},
+    principals::{OPS_KEY, WORKER_KEY, authed, principals_toml},
+    redis::{RedisServer, free_port},
+    scrape::{Scrape, http_get},
+    stores::{
+        Backend, Kind, STORE_TIMEOUT, backend, backend_with, backend_with_test_clock, test_options,
+    },
+};
+pub(crate) use stores::{on_stores, store_kind};
