@@ -80,7 +80,14 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
     let server = ca.server();
     let ops = ca.client("ops.example");
     let files = PkiFiles::write(&ca, &server, &[("ops", &ops)]);
-    let config = write_file(dir.path(), "p.toml", &principals_toml(""));
+    let config = write_file(
+        dir.path(),
+        "p.toml",
+        &format!(
+            "[limits]\nmin_lease_ttl_seconds = 0.05\n{}",
+            principals_toml("")
+        ),
+    );
     let served = LoggedGate::start(
         &dir,
         &[
@@ -117,7 +124,7 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
         .into_inner();
     let action = resp.action.unwrap();
     let grant = resp.grant.unwrap();
-    let token = grant.token;
+    let token = grant.token.clone();
     // A real process on the system clock: wait until its lease has ended.
     StoreTime::System
         .pass_beyond(grant.lease_expires_at.unwrap())
@@ -158,11 +165,12 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
     assert_eq!(code, Some(0), "{stderr}");
     let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(listed["actions"][0]["key"], action.key.as_str());
-    assert_eq!(listed["actions"][0]["fencing"], 1);
+    assert_eq!(listed["actions"][0]["fencing"], grant.fencing);
     let (code, stdout, _) = admin(&["list-unresolved"], None);
     assert_eq!(code, Some(0));
     assert!(
-        stdout.contains("billing-9 / run-1 /") && stdout.contains("fencing 1"),
+        stdout.contains("billing-9 / run-1 /")
+            && stdout.contains(&format!("fencing {}", grant.fencing)),
         "{stdout}"
     );
 

@@ -32,19 +32,23 @@ async fn the_guard_runs_once_and_replays_after() {
     let client = gate_client(&gate).await;
     let spec = ActionSpec::new("agent", "run", "payments.transfer", r#"{"amount":7}"#);
     let runs = Arc::new(AtomicUsize::new(0));
+    let mut receipt = None;
     for _ in 0..3 {
         let runs = runs.clone();
         let outcome = client
             .run_once(&spec, &GuardOptions::default(), |grant| async move {
                 runs.fetch_add(1, Ordering::SeqCst);
                 assert!(grant.provider_key.starts_with("og-"));
-                Ok::<_, Failure<String>>(
-                    format!("paid with fencing {}", grant.fencing).into_bytes(),
-                )
+                Ok::<_, Failure<String>>(format!("paid by {}", grant.token).into_bytes())
             })
             .await
             .unwrap();
-        assert_eq!(outcome.receipt(), b"paid with fencing 1");
+        let first = receipt.get_or_insert_with(|| outcome.receipt().to_vec());
+        assert_eq!(
+            outcome.receipt(),
+            first.as_slice(),
+            "replayed, not run again"
+        );
     }
     assert_eq!(
         runs.load(Ordering::SeqCst),
@@ -58,8 +62,11 @@ async fn a_definite_failure_releases_and_an_ambiguous_one_does_not() {
     let gate = TestGate::start(Kind::Redis).await;
     let client = gate_client(&gate).await;
     let spec = ActionSpec::new("agent", "run", "orders.create", r#"{"sku":"A"}"#);
+    let first = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = first.clone();
     let err = client
-        .run_once(&spec, &GuardOptions::default(), |_| async {
+        .run_once(&spec, &GuardOptions::default(), |grant| async move {
+            seen.store(grant.fencing, Ordering::SeqCst);
             Err::<Vec<u8>, _>(Failure::Definite("card declined"))
         })
         .await
@@ -71,7 +78,7 @@ async fn a_definite_failure_releases_and_an_ambiguous_one_does_not() {
     // Released: the next attempt is granted with a higher fencing number.
     let outcome = client
         .run_once(&spec, &GuardOptions::default(), |grant| async move {
-            assert_eq!(grant.fencing, 2);
+            assert_eq!(grant.fencing, first.load(Ordering::SeqCst) + 1);
             Ok::<_, Failure<&str>>(b"ok".to_vec())
         })
         .await

@@ -20,6 +20,8 @@ use crate::support::{
 type Client = ActionGateServiceClient<Channel>;
 
 const POLICIES: &str = r#"
+[limits]
+min_lease_ttl_seconds = 0.05
 [actions."payments.transfer"]
 key_fields = ["/amount", "/currency", "/to"]
 [actions."payments.regrant"]

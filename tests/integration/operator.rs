@@ -21,7 +21,7 @@ use crate::support::{
 
 fn policies() -> ConfigFile {
     config(&format!(
-        "{}\n[actions.\"payments.transfer\"]\nkey_fields = [\"/amount\", \"/to\"]\n",
+        "[limits]\nmin_lease_ttl_seconds = 0.05\n{}\n[actions.\"payments.transfer\"]\nkey_fields = [\"/amount\", \"/to\"]\n",
         principals_toml("")
     ))
 }
@@ -102,7 +102,7 @@ async fn hand_done_completion_reaches_the_worker_as_completed_by_other(kind: Kin
     assert_eq!(completion.source(), pb::CompletionSource::Operator);
     assert_eq!(
         (completion.fencing, completion.operator.as_str()),
-        (1, "ops")
+        (g.fencing, "ops")
     );
 
     // The worker finishes too: it is told the action was completed by someone else.
@@ -119,7 +119,7 @@ async fn hand_done_completion_reaches_the_worker_as_completed_by_other(kind: Kin
         .await
         .unwrap_err();
     let meta = expect_error(&status, Code::FailedPrecondition, "COMPLETED_BY_OTHER");
-    assert_eq!(meta["fencing"], "1");
+    assert_eq!(meta["fencing"], g.fencing.to_string());
     // Every retry of the agent replays the operator's receipt; nothing runs twice more.
     let replay = c
         .gate
@@ -230,7 +230,7 @@ async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
     assert_eq!(page.actions.len(), 1, "only the expired lease: {page:?}");
     let listed = &page.actions[0];
     assert_eq!(listed.action.as_ref().unwrap(), &action);
-    assert_eq!(listed.fencing, 1);
+    assert_eq!(listed.fencing, g.fencing);
     assert!(listed.lease_expired_at.is_some());
     assert!(page.next_page_token.is_empty());
     // The agent is refused until someone reconciles.
@@ -260,14 +260,14 @@ async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
         .await
         .unwrap()
         .into_inner();
-    assert_eq!(resolved.fencing, 1);
+    assert_eq!(resolved.fencing, g.fencing);
     assert!(resolved.completion.is_none());
     assert!(list(&mut c, "billing-2", 0, "").await.actions.is_empty());
     assert!(list(&mut c, "", 0, "").await.actions.is_empty());
     // Granted again, with a higher fencing number; the old holder cannot complete.
     req.lease_ttl = None;
     let (_, again) = grant(&mut c, req).await;
-    assert_eq!(again.fencing, 2);
+    assert_eq!(again.fencing, g.fencing + 1);
     let status = c
         .gate
         .complete(authed(

@@ -18,6 +18,8 @@ const PAY: &str = r#"{"amount":100,"currency":"EUR","to":"DE89","memo":"rent"}"#
 fn policies() -> Policies {
     crate::support::policies(
         r#"
+        [limits]
+        min_lease_ttl_seconds = 0.05
         [actions."payments.transfer"]
         key_fields = ["/amount", "/currency", "/to"]
         [actions."payments.regrant"]
@@ -32,7 +34,11 @@ async fn absent_grants_then_complete_replays(kind: Kind) {
     let client = &mut gate.client().await;
     let req = token_request("agent", "run-1", "payments.transfer", PAY);
     let (action, g) = grant(client, req.clone()).await;
-    assert_eq!(g.fencing, 1);
+    assert!(
+        g.fencing > 1_000_000_000_000_000,
+        "the store clock in µs: {}",
+        g.fencing
+    );
     assert!(
         g.token.len() >= 32,
         "token carries at least 122 random bits"
@@ -71,7 +77,7 @@ async fn absent_grants_then_complete_replays(kind: Kind) {
     let replay = resp.completion.unwrap();
     assert_eq!(replay.receipt, b"paid #1");
     assert_eq!(replay.token, g.token);
-    assert_eq!(replay.fencing, 1);
+    assert_eq!(replay.fencing, g.fencing);
     assert!(replay.completed_at.is_some());
     let view = state(client, &action).await;
     assert_eq!(view.state(), pb::ActionState::Completed);
@@ -131,7 +137,7 @@ async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
         "LEASE_EXPIRED_UNRESOLVED",
     );
     assert_eq!(meta["token"], g.token);
-    assert_eq!(meta["fencing"], "1");
+    assert_eq!(meta["fencing"], g.fencing.to_string());
     assert!(meta.contains_key("lease_expired_at"));
     // The effect happened after all: a late Complete with that token is accepted.
     let done = complete(client, &action, &g.token, b"late").await.unwrap();
@@ -148,19 +154,19 @@ async fn expired_lease_regrant_and_double_execution(kind: Kind) {
     gate.time.pass_beyond(old.lease_expires_at.unwrap()).await;
     req.lease_ttl = None;
     let (_, new) = grant(client, req).await;
-    assert_eq!(new.fencing, 2);
+    assert_eq!(new.fencing, old.fencing + 1);
     assert_ne!(new.token, old.token);
     // The superseded holder completes late: recorded (the effect happened)...
     let done = complete(client, &action, &old.token, b"old holder")
         .await
         .unwrap();
-    assert_eq!(done.fencing, 1);
+    assert_eq!(done.fencing, old.fencing);
     // ...and the newer holder is told someone else completed it.
     let status = complete(client, &action, &new.token, b"new holder")
         .await
         .unwrap_err();
     let meta = expect_error(&status, Code::FailedPrecondition, "COMPLETED_BY_OTHER");
-    assert_eq!(meta["fencing"], "1");
+    assert_eq!(meta["fencing"], old.fencing.to_string());
 }
 on_stores!(expired_lease_regrant_and_double_execution: embedded, redis, cluster, sentinel);
 
@@ -223,13 +229,20 @@ async fn release_keeps_fencing_and_completed_cannot_be_released(kind: Kind) {
     let client = &mut gate.client().await;
     let req = token_request("agent", "run-7", "x", r#"{"a":2}"#);
     let (action, g1) = grant(client, req.clone()).await;
-    assert_eq!(release(client, &action, &g1.token).await.unwrap(), 1);
+    assert_eq!(
+        release(client, &action, &g1.token).await.unwrap(),
+        g1.fencing
+    );
     assert_eq!(
         state(client, &action).await.state(),
         pb::ActionState::Absent
     );
     let (_, g2) = grant(client, req).await;
-    assert_eq!(g2.fencing, 2, "the next grant gets a higher fencing number");
+    assert_eq!(
+        g2.fencing,
+        g1.fencing + 1,
+        "the next grant gets a higher fencing number"
+    );
     complete(client, &action, &g2.token, b"done").await.unwrap();
     let status = release(client, &action, &g2.token).await.unwrap_err();
     expect_error(&status, Code::FailedPrecondition, "ALREADY_COMPLETED");

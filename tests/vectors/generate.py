@@ -159,6 +159,7 @@ def build() -> None:
         ("333333333.3333333", "333333333.3333333"),
         ("0.1", "0.1"),
         ("100.00000000000001", "100.00000000000001"),
+        ("579460800786596.2", "579460800786596.2"),
         ("0.30000000000000004", "0.30000000000000004"),
         ("123456789.125", "123456789.125"),
         ("1e15", "1000000000000000"),
@@ -413,6 +414,7 @@ def build() -> None:
         ("negative", '{"n":-0.1000000000000000001}'),
         ("nested in an array", '{"a":[0.5,{"b":0.30000000000000001}]}'),
         ("after an exact one", '{"a":0.25,"b":2.50000000000000001}'),
+        ("the odd one of two shortest forms", '{"n":579460800786596.3}'),
         ("inexact before an unsafe integer is reported as unsafe", '{"a":0.10000000000000000001,"b":1e300}'),
     ):
         case(f"inexact number: {name}", params, error="unsafe_number" if "unsafe" in name else "inexact_number")

@@ -88,18 +88,19 @@ fn check(literal: &str, path: &[Segment]) -> Result<(), ParamsError> {
     let Ok(value) = literal.parse::<f64>() else {
         return Ok(()); // not a number this scanner understands; the parser already judged it
     };
-    let shortest = format!("{value:e}");
-    if value.is_finite() && decimal(literal) == decimal(&shortest) {
+    // The very form the canonical JSON will hold (ECMAScript's: of two shortest forms, the even
+    // one), not merely some shortest form.
+    let written = serde_json_canonicalizer::to_string(&value).ok();
+    if written
+        .as_deref()
+        .is_some_and(|written| decimal(literal) == decimal(written))
+    {
         return Ok(());
     }
     Err(ParamsError::InexactNumber {
         pointer: pointer(path),
         literal: literal.chars().take(40).collect(),
-        nearest: if value.is_finite() {
-            value.to_string()
-        } else {
-            "infinity".into()
-        },
+        nearest: written.unwrap_or_else(|| "infinity".into()),
     })
 }
 
@@ -174,6 +175,7 @@ mod tests {
             r#"{"a":100.00000000000001}"#,
             r#"{"a":1.5E+300}"#,
             r#"{"a":[0.25,{"b":2.5e-3}]}"#,
+            r#"{"a":579460800786596.2}"#,
             r#"{"a":"0.100000000000000001"}"#,
         ] {
             assert_eq!(refused(text), None, "{text}");
@@ -201,6 +203,11 @@ mod tests {
         assert_eq!(
             refused(r#"{"a":1e999}"#),
             Some(("/a".into(), "infinity".into()))
+        );
+        // Two shortest forms of one double (…596.25): only the one JCS writes (the even digit).
+        assert_eq!(
+            refused(r#"{"a":579460800786596.3}"#),
+            Some(("/a".into(), "579460800786596.2".into()))
         );
     }
 }

@@ -6,9 +6,14 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::ActionKey;
 
-/// The Redis set of agent ids that were ever granted a token: a hint for listing across agents
-/// (kept outside the per-agent slots, so it is updated after the grant, not inside its script).
-pub const AGENTS: &str = "og:agents";
+/// The agents index: a sorted set (all scores 0) of the agents that may have unresolved actions,
+/// each as `<id length, 10 digits>:<id>` so that its byte order is the listing's order. A hint
+/// for listing across agents (kept outside the per-agent slots, so it is updated after a grant,
+/// not inside its script); agents without a lease index are pruned by the listing.
+pub const AGENTS: &str = "og:agents:index";
+
+/// The set of agent ids that versions before the agents index kept (migrated at start-up).
+pub const OLD_AGENTS: &str = "og:agents";
 
 /// The Redis key of the record: `og:{<agent digest>}:<action digest>`. The braces make a digest of
 /// the agent id the Cluster hash tag, so one agent's records and its lease index ([`lease_index`])

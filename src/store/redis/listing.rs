@@ -2,12 +2,12 @@
 //! sorted set scored by lease expiry) oldest first, and checks each member against its record
 //! with `unresolved.lua`, which drops stale members. No key is ever scanned.
 //!
-//! Listing every agent uses the `og:agents` set, a hint: it is updated after a new grant (it
-//! lives in another slot than the grant's keys, so it cannot be inside the grant's script), and
-//! an agent whose only grant happened while that update failed is missing from it until its next
-//! grant. Listing one agent never depends on it.
-
-use std::{collections::HashSet, sync::Mutex};
+//! Listing every agent walks the agents index ([`keys::AGENTS`], a sorted set ordered like the
+//! listing: shorter ids first, then bytes), a page visiting a bounded number of agents. It is a
+//! hint: it is updated after each new grant (it lives in another slot than the grant's keys, so it
+//! cannot be inside the grant's script), and an agent whose only grant happened while that update
+//! failed is missing from it until its next grant. Agents without a lease index are pruned as the
+//! listing meets them. Listing one agent never depends on it.
 
 use super::keys;
 use super::{Decoded, RedisStore, classify};
@@ -21,8 +21,6 @@ use crate::{
 
 /// Members fetched from an index per round trip.
 const BATCH: usize = 64;
-/// Past this many remembered agents the memory is cleared (it only saves round trips).
-const MAX_SEEN: usize = 100_000;
 
 /// What unresolved.lua found for one index member.
 #[derive(Debug)]
@@ -35,34 +33,69 @@ pub(super) enum Checked {
     Unresolved(ActionView),
 }
 
-/// The agents this process already added to `og:agents`.
-#[derive(Debug, Default)]
-pub(super) struct SeenAgents(Mutex<HashSet<String>>);
+/// An agent's member of the agents index: its id's length (fixed width) then the id, so that the
+/// index's byte order is the listing's order.
+fn agent_member(agent_id: &str) -> String {
+    format!("{:010}:{agent_id}", agent_id.len())
+}
+
+fn agent_of(member: &str) -> Option<&str> {
+    member.split_once(':').map(|(_, agent)| agent)
+}
 
 impl RedisStore {
-    /// Adds `agent_id` to the `og:agents` hint set once per process. Failures are logged and
-    /// ignored: the grant itself has happened, and listing one agent does not need the set.
-    pub(super) async fn remember_agent(&self, agent_id: &str) {
-        {
-            let seen = self.agents_seen.0.lock().unwrap_or_else(|e| e.into_inner());
-            if seen.contains(agent_id) {
-                return;
+    /// Adds `agent_id` to the agents index, after every new grant (which may have created the
+    /// agent's lease index), without holding up the grant's reply. Always sent, never cached: a
+    /// listing may prune the agent in between (see [`Walk::prune`]). Failures are logged and
+    /// ignored: the grant itself has happened, and listing one agent does not need the index.
+    pub(super) fn remember_agent(&self, agent_id: &str) {
+        let store = self.clone();
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(keys::AGENTS).arg(0).arg(agent_member(agent_id));
+        tokio::spawn(async move {
+            if let Err(e) = store.query::<i64>(&cmd).await {
+                tracing::warn!(error = %e, "could not add the agent to the agents index");
             }
+        });
+    }
+
+    /// Start-up, once per deployment: copies the agents of the older `og:agents` set into the
+    /// agents index, and clears the expiry that unsettled records (and lease indexes) had before
+    /// they stopped expiring, then deletes the set.
+    pub(super) async fn migrate_agents(&self) -> Result<(), StoreError> {
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(keys::OLD_AGENTS);
+        if self.query::<i64>(&exists).await? == 0 {
+            return Ok(());
         }
-        let mut cmd = redis::cmd("SADD");
-        cmd.arg(keys::AGENTS).arg(agent_id);
-        match self.query::<i64>(&cmd).await {
-            Ok(_) => {
-                let mut seen = self.agents_seen.0.lock().unwrap_or_else(|e| e.into_inner());
-                if seen.len() >= MAX_SEEN {
-                    seen.clear();
-                }
-                seen.insert(agent_id.to_owned());
+        let mut members = redis::cmd("SMEMBERS");
+        members.arg(keys::OLD_AGENTS);
+        let agents: Vec<String> = self.query(&members).await?;
+        for agent in &agents {
+            let index = keys::lease_index(agent);
+            let mut range = redis::cmd("ZRANGE");
+            range.arg(&index).arg(0).arg(-1);
+            let entries: Vec<Vec<u8>> = self.query(&range).await?;
+            for key in entries.iter().filter_map(|m| ActionKey::decode(m)) {
+                let mut persist = redis::cmd("PERSIST");
+                persist.arg(keys::record(&key));
+                self.query::<i64>(&persist).await?;
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not add the agent to the og:agents hint set")
-            }
+            let mut persist = redis::cmd("PERSIST");
+            persist.arg(&index);
+            self.query::<i64>(&persist).await?;
+            let mut add = redis::cmd("ZADD");
+            add.arg(keys::AGENTS).arg(0).arg(agent_member(agent));
+            self.query::<i64>(&add).await?;
         }
+        let mut del = redis::cmd("DEL");
+        del.arg(keys::OLD_AGENTS);
+        self.query::<i64>(&del).await?;
+        tracing::info!(
+            agents = agents.len(),
+            "migrated the og:agents set to the agents index; unsettled records no longer expire"
+        );
+        Ok(())
     }
 
     /// One command with the call deadline.
@@ -84,30 +117,12 @@ impl RedisStore {
     }
 }
 
-/// Agents in the order both stores list them: by length, then bytes.
-fn agent_order(a: &String, b: &String) -> std::cmp::Ordering {
-    (a.len(), a.as_bytes()).cmp(&(b.len(), b.as_bytes()))
-}
-
 pub(super) async fn list(
     store: &RedisStore,
     agent_id: Option<&str>,
     after: Option<&ListCursor>,
     limit: usize,
 ) -> Result<Reply<Page>, StoreError> {
-    let agents = match agent_id {
-        Some(agent) => vec![agent.to_owned()],
-        None => {
-            let mut cmd = redis::cmd("SMEMBERS");
-            cmd.arg(keys::AGENTS);
-            let mut all: Vec<String> = store.query(&cmd).await?;
-            all.sort_by(agent_order);
-            if let Some(c) = after {
-                all.retain(|a| agent_order(a, &c.agent_id).is_ge());
-            }
-            all
-        }
-    };
     let mut walk = Walk {
         store,
         page: Page::default(),
@@ -116,18 +131,14 @@ pub(super) async fn list(
         last: after.cloned(),
         now: None,
     };
-    for agent in agents {
-        let from = after
-            .filter(|c| c.agent_id == agent)
-            .map(|c| (c.lease_expires_at, c.key.clone()));
-        if !walk.agent(&agent, from).await? {
-            let resume = walk
-                .last
-                .clone()
-                .unwrap_or_else(|| ListCursor::start_of(&agent));
-            walk.page.next = Some(resume);
-            break;
+    match agent_id {
+        Some(agent) => {
+            let from = after.map(|c| (c.lease_expires_at, c.key.clone()));
+            if !walk.agent(agent, from).await? {
+                walk.page.next = Some(walk.resume(agent));
+            }
         }
+        None => walk.agents(after).await?,
     }
     let now = match walk.now {
         Some(now) => now,
@@ -151,6 +162,80 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
+    /// Where the next page resumes when this one stopped inside `agent`.
+    fn resume(&self, agent: &str) -> ListCursor {
+        self.last
+            .clone()
+            .unwrap_or_else(|| ListCursor::start_of(agent))
+    }
+
+    /// Lists every agent from the cursor's agent on, in index order. Each agent visited costs one
+    /// unit of the page's budget, so a page's work is bounded however many agents have no
+    /// unresolved action.
+    async fn agents(&mut self, after: Option<&ListCursor>) -> Result<(), StoreError> {
+        let mut low = match after {
+            Some(c) => format!("[{}", agent_member(&c.agent_id)),
+            None => "-".to_owned(),
+        };
+        loop {
+            let mut cmd = redis::cmd("ZRANGEBYLEX");
+            cmd.arg(keys::AGENTS)
+                .arg(&low)
+                .arg("+")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(BATCH);
+            let members: Vec<String> = self.store.query(&cmd).await?;
+            let fetched = members.len();
+            for member in members {
+                let Some(agent) = agent_of(&member) else {
+                    continue;
+                };
+                if self.budget == 0 || self.page.items.len() >= self.limit {
+                    self.page.next = Some(self.resume(agent));
+                    return Ok(());
+                }
+                self.budget -= 1;
+                let from = after
+                    .filter(|c| c.agent_id == agent)
+                    .map(|c| (c.lease_expires_at, c.key.clone()));
+                let examined = self.budget;
+                if !self.agent(agent, from).await? {
+                    self.page.next = Some(self.resume(agent));
+                    return Ok(());
+                }
+                if self.budget == examined && after.is_none_or(|c| c.agent_id != agent) {
+                    self.prune(agent, &member).await?;
+                }
+                low = format!("({member}");
+            }
+            if fetched < BATCH {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Removes an agent whose lease index no longer exists from the agents index. A grant may
+    /// create the index meanwhile; its own ZADD comes after it, and the second EXISTS puts the
+    /// agent back when the grant came between, so no agent with an index is left out.
+    async fn prune(&mut self, agent: &str, member: &str) -> Result<(), StoreError> {
+        let index = keys::lease_index(agent);
+        let mut exists = redis::cmd("EXISTS");
+        exists.arg(&index);
+        if self.store.query::<i64>(&exists).await? != 0 {
+            return Ok(());
+        }
+        let mut remove = redis::cmd("ZREM");
+        remove.arg(keys::AGENTS).arg(member);
+        self.store.query::<i64>(&remove).await?;
+        if self.store.query::<i64>(&exists).await? != 0 {
+            let mut add = redis::cmd("ZADD");
+            add.arg(keys::AGENTS).arg(0).arg(member);
+            self.store.query::<i64>(&add).await?;
+        }
+        Ok(())
+    }
+
     /// Lists one agent's unresolved actions after `from`. False when the page filled up (or the
     /// scan budget ran out) before the agent's index was exhausted.
     async fn agent(

@@ -106,8 +106,6 @@ pub struct RedisStore {
     conn: Conn,
     scripts: Arc<Scripts>,
     options: RedisOptions,
-    /// Agents this process already added to the `og:agents` hint set.
-    agents_seen: Arc<listing::SeenAgents>,
     /// Fails every call closed while a node may evict keys.
     eviction: Arc<eviction::Guard>,
 }
@@ -138,7 +136,6 @@ impl RedisStore {
             conn,
             scripts: Arc::new(Scripts::load()),
             options,
-            agents_seen: Arc::default(),
             eviction: Arc::default(),
         };
         tokio::time::timeout(store.options.call_timeout, store.check_eviction_at_start())
@@ -146,6 +143,7 @@ impl RedisStore {
             .map_err(|_| {
                 StoreError::Unavailable("Redis did not answer CONFIG GET in time".into())
             })??;
+        store.migrate_agents().await?;
         Ok(store)
     }
 

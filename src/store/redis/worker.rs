@@ -46,7 +46,7 @@ impl RedisStore {
             .run(&self.scripts.request_token, key, &args, wait)
             .await?;
         if matches!(decoded, Decoded::Granted(_, GrantKind::New)) {
-            self.remember_agent(&key.agent_id).await;
+            self.remember_agent(&key.agent_id);
         }
         let result = match decoded {
             Decoded::Granted(grant, kind) => {

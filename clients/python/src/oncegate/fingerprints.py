@@ -224,6 +224,7 @@ class _Parser:
         number = float(literal)
         if math.isinf(number) or abs(number) >= MAX_SAFE_NUMBER:
             raise _unsafe_number(literal)
+        # repr is the form JCS writes (shortest; of two shortest forms, the even one).
         if self.inexact is None and Decimal(literal) != Decimal(repr(number)):
             self.inexact = _inexact_number(literal, "/" + "/".join(self.path), number)
         return number
