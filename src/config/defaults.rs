@@ -29,6 +29,8 @@ pub const DRAIN_SECONDS: u64 = 20;
 pub const MAX_MESSAGE_BYTES: u64 = 256 * 1024;
 /// How often the store is probed for the health service.
 pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the unresolved actions are counted (a listing of every agent).
+pub const UNRESOLVED_INTERVAL: Duration = Duration::from_secs(30);
 /// The `action` metric label of every action no policy names.
 pub const OTHER_ACTION_LABEL: &str = crate::observe::metrics::DEFAULT_OTHER_ACTION;
 
@@ -38,6 +40,7 @@ pub fn server() -> ServerOptions {
         drain_timeout: Duration::from_secs(DRAIN_SECONDS),
         max_message_bytes: MAX_MESSAGE_BYTES as usize,
         health_interval: HEALTH_INTERVAL,
+        unresolved_interval: UNRESOLVED_INTERVAL,
         tls: None,
         health_listen: None,
         principals: Principals::default(),

@@ -156,6 +156,32 @@ impl Gate {
         Ok(page)
     }
 
+    /// Counts the unresolved actions of every agent (at most `cap`) and reports them in the
+    /// `oncegate_unresolved_actions` gauge: no audit event, it is the gate's own bookkeeping.
+    pub async fn count_unresolved(&self, cap: usize) -> Result<usize, GateError> {
+        let mut count = 0;
+        let mut after = None;
+        loop {
+            let page = self
+                .timed(
+                    "list_unresolved",
+                    self.store
+                        .list_unresolved(None, after.as_ref(), MAX_PAGE as usize),
+                )
+                .await?
+                .result
+                .map_err(GateError::Refused)?;
+            count += page.items.len();
+            match page.next {
+                Some(next) if count < cap => after = Some(next),
+                _ => break,
+            }
+        }
+        let count = count.min(cap);
+        self.metrics.set_unresolved(count);
+        Ok(count)
+    }
+
     /// Checks an operator call's action reference, receipt and note against the limits.
     fn check_operator_input(
         &self,

@@ -33,6 +33,8 @@ pub struct ServerOptions {
     pub max_message_bytes: usize,
     /// How often the store is probed for the health service.
     pub health_interval: Duration,
+    /// How often the unresolved actions are counted for `oncegate_unresolved_actions`.
+    pub unresolved_interval: Duration,
     /// TLS (and mutual TLS) of the listener; plaintext when `None`.
     pub tls: Option<TlsSettings>,
     /// A second, plaintext listener that serves only `grpc.health.v1`, for probes that cannot
@@ -69,6 +71,7 @@ pub async fn run(
     reporter
         .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
         .await;
+    let counter = tokio::spawn(count_unresolved(gate.clone(), options.unresolved_interval));
     let monitor = tokio::spawn(follow_store(
         reporter,
         gate.clone(),
@@ -148,10 +151,25 @@ pub async fn run(
         }
     };
     monitor.abort();
+    counter.abort();
     if let Some(task) = health_only {
         task.abort();
     }
     result
+}
+
+/// The most unresolved actions one count looks for (the gauge says "at least this many" beyond).
+const UNRESOLVED_COUNT_CAP: usize = 10_000;
+
+/// Keeps `oncegate_unresolved_actions` current: an unresolved action never expires, so the gauge
+/// (and the alert on it) stays up until someone reconciles it.
+async fn count_unresolved(gate: Gate, interval: Duration) {
+    loop {
+        if let Err(e) = gate.count_unresolved(UNRESOLVED_COUNT_CAP).await {
+            tracing::debug!(error = %e, "could not count the unresolved actions");
+        }
+        tokio::time::sleep(interval).await;
+    }
 }
 
 /// Keeps the per-service health entry in step with the store: NOT_SERVING while it is unreachable,

@@ -54,6 +54,7 @@ struct Handles {
     store_latency: LatencyFamily<OperationLabels>,
     rpc_latency: LatencyFamily<RpcLabels>,
     store_up: Gauge,
+    unresolved: Gauge,
 }
 
 /// The gate's metric handles. Cheap to clone; every clone counts into the same series.
@@ -109,6 +110,7 @@ impl Metrics {
             store_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             rpc_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             store_up: Gauge::default(),
+            unresolved: Gauge::default(),
         };
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
@@ -172,6 +174,13 @@ impl Metrics {
             "store_up",
             "1 while the store answers the health probe, 0 while it does not",
             handles.store_up.clone(),
+        );
+        r.register(
+            "unresolved_actions",
+            "Actions whose outcome is unknown, as of the last count: leases that ended without \
+             Complete or Release, superseded grants still out. They never expire on their own; \
+             it stays above 0 until each one is reconciled (capped at the count's limit)",
+            handles.unresolved.clone(),
         );
         r.register("build_info", "The running build (always 1)", build_info);
         let metrics = Self {
@@ -333,6 +342,13 @@ impl Metrics {
     /// Sets the store gauge (the health probe's view).
     pub fn set_store_up(&self, up: bool) {
         self.inner.store_up.set(i64::from(up));
+    }
+
+    /// Sets the number of unresolved actions (the periodic count's view).
+    pub fn set_unresolved(&self, count: usize) {
+        self.inner
+            .unresolved
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 }
 

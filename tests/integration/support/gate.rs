@@ -108,6 +108,7 @@ impl TestGate {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let options = ServerOptions {
             health_interval: Duration::from_millis(100),
+            unresolved_interval: Duration::from_millis(200),
             ..options
         };
         tokio::spawn(server::run(listener, gate, options, async {
