@@ -82,3 +82,20 @@ fn identifiers(text: &str) -> BTreeSet<String> {
 fn is_ident(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b == b'_'
 }
+
+/// The production overlay ships with principals, an agent and an operator, so that a certificate
+/// alone never makes anyone an operator over every agent; its policies file is valid.
+#[test]
+fn the_prod_overlay_names_its_principals() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let text = std::fs::read_to_string(format!("{root}/deploy/overlays/prod/policies.toml"))
+        .expect("the prod overlay has its own policies file");
+    let file = oncegate::config::ConfigFile::parse(&text).unwrap();
+    assert!(!file.principals.is_empty());
+    let kustomization =
+        std::fs::read_to_string(format!("{root}/deploy/overlays/prod/kustomization.yaml")).unwrap();
+    assert!(kustomization.contains("behavior: replace") && kustomization.contains("policies.toml"));
+    for role in ["role = \"agent\"", "role = \"operator\""] {
+        assert!(text.contains(role), "{role} missing");
+    }
+}

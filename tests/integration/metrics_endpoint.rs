@@ -100,3 +100,38 @@ fn help_documents_the_metrics_flags() {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
 }
+
+/// `oncegate_unresolved_actions` rises when a lease ends unresolved and stays up (the alert on it
+/// keeps firing) until the action is settled, here by the worker's Release.
+#[tokio::test]
+async fn the_unresolved_actions_gauge_stays_up_until_settled() {
+    let policies = crate::support::policies("[limits]\nmin_lease_ttl_seconds = 0.05\n");
+    let (gate, addr) = TestGate::start_with_metrics(Kind::Embedded, policies).await;
+    let gauge = || async {
+        Scrape::fetch(addr)
+            .await
+            .sum("oncegate_unresolved_actions", &[])
+    };
+    let wait_for = |want: f64| async move {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while gauge().await != want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "gauge never reached {want}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let client = &mut gate.client().await;
+    let mut req = token_request("a", "r", "pay", r#"{"n":1}"#);
+    req.lease_ttl = crate::support::ttl_ms(100);
+    let (action, g) = crate::support::grant(client, req).await;
+    wait_for(1.0).await;
+    // Still there a second later: it does not go away on its own.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(gauge().await, 1.0);
+    crate::support::release(client, &action, &g.token)
+        .await
+        .unwrap();
+    wait_for(0.0).await;
+}

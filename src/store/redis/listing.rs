@@ -204,7 +204,8 @@ impl Walk<'_> {
                     self.page.next = Some(self.resume(agent));
                     return Ok(());
                 }
-                if self.budget == examined && after.is_none_or(|c| c.agent_id != agent) {
+                if self.budget == examined {
+                    // Nothing examined: maybe no index left (prune checks).
                     self.prune(agent, &member).await?;
                 }
                 low = format!("({member}");

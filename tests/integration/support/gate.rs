@@ -78,7 +78,12 @@ impl TestGate {
             std::sync::Arc::new(registry),
             std::future::pending(),
         ));
-        let gate = Self::serve_gate(backend, gate, defaults::server()).await;
+        // The unresolved actions are counted often, so that a test sees the gauge move.
+        let options = ServerOptions {
+            unresolved_interval: Duration::from_millis(200),
+            ..defaults::server()
+        };
+        let gate = Self::serve_gate(backend, gate, options).await;
         (gate, metrics_addr)
     }
 
@@ -101,14 +106,13 @@ impl TestGate {
         Self::serve_gate(backend, gate, options).await
     }
 
-    /// Serves `gate` over `backend` with server options.
+    /// Serves `gate` over `backend` with server options; the health interval is always short.
     pub async fn serve_gate(backend: Backend, gate: Gate, options: ServerOptions) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let options = ServerOptions {
             health_interval: Duration::from_millis(100),
-            unresolved_interval: Duration::from_millis(200),
             ..options
         };
         tokio::spawn(server::run(listener, gate, options, async {

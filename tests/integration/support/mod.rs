@@ -70,7 +70,8 @@ pub use self::{
     redis::{RedisServer, free_port},
     scrape::{Scrape, http_get},
     stores::{
-        Backend, Kind, STORE_TIMEOUT, backend, backend_with, backend_with_test_clock, test_options,
+        Backend, Kind, STORE_TIMEOUT, backend, backend_with, backend_with_server,
+        backend_with_test_clock, test_options,
     },
 };
 pub(crate) use stores::{on_stores, store_kind};

@@ -145,6 +145,21 @@ pub async fn backend_with(kind: Kind, options: RedisOptions) -> Backend {
     }
 }
 
+/// A store on a standalone Redis the test started (and configured) itself.
+pub async fn backend_with_server(server: RedisServer) -> Backend {
+    let topology = Topology::Standalone { url: server.url() };
+    let store = RedisStore::connect_to(&topology, test_options())
+        .await
+        .unwrap();
+    Backend {
+        store: Store::Redis(store),
+        redis: Some(server),
+        cluster: None,
+        sentinel: None,
+        _dir: None,
+    }
+}
+
 /// Generates one test per named store for `async fn $test(kind: Kind)`: a module `$test` holding
 /// `#[tokio::test] async fn <store>()` for each store (`embedded`, `redis`, `cluster`,
 /// `sentinel`). An attribute first replaces `#[tokio::test]` (another runtime flavor).

@@ -1,0 +1,203 @@
+//! Who may settle or pick up an action (issue 11, item 5), and the listing's bounded work over the
+//! agents index (item 6): the operator role needs a named principal, a holder name is no
+//! credential, and the agents index forgets agents with nothing left to list.
+
+use oncegate::{
+    config::defaults,
+    grpc::{server::ServerOptions, tls},
+    pb::{
+        self, action_gate_service_client::ActionGateServiceClient,
+        gate_admin_service_client::GateAdminServiceClient,
+    },
+    store::redis::keys,
+};
+use tonic::{Code, transport::Channel};
+
+use crate::support::{
+    Kind, OPS_KEY, Pki, TestGate, WORKER_KEY, authed, backend, config, expect_error, grant,
+    on_stores, principals_toml, tls_channel, token_request,
+};
+
+/// Mutual TLS without `[[principals]]` (the shape of a quick production start): every certificate
+/// holder may act as an agent, none as an operator, so no worker pod can settle another team's
+/// payment as failed and have it paid again.
+async fn without_principals_a_certificate_is_no_operator(kind: Kind) {
+    let pki = Pki::new();
+    let settings = tls::settings(
+        pki.server.cert.as_bytes(),
+        pki.server.key.as_bytes(),
+        Some(pki.ca.pem.as_bytes()),
+        true,
+    )
+    .unwrap();
+    let options = ServerOptions {
+        tls: Some(settings),
+        ..defaults::server()
+    };
+    let gate = TestGate::serve_with_options(
+        backend(kind).await,
+        oncegate::gate::policy::Policies::default(),
+        options,
+    )
+    .await;
+    let channel = tls_channel(&gate.addr.to_string(), &pki.ca.pem, Some(&pki.worker))
+        .await
+        .unwrap();
+    let mut worker = ActionGateServiceClient::new(channel.clone());
+    let (action, _) = grant(
+        &mut worker,
+        token_request("team-b", "run", "pay", r#"{"n":1}"#),
+    )
+    .await;
+    let mut admin = GateAdminServiceClient::new(channel);
+    let status = admin
+        .resolve_expired(pb::ResolveExpiredRequest {
+            action: Some(action),
+            resolution: pb::Resolution::Failed as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    expect_error(&status, Code::PermissionDenied, "FORBIDDEN_SCOPE");
+    let status = admin
+        .list_unresolved(pb::ListUnresolvedRequest::default())
+        .await
+        .unwrap_err();
+    expect_error(&status, Code::PermissionDenied, "FORBIDDEN_SCOPE");
+}
+on_stores!(without_principals_a_certificate_is_no_operator: embedded, redis);
+
+/// Two agent principals allowed for the same agents: the one that was granted gets its live token
+/// redelivered; the other, even knowing the params and the holder name, does not. GetAction shows
+/// the holder to operators only.
+async fn a_holder_name_is_no_credential(kind: Kind) {
+    const OTHER_KEY: &str = "second-worker-key-2";
+    let second = format!(
+        "[[principals]]\nname = \"billing-worker-2\"\nrole = \"agent\"\nagents = [\"billing-*\"]\napi_key_sha256 = \"{}\"\n",
+        oncegate::grpc::auth::hash_key(OTHER_KEY)
+    );
+    let gate =
+        TestGate::start_with(kind, config(&format!("{}\n{second}", principals_toml("")))).await;
+    let channel: Channel = tonic::transport::Endpoint::from_shared(format!("http://{}", gate.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ActionGateServiceClient::new(channel.clone());
+    let mut req = token_request("billing-1", "run", "pay", r#"{"n":1}"#);
+    req.holder = "worker-7".into();
+    let first = client
+        .request_token(authed(req.clone(), Some(WORKER_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    let (action, token) = (first.action.unwrap(), first.grant.unwrap().token);
+    let again = client
+        .request_token(authed(req.clone(), Some(WORKER_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(again.redelivered && again.grant.unwrap().token == token);
+    let status = client
+        .request_token(authed(req, Some(OTHER_KEY)))
+        .await
+        .unwrap_err();
+    expect_error(&status, Code::Aborted, "IDEMPOTENCY_IN_PROGRESS");
+
+    let get = pb::GetActionRequest {
+        action: Some(action),
+    };
+    for (key, holder) in [(WORKER_KEY, ""), (OTHER_KEY, ""), (OPS_KEY, "worker-7")] {
+        let view = client
+            .get_action(authed(get.clone(), Some(key)))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(view.holder, holder, "as {key}");
+    }
+}
+on_stores!(a_holder_name_is_no_credential: embedded, redis);
+
+/// 300 agents whose actions all settled: one all-agents page visits a bounded number of them
+/// (and says where to go on), and the agents index forgets every agent with nothing to list.
+async fn listing_every_agent_is_bounded_and_prunes_settled_agents(kind: Kind) {
+    let gate = TestGate::start_with(kind, config(&principals_toml(""))).await;
+    let channel: Channel = tonic::transport::Endpoint::from_shared(format!("http://{}", gate.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ActionGateServiceClient::new(channel.clone());
+    let mut admin = GateAdminServiceClient::new(channel);
+    for i in 0..300 {
+        let req = token_request(&format!("billing-{i:03}"), "run", "pay", r#"{"n":1}"#);
+        let resp = client
+            .request_token(authed(req, Some(WORKER_KEY)))
+            .await
+            .unwrap()
+            .into_inner();
+        client
+            .complete(authed(
+                pb::CompleteRequest {
+                    action: resp.action,
+                    token: resp.grant.unwrap().token,
+                    receipt: b"ok".to_vec(),
+                },
+                Some(WORKER_KEY),
+            ))
+            .await
+            .unwrap();
+    }
+    // The agents index is one key, on one node; the others answer MOVED.
+    let ports: Vec<u16> = match (&gate.backend.redis, &gate.backend.cluster) {
+        (Some(redis), _) => vec![redis.port],
+        (None, Some(cluster)) => cluster.nodes.iter().map(|n| n.port).collect(),
+        _ => unreachable!("a Redis backend"),
+    };
+    let agents = || {
+        ports
+            .iter()
+            .map(|port| {
+                crate::support::topology::query::<i64>(*port, redis::cmd("ZCARD").arg(keys::AGENTS))
+                    .unwrap_or(0)
+            })
+            .sum::<i64>()
+    };
+    // The index entries are written after each grant, without holding it up: wait for them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while agents() < 300 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(agents(), 300);
+    let list = |token: String| pb::ListUnresolvedRequest {
+        page_size: 1,
+        page_token: token,
+        ..Default::default()
+    };
+    let first = admin
+        .list_unresolved(authed(list(String::new()), Some(OPS_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(first.actions.is_empty());
+    assert!(
+        !first.next_page_token.is_empty(),
+        "one page does not visit all 300 agents"
+    );
+    let left = agents();
+    assert!(
+        left > 0 && left < 300,
+        "the visited agents were pruned: {left} left"
+    );
+    let mut token = first.next_page_token;
+    while !token.is_empty() {
+        token = admin
+            .list_unresolved(authed(list(token), Some(OPS_KEY)))
+            .await
+            .unwrap()
+            .into_inner()
+            .next_page_token;
+    }
+    assert_eq!(agents(), 0, "every settled agent pruned");
+}
+on_stores!(listing_every_agent_is_bounded_and_prunes_settled_agents: redis, cluster);
