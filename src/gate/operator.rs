@@ -56,7 +56,11 @@ impl Gate {
             request,
         };
         let reply = self
-            .timed("record_external", self.store.record_external(key, &ext))
+            .timed(
+                "record_external",
+                self.store
+                    .record_external(key, &ext, self.policies.highest_durability()),
+            )
             .await?;
         let (decision, fencing) = match &reply.result {
             Ok(done) if done.recorded => ("completed_by_operator", done.completion.fencing),
@@ -90,7 +94,8 @@ impl Gate {
         let reply = self
             .timed(
                 "resolve_expired",
-                self.store.resolve_expired(key, &resolution),
+                self.store
+                    .resolve_expired(key, &resolution, self.policies.highest_durability()),
             )
             .await?;
         let (decision, fencing) = match &reply.result {

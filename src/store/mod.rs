@@ -174,8 +174,14 @@ impl Store {
         &self,
         key: &ActionKey,
         ext: &ExternalCompletion,
+        replicas: u32,
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
-        dispatch!(self, s => s.record_external(key, ext).await)
+        match self {
+            Store::Embedded(s) => Ok(unreplicated(replicas, s.record_external(key, ext))
+                .await?
+                .reply),
+            Store::Redis(s) => s.record_external(key, ext, replicas).await,
+        }
     }
 
     /// An operator's settlement of an expired lease (see [`crate::domain::ledger::resolve_expired`]).
@@ -183,8 +189,14 @@ impl Store {
         &self,
         key: &ActionKey,
         resolution: &Resolution,
+        replicas: u32,
     ) -> Result<Reply<Resolved>, StoreError> {
-        dispatch!(self, s => s.resolve_expired(key, resolution).await)
+        match self {
+            Store::Embedded(s) => Ok(unreplicated(replicas, s.resolve_expired(key, resolution))
+                .await?
+                .reply),
+            Store::Redis(s) => s.resolve_expired(key, resolution, replicas).await,
+        }
     }
 
     /// Up to `limit` unresolved actions (lease ended, neither completed nor released) after

@@ -244,7 +244,7 @@ impl Actor {
                 sliding: rng.below(2) == 0,
             }),
         };
-        let reply = self.store.record_external(&self.key, &ext).await.unwrap();
+        let reply = self.store.record_external(&self.key, &ext, 0).await.unwrap();
         check(
             &mut self.model,
             reply,
@@ -267,7 +267,7 @@ impl Actor {
         let superseded = self.released_with_superseded();
         let reply = self
             .store
-            .resolve_expired(&self.key, &resolution)
+            .resolve_expired(&self.key, &resolution, 0)
             .await
             .unwrap();
         let resolved = check(

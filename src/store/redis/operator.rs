@@ -11,10 +11,14 @@ use crate::{
 };
 
 impl RedisStore {
+    /// An operator's completion, held to the durability level like a Complete: a repeated one
+    /// (`recorded = false`) first rewrites the record's expiry unchanged, so `WAIT` covers the
+    /// original write too.
     pub async fn record_external(
         &self,
         key: &ActionKey,
         ext: &ExternalCompletion,
+        replicas: u32,
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
         let (fp, digests, retention, sliding) = match &ext.request {
             Some(r) => (
@@ -35,12 +39,14 @@ impl RedisStore {
             retention.as_bytes(),
             if sliding { b"1" } else { b"0" },
         ];
-        // An operator's write is held to the deployment's durability level like a Complete.
-        let wait = self.wait_for(0);
-        let (now, decoded, acknowledged) = self
+        let wait = self.wait_for(replicas);
+        let (now, decoded, mut acknowledged) = self
             .run(&self.scripts.record_external, key, &args, wait)
             .await?;
-        if matches!(decoded, Decoded::Completed { recorded: true, .. }) {
+        if let Decoded::Completed { recorded, .. } = decoded {
+            if !recorded {
+                acknowledged = self.sync(key, wait, acknowledged).await?;
+            }
             confirmed(wait, acknowledged, "operator completion")?;
         }
         let result = match decoded {
@@ -62,10 +68,12 @@ impl RedisStore {
         Ok(Reply { now, result })
     }
 
+    /// An operator's settlement of an expired lease, held to the durability level like a Complete.
     pub async fn resolve_expired(
         &self,
         key: &ActionKey,
         resolution: &Resolution,
+        replicas: u32,
     ) -> Result<Reply<Resolved>, StoreError> {
         let args: [&[u8]; 4] = match resolution {
             Resolution::Completed {
@@ -75,7 +83,7 @@ impl RedisStore {
             } => [b"completed", receipt, note.as_bytes(), operator.as_bytes()],
             Resolution::Failed => [b"failed", b"", b"", b""],
         };
-        let wait = self.wait_for(0);
+        let wait = self.wait_for(replicas);
         let (now, decoded, acknowledged) = self
             .run(&self.scripts.resolve_expired, key, &args, wait)
             .await?;
