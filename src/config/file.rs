@@ -1,11 +1,13 @@
 //! The configuration file (TOML, `--config`): `strict`, `[defaults]`, `[limits]`,
-//! `[actions."<name>"]` and `[[principals]]`, parsed and validated once into the gate's
-//! [`Policies`] and the server's [`Principals`]. Every error names the setting.
+//! `[actions."<name>"]`, `[[principals]]` and `[mcp]` ([`super::mcp`]), parsed and validated once
+//! into the gate's [`Policies`], the server's [`Principals`] and the MCP gateway's
+//! [`McpSettings`]. Every error names the setting.
 
 use std::{collections::HashMap, path::Path};
 
 use serde::Deserialize;
 
+use super::mcp::{McpSettings, McpTable};
 use crate::{
     domain::{
         fingerprint::KeyFields,
@@ -20,6 +22,12 @@ use crate::{
 #[error("{0}")]
 pub struct FileError(String);
 
+impl FileError {
+    pub(super) fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
 /// What the configuration file configures.
 #[derive(Debug, Clone, Default)]
 pub struct ConfigFile {
@@ -27,6 +35,8 @@ pub struct ConfigFile {
     pub policies: Policies,
     /// Who may call the gate (`[[principals]]`); empty means an open gate.
     pub principals: Principals,
+    /// How `oncegate mcp` treats the tools of its upstream (`[mcp]`).
+    pub mcp: McpSettings,
 }
 
 /// Policies alone: an open gate (no principals).
@@ -35,6 +45,7 @@ impl From<Policies> for ConfigFile {
         Self {
             policies,
             principals: Principals::default(),
+            mcp: McpSettings::default(),
         }
     }
 }
@@ -49,7 +60,8 @@ impl ConfigFile {
 
     /// Parses and validates configuration TOML.
     pub fn parse(text: &str) -> Result<Self, FileError> {
-        let file: File = toml::from_str(text).map_err(|e| FileError(e.to_string()))?;
+        let mut file: File = toml::from_str(text).map_err(|e| FileError(e.to_string()))?;
+        let mcp = std::mem::take(&mut file.mcp).resolve(&mut file.actions)?;
         let defaults = resolve(None, &file.defaults, &builtin_defaults())?;
         let limits = limits(&file.limits)?;
         if defaults.lease > limits.max_lease {
@@ -70,6 +82,7 @@ impl ConfigFile {
         Ok(Self {
             policies: Policies::new(file.strict, limits, defaults, named),
             principals: Principals::from_config(&file.principals).map_err(FileError)?,
+            mcp,
         })
     }
 }
@@ -102,14 +115,16 @@ struct File {
     actions: HashMap<String, PolicyTable>,
     #[serde(default)]
     principals: Vec<PrincipalConfig>,
+    #[serde(default)]
+    mcp: McpTable,
 }
 
 /// `[defaults]` and each `[actions."<name>"]`; unset entries fall back to `[defaults]`, then to the
 /// built-in defaults.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PolicyTable {
-    key_fields: Option<Vec<String>>,
+pub(super) struct PolicyTable {
+    pub(super) key_fields: Option<Vec<String>>,
     lease_ttl_seconds: Option<f64>,
     retention_seconds: Option<f64>,
     sliding: Option<bool>,
