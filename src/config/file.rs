@@ -35,8 +35,6 @@ pub struct ConfigFile {
     pub policies: Policies,
     /// Who may call the gate (`[[principals]]`); empty means an open gate.
     pub principals: Principals,
-    /// How `oncegate mcp` treats the tools of its upstream (`[mcp]`).
-    pub mcp: McpSettings,
 }
 
 /// Policies alone: an open gate (no principals).
@@ -45,7 +43,6 @@ impl From<Policies> for ConfigFile {
         Self {
             policies,
             principals: Principals::default(),
-            mcp: McpSettings::default(),
         }
     }
 }
@@ -53,13 +50,25 @@ impl From<Policies> for ConfigFile {
 impl ConfigFile {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, FileError> {
+        Self::load_with_mcp(path).map(|(file, _)| file)
+    }
+
+    /// Reads and validates a configuration file, with its `[mcp]` table (`oncegate mcp`).
+    pub fn load_with_mcp(path: &Path) -> Result<(Self, McpSettings), FileError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| FileError(format!("cannot read {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|FileError(e)| FileError(format!("{}: {e}", path.display())))
+        Self::parse_with_mcp(&text)
+            .map_err(|FileError(e)| FileError(format!("{}: {e}", path.display())))
     }
 
     /// Parses and validates configuration TOML.
     pub fn parse(text: &str) -> Result<Self, FileError> {
+        Self::parse_with_mcp(text).map(|(file, _)| file)
+    }
+
+    /// Parses and validates configuration TOML, with its `[mcp]` table. The tools it gates get
+    /// action policies of their own (see [`super::mcp`]), for `oncegate serve` as well.
+    pub fn parse_with_mcp(text: &str) -> Result<(Self, McpSettings), FileError> {
         let mut file: File = toml::from_str(text).map_err(|e| FileError(e.to_string()))?;
         let mcp = std::mem::take(&mut file.mcp).resolve(&mut file.actions)?;
         let defaults = resolve(None, &file.defaults, &builtin_defaults())?;
@@ -79,11 +88,11 @@ impl ConfigFile {
             }
             named.push(policy);
         }
-        Ok(Self {
+        let parsed = Self {
             policies: Policies::new(file.strict, limits, defaults, named),
             principals: Principals::from_config(&file.principals).map_err(FileError)?,
-            mcp,
-        })
+        };
+        Ok((parsed, mcp))
     }
 }
 

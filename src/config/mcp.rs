@@ -145,7 +145,7 @@ mod tests {
 
     #[test]
     fn a_gated_tool_gets_a_policy_with_its_key_fields() {
-        let file = ConfigFile::parse(
+        let (file, mcp) = ConfigFile::parse_with_mcp(
             r#"
             [mcp]
             agent_id = "support"
@@ -158,16 +158,19 @@ mod tests {
             "#,
         )
         .unwrap();
-        let rule = file.mcp.rule("create_ticket");
+        let rule = mcp.rule("create_ticket");
         assert_eq!(rule.action, "tickets.create");
         assert_eq!(rule.on_error, super::OnToolError::Release);
         let policy = file.policies.for_action("tickets.create").unwrap();
         assert_eq!(policy.name.as_deref(), Some("tickets.create"));
-        assert_eq!(policy.key_fields, KeyFields::Pointers(vec!["/title".into()]));
-        assert_eq!(file.mcp.rule("search").gate, Some(false));
+        assert_eq!(
+            policy.key_fields,
+            KeyFields::Pointers(vec!["/title".into()])
+        );
+        assert_eq!(mcp.rule("search").gate, Some(false));
         assert!(file.policies.names().all(|n| n != "search"));
-        assert_eq!(file.mcp.rule("other").action, "other");
-        assert_eq!(file.mcp.agent_id.as_deref(), Some("support"));
+        assert_eq!(mcp.rule("other").action, "other");
+        assert_eq!(mcp.agent_id.as_deref(), Some("support"));
     }
 
     #[test]
@@ -177,9 +180,15 @@ mod tests {
                 "[mcp.tools.\"t\"]\nkey_fields = [\"/a\"]\n[actions.\"t\"]\nkey_fields = [\"/b\"]",
                 "one place",
             ),
-            ("[mcp.tools.\"t\"]\ngate = false\nkey_fields = [\"/a\"]", "gate = false"),
+            (
+                "[mcp.tools.\"t\"]\ngate = false\nkey_fields = [\"/a\"]",
+                "gate = false",
+            ),
             ("[mcp.tools.\"t\"]\naction = \"x.*\"", "pattern"),
-            ("[mcp.tools.\"t\"]\nkey_fields = [\"a\"]", "must start with '/'"),
+            (
+                "[mcp.tools.\"t\"]\nkey_fields = [\"a\"]",
+                "must start with '/'",
+            ),
             ("[mcp.tools.\"t\"]\non_error = \"retry\"", "unknown variant"),
             ("[mcp]\nagent = \"x\"", "unknown field"),
         ] {

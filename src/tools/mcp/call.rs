@@ -51,13 +51,21 @@ pub async fn call_tool(
             .is_some_and(|read_only| !read_only),
     };
     if !gated {
+        // Not retried on a dead connection: the tool may have run.
         let answer = session
-            .forward(Session::call_request(params), &context.meta, &context.ct, None)
+            .forward(
+                Session::call_request(params),
+                &context.meta,
+                &context.ct,
+                None,
+            )
             .await
             .map_err(passthrough_error)?;
         return response(answer);
     }
-    gated_call(session, &rule, params, &context).await.map(CallToolResponse::Complete)
+    gated_call(session, &rule, params, &context)
+        .await
+        .map(CallToolResponse::Complete)
 }
 
 fn response(answer: ServerResult) -> Result<CallToolResponse, McpError> {
@@ -123,30 +131,46 @@ async fn gated_call(
             complete(&shared.gate, &ticket, &result).await;
             Ok(result)
         }
-        Ok(other) => Ok(unknown(&params.name, &ticket, &format!(
-            "the upstream answered with something other than a tool result ({})",
-            variant_name(&other)
-        ))),
+        Ok(other) => Ok(unknown(
+            &params.name,
+            &ticket,
+            &format!(
+                "the upstream answered with something other than a tool result ({})",
+                variant_name(&other)
+            ),
+        )),
         Err(ServiceError::McpError(error)) if NOT_RUN.contains(&error.code.0) => {
             if let Err(e) = shared.gate.release(&ticket, false).await {
                 tracing::warn!(?e, tool = %params.name, "release after an upstream refusal failed");
             }
             Err(error)
         }
-        Err(ServiceError::McpError(error)) => Ok(unknown(&params.name, &ticket, &format!(
-            "the upstream answered with JSON-RPC error {}: {}",
-            error.code.0, error.message
-        ))),
-        Err(ServiceError::Timeout { timeout }) => Ok(unknown(&params.name, &ticket, &format!(
-            "the upstream MCP server did not answer within {} s",
-            timeout.as_secs()
-        ))),
-        Err(ServiceError::Cancelled { .. }) => {
-            Ok(unknown(&params.name, &ticket, "the call was cancelled while the tool ran"))
-        }
-        Err(other) => Ok(unknown(&params.name, &ticket, &format!(
-            "the connection to the upstream MCP server failed during the call: {other}"
-        ))),
+        Err(ServiceError::McpError(error)) => Ok(unknown(
+            &params.name,
+            &ticket,
+            &format!(
+                "the upstream answered with JSON-RPC error {}: {}",
+                error.code.0, error.message
+            ),
+        )),
+        Err(ServiceError::Timeout { timeout }) => Ok(unknown(
+            &params.name,
+            &ticket,
+            &format!(
+                "the upstream MCP server did not answer within {} s",
+                timeout.as_secs()
+            ),
+        )),
+        Err(ServiceError::Cancelled { .. }) => Ok(unknown(
+            &params.name,
+            &ticket,
+            "the call was cancelled while the tool ran",
+        )),
+        Err(other) => Ok(unknown(
+            &params.name,
+            &ticket,
+            &format!("the connection to the upstream MCP server failed during the call: {other}"),
+        )),
     }
 }
 
@@ -201,7 +225,12 @@ fn reference_key(shared: &super::Shared, ask: &Ask) -> ActionKey {
         idempotency_key: ask.idempotency_key.clone(),
         ..Default::default()
     };
-    match prepare_token(&policies.limits, policies.for_action(&ask.action), call, String::new()) {
+    match prepare_token(
+        &policies.limits,
+        policies.for_action(&ask.action),
+        call,
+        String::new(),
+    ) {
         Ok(prepared) => prepared.key,
         Err(_) => ActionKey::new(&ask.agent_id, &ask.run_id, &ask.idempotency_key),
     }

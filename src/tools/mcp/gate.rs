@@ -96,7 +96,10 @@ impl GateLink {
                 let answer = gate.request_token(call).await.map_err(local_refusal)?;
                 Ok(match answer.outcome {
                     TokenOutcome::Granted(grant, _) => {
-                        let lease = gate.policies().for_action(&ask.action).map_or(0, |p| p.lease);
+                        let lease = gate
+                            .policies()
+                            .for_action(&ask.action)
+                            .map_or(0, |p| p.lease);
                         Answer::Granted(Ticket {
                             key: answer.key,
                             token: grant.token,
@@ -113,13 +116,9 @@ impl GateLink {
                 })
             }
             Self::Remote(client) => {
-                let mut spec = ActionSpec::new(
-                    &ask.agent_id,
-                    &ask.run_id,
-                    &ask.action,
-                    &ask.params_json,
-                )
-                .holder(&ask.holder);
+                let mut spec =
+                    ActionSpec::new(&ask.agent_id, &ask.run_id, &ask.action, &ask.params_json)
+                        .holder(&ask.holder);
                 spec.idempotency_key = ask.idempotency_key.clone();
                 let reply = client
                     .clone()
@@ -170,7 +169,11 @@ impl GateLink {
         };
         match self {
             Self::Local(gate) => {
-                let name = if attempted { "definite_failure" } else { "not_attempted" };
+                let name = if attempted {
+                    "definite_failure"
+                } else {
+                    "not_attempted"
+                };
                 gate.release(&ticket.key, &ticket.token, name)
                     .await
                     .map(drop)

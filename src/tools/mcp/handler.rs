@@ -18,9 +18,9 @@ use rmcp::{
         InitializeResult, ListPromptsRequest, ListPromptsResult, ListResourceTemplatesRequest,
         ListResourceTemplatesResult, ListResourcesRequest, ListResourcesResult, ListToolsRequest,
         ListToolsResult, PaginatedRequestParams, PingRequest, ProtocolVersion, ReadResourceRequest,
-        ReadResourceRequestParams, ReadResourceResponse, ServerConfig,
-        ServerResult, SetLevelRequest, SetLevelRequestParams, SubscribeRequest,
-        SubscribeRequestParams, UnsubscribeRequest, UnsubscribeRequestParams,
+        ReadResourceRequestParams, ReadResourceResponse, ServerConfig, ServerResult,
+        SetLevelRequest, SetLevelRequestParams, SubscribeRequest, SubscribeRequestParams,
+        UnsubscribeRequest, UnsubscribeRequestParams,
     },
     service::{NotificationContext, RequestContext},
 };
@@ -34,10 +34,7 @@ use super::{
 /// of the upstream's).
 macro_rules! forward {
     ($self:ident, $context:ident, $request:expr, $variant:ident) => {
-        match $self
-            .forward_request($request.into(), &$context)
-            .await?
-        {
+        match $self.forward_request($request.into(), &$context).await? {
             ServerResult::$variant(result) => Ok(result.into()),
             other => Err(unexpected(&other)),
         }
@@ -50,7 +47,7 @@ impl Session {
         request: ClientRequest,
         context: &RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
-        self.forward(request, &context.meta, &context.ct, None)
+        self.forward_again(request, &context.meta, &context.ct)
             .await
             .map_err(passthrough_error)
     }
@@ -180,7 +177,9 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let subscribe: SubscribeRequest = request(params);
-        self.forward_request(subscribe.into(), &context).await.map(drop)
+        self.forward_request(subscribe.into(), &context)
+            .await
+            .map(drop)
     }
 
     async fn unsubscribe(
@@ -189,7 +188,9 @@ impl ServerHandler for Session {
         context: RequestContext<RoleServer>,
     ) -> Result<(), McpError> {
         let unsubscribe: UnsubscribeRequest = request(params);
-        self.forward_request(unsubscribe.into(), &context).await.map(drop)
+        self.forward_request(unsubscribe.into(), &context)
+            .await
+            .map(drop)
     }
 
     async fn list_tools(

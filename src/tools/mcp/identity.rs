@@ -84,14 +84,31 @@ mod tests {
             agent_id: "a".into(),
             run_id: None,
         };
-        let id = identify(&meta(json!({"oncegate/run_id": "r", "idempotencyKey": "k"})), &flags, "s")
-            .unwrap();
-        assert_eq!((id.run_id.as_str(), id.idempotency_key.as_str()), ("r", "k"));
-        let id = identify(&meta(json!({"oncegate/idempotency_key": "k1", "idempotencyKey": "k2"})), &flags, "s")
-            .unwrap();
-        assert_eq!((id.run_id.as_str(), id.idempotency_key.as_str()), ("flag-run", "k1"));
+        let id = identify(
+            &meta(json!({"oncegate/run_id": "r", "idempotencyKey": "k"})),
+            &flags,
+            "s",
+        )
+        .unwrap();
+        assert_eq!(
+            (id.run_id.as_str(), id.idempotency_key.as_str()),
+            ("r", "k")
+        );
+        let id = identify(
+            &meta(json!({"oncegate/idempotency_key": "k1", "idempotencyKey": "k2"})),
+            &flags,
+            "s",
+        )
+        .unwrap();
+        assert_eq!(
+            (id.run_id.as_str(), id.idempotency_key.as_str()),
+            ("flag-run", "k1")
+        );
         let id = identify(&meta(json!({})), &none, "s1").unwrap();
-        assert_eq!((id.run_id.as_str(), id.idempotency_key.as_str()), ("mcp-session-s1", ""));
+        assert_eq!(
+            (id.run_id.as_str(), id.idempotency_key.as_str()),
+            ("mcp-session-s1", "")
+        );
         let err = identify(&meta(json!({"oncegate/run_id": 7})), &none, "s").unwrap_err();
         assert!(err.contains("oncegate/run_id"), "{err}");
     }

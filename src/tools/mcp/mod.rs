@@ -60,19 +60,23 @@ pub async fn run(args: McpArgs) -> ExitCode {
 
 async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
     let usage = |m: String| (exit::USAGE, m);
-    let file = match &args.config {
-        Some(path) => ConfigFile::load(path).map_err(|e| usage(e.to_string()))?,
-        None => ConfigFile::default(),
+    let (file, settings) = match &args.config {
+        Some(path) => ConfigFile::load_with_mcp(path).map_err(|e| usage(e.to_string()))?,
+        None => Default::default(),
     };
     let target = match (&args.upstream_url, args.upstream_command.is_empty()) {
         (Some(url), true) => Target::Url(url.clone()),
         (None, false) => Target::Command(args.upstream_command.clone()),
-        _ => return Err(usage("give one of --upstream-command and --upstream-url".into())),
+        _ => {
+            return Err(usage(
+                "give one of --upstream-command and --upstream-url".into(),
+            ));
+        }
     };
     let agent_id = args
         .agent_id
         .clone()
-        .or_else(|| file.mcp.agent_id.clone())
+        .or_else(|| settings.agent_id.clone())
         .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
     let gate = match &args.gate {
         Some(url) => remote_gate(url, args).await?,
@@ -82,7 +86,7 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         target,
         gate,
         policies: Arc::new(file.policies),
-        settings: file.mcp,
+        settings,
         identity: identity::Defaults {
             agent_id,
             run_id: args.run_id.clone(),
@@ -98,9 +102,12 @@ async fn remote_gate(url: &str, args: &McpArgs) -> Result<gate::GateLink, (u8, S
         .map_err(|(code, m)| (code, format!("--gate: {m}")))?;
     let mut client = GateClient::from_channel(channel);
     if let Some(key) = &args.access.api_key {
-        client = client
-            .with_api_key(key)
-            .map_err(|_| (exit::USAGE, "the API key holds characters a header cannot carry".into()))?;
+        client = client.with_api_key(key).map_err(|_| {
+            (
+                exit::USAGE,
+                "the API key holds characters a header cannot carry".into(),
+            )
+        })?;
     }
     Ok(gate::GateLink::Remote(client))
 }
@@ -113,10 +120,20 @@ async fn local_gate(args: &McpArgs, policies: &Policies) -> Result<gate::GateLin
     .open()
     .await
     .map_err(|e| {
-        (exit::UNAVAILABLE, format!("cannot open the embedded store in {}: {e}", args.data_dir.display()))
+        (
+            exit::UNAVAILABLE,
+            format!(
+                "cannot open the embedded store in {}: {e}",
+                args.data_dir.display()
+            ),
+        )
     })?;
     let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = Metrics::register(&mut registry, policies.names(), defaults::OTHER_ACTION_LABEL);
+    let metrics = Metrics::register(
+        &mut registry,
+        policies.names(),
+        defaults::OTHER_ACTION_LABEL,
+    );
     if let Some(addr) = args.metrics_listen {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
@@ -129,5 +146,9 @@ async fn local_gate(args: &McpArgs, policies: &Policies) -> Result<gate::GateLin
             std::future::pending(),
         ));
     }
-    Ok(gate::GateLink::Local(Gate::with_metrics(store, policies.clone(), metrics)))
+    Ok(gate::GateLink::Local(Gate::with_metrics(
+        store,
+        policies.clone(),
+        metrics,
+    )))
 }

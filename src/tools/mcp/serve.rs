@@ -56,7 +56,10 @@ async fn http(addr: std::net::SocketAddr, hosts: Vec<String>, shared: Arc<Shared
             return ExitCode::from(exit::UNAVAILABLE);
         }
     };
-    let bound = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    let bound = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
     println!("listening on {bound}");
     tracing::info!(addr = %bound, path = defaults::MCP_PATH, "oncegate mcp serving Streamable HTTP");
     let stop = CancellationToken::new();
@@ -83,15 +86,16 @@ async fn http(addr: std::net::SocketAddr, hosts: Vec<String>, shared: Arc<Shared
             () = &mut signal => break,
         };
         let service = service.clone();
-        let route = hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-            let mut service = service.clone();
-            async move {
-                if request.uri().path() != defaults::MCP_PATH {
-                    return Ok::<_, Infallible>(not_found());
+        let route =
+            hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                let mut service = service.clone();
+                async move {
+                    if request.uri().path() != defaults::MCP_PATH {
+                        return Ok::<_, Infallible>(not_found());
+                    }
+                    service.call(request).await
                 }
-                service.call(request).await
-            }
-        });
+            });
         tokio::spawn(async move {
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), route)
@@ -107,7 +111,8 @@ async fn http(addr: std::net::SocketAddr, hosts: Vec<String>, shared: Arc<Shared
 }
 
 fn not_found() -> http::Response<BoxBody<Bytes, Infallible>> {
-    let mut response = http::Response::new(Full::new(Bytes::from_static(b"not found: use /mcp\n")).boxed());
+    let mut response =
+        http::Response::new(Full::new(Bytes::from_static(b"not found: use /mcp\n")).boxed());
     *response.status_mut() = http::StatusCode::NOT_FOUND;
     response
 }

@@ -65,9 +65,9 @@ impl Session {
         *self.client.lock().unwrap() = Some((info, downstream));
         let mut upstream = self.upstream.lock().await;
         let connection = self.connect().await?;
-        let peer = connection
-            .peer_info()
-            .ok_or_else(|| McpError::internal_error("the upstream sent no initialize result", None))?;
+        let peer = connection.peer_info().ok_or_else(|| {
+            McpError::internal_error("the upstream sent no initialize result", None)
+        })?;
         // The upstream's answer as it came, for the downstream client.
         let mut answer = ServerConfig::new(peer.capabilities.clone())
             .with_protocol_version(peer.protocol_version.clone());
@@ -109,6 +109,22 @@ impl Session {
         Ok(peer)
     }
 
+    /// [`Self::forward`] for a request that is not gated: when the upstream connection turns out
+    /// to be dead, once more on a new one (nothing ran).
+    pub(super) async fn forward_again(
+        &self,
+        request: ClientRequest,
+        meta: &rmcp::model::RequestMetaObject,
+        ct: &CancellationToken,
+    ) -> Result<ServerResult, ServiceError> {
+        match self.forward(request.clone(), meta, ct, None).await {
+            Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) => {
+                self.forward(request, meta, ct, None).await
+            }
+            result => result,
+        }
+    }
+
     /// Sends a notification of the downstream client's upstream.
     pub(super) async fn notify(
         &self,
@@ -142,7 +158,10 @@ impl Session {
         let handle = peer.send_request_with_option(request, options).await?;
         let upstream_token = handle.progress_token.clone();
         if let Some(token) = downstream_token {
-            self.progress.lock().unwrap().insert(upstream_token.clone(), token);
+            self.progress
+                .lock()
+                .unwrap()
+                .insert(upstream_token.clone(), token);
         }
         let (id, upstream) = (handle.id.clone(), handle.peer.clone());
         let result = tokio::select! {
@@ -160,6 +179,10 @@ impl Session {
             }
         };
         self.progress.lock().unwrap().remove(&upstream_token);
+        if let Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) = &result {
+            // The upstream is gone (its process died): the next request starts it again.
+            self.upstream.lock().await.take();
+        }
         if let Ok(ServerResult::ListToolsResult(list)) = &result {
             let mut view = self.tools.lock().unwrap();
             let view = view.get_or_insert_with(HashMap::new);
@@ -185,18 +208,23 @@ impl Session {
         }
         let mut cursor = None;
         for _page in 0..100 {
-            let params = cursor.take().map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
+            let params = cursor
+                .take()
+                .map(|c| PaginatedRequestParams::default().with_cursor(Some(c)));
             let request = ListToolsRequest {
                 method: Default::default(),
                 params,
                 extensions: Default::default(),
             };
             let answer = self
-                .forward(request.into(), &Default::default(), ct, None)
+                .forward_again(request.into(), &Default::default(), ct)
                 .await
                 .map_err(passthrough_error)?;
             let ServerResult::ListToolsResult(list) = answer else {
-                return Err(McpError::internal_error("tools/list: unexpected answer", None));
+                return Err(McpError::internal_error(
+                    "tools/list: unexpected answer",
+                    None,
+                ));
             };
             match list.next_cursor {
                 Some(next) => cursor = Some(next),

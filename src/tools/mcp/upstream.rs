@@ -12,9 +12,7 @@ use std::{
 
 use rmcp::{
     ErrorData as McpError, RoleClient, RoleServer, ServiceExt,
-    model::{
-        ClientConfig, ClientResult, ProgressToken, ServerNotification, ServerRequest,
-    },
+    model::{ClientConfig, ClientResult, ProgressToken, ServerNotification, ServerRequest},
     service::{NotificationContext, Peer, RequestContext, RunningService, Service, ServiceError},
     transport::{StreamableHttpClientTransport, TokioChildProcess},
 };
