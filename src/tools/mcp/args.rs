@@ -25,7 +25,7 @@ pub struct McpArgs {
     pub upstream_url: Option<String>,
 
     /// Serve MCP over Streamable HTTP on this address (at /mcp) instead of stdio. Port 0 picks a
-    /// free port; the bound address is printed on standard error as `listening on ADDR`.
+    /// free port; the bound address is printed on standard output as `listening on ADDR`.
     #[arg(long, env = "ONCEGATE_MCP_LISTEN")]
     pub listen: Option<SocketAddr>,
 

@@ -48,6 +48,8 @@ pub struct Shared {
 
 /// Runs `oncegate mcp` until its client goes away (stdio) or SIGINT/SIGTERM (HTTP).
 pub async fn run(args: McpArgs) -> ExitCode {
+    // An https upstream (reqwest, built without a provider of its own) uses ring, as tonic does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     match build(&args).await {
         Ok(shared) => serve::serve(&args, Arc::new(shared)).await,
         Err((code, message)) => {
