@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import time
 import urllib.request
 
 import anyio
 import pytest
-from conftest import AGENT_KEY, GATE_CONFIG, World
+from conftest import AGENT_KEY, GATE_CONFIG, World, free_port
 from mcp import Client
 from test_gateway import content, meta
 
 pytestmark = pytest.mark.anyio
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def gateway_to(gate: str, *extra: str) -> tuple[str, ...]:
@@ -123,4 +115,3 @@ async def test_a_wrong_api_key_executes_nothing(world: World) -> None:
     assert refused.is_error and "unauthenticated" in content(refused)[0]["text"]
     assert not read.is_error
     assert world.effects() == []
-    time.sleep(0)

@@ -3,9 +3,14 @@ over stdio and over Streamable HTTP, in front of a real upstream that records ea
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import time
+
 import pytest
-from conftest import World
-from mcp import Client
+from conftest import BIN, UPSTREAM, World, free_port
+from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
 pytestmark = pytest.mark.anyio
@@ -137,3 +142,24 @@ async def test_a_tool_can_be_passed_through_by_the_config_file(world: World) -> 
         again = await client.call_tool("create_ticket", {"title": "t"})
     assert "oncegate/replayed" not in meta(again)
     assert len(world.effects()) == 2
+
+
+async def test_an_upstream_over_streamable_http(world: World) -> None:
+    port = free_port()
+    upstream = subprocess.Popen([sys.executable, UPSTREAM, "--http", str(port)], env=world.env())
+    world.processes.append(upstream)
+    url = f"http://127.0.0.1:{port}/mcp"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.1)
+    args = ["mcp", "--data-dir", str(world.dir / "d"), "--run-id", "r", "--upstream-url", url]
+    params = StdioServerParameters(command=BIN, args=args, env=world.env())
+    async with Client(params) as client:
+        first = await client.call_tool("create_ticket", {"title": "over http"})
+        again = await client.call_tool("create_ticket", {"title": "over http"})
+    assert content(first) == content(again) and meta(again)["oncegate/replayed"] is True
+    assert len(world.effects()) == 1
