@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python example-python bench clean fuzz
+.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-mcp example-python bench clean fuzz
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
 run:
@@ -14,8 +14,8 @@ run:
 
 ## Every test: formatting, lints, the proto lint, the Prometheus rules, the Kubernetes manifests,
 ## Rust unit and integration tests (real Redis processes, Cluster and Sentinel deployments started by
-## the tests), and the Python client's tests against a real gate.
-test: deps lint test-deploy test-deploy-k8s test-rust test-python
+## the tests), the Python client's tests against a real gate, and the MCP gateway's tests.
+test: deps lint test-deploy test-deploy-k8s test-rust test-python test-mcp
 
 ## Installs redis-server and promtool (Debian's prometheus package) when they are missing.
 deps:
@@ -61,6 +61,21 @@ test-python: $(VENV)/.installed
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q clients/python/tests
 	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate > /dev/null
 
+## `oncegate mcp` between the Python MCP SDK's real client (stdio and Streamable HTTP) and a real
+## upstream MCP server written with the same SDK (tests/mcp), on the in-process gate and on a gRPC
+## gate with API keys. Own venv, rebuilt only when tests/mcp/requirements.txt changes.
+MCP_VENV := .venv-mcp
+
+$(MCP_VENV)/.installed: tests/mcp/requirements.txt
+	$(PYTHON) -m venv $(MCP_VENV)
+	$(MCP_VENV)/bin/pip install -q --upgrade pip
+	$(MCP_VENV)/bin/pip install -q -r tests/mcp/requirements.txt
+	touch $@
+
+test-mcp: $(MCP_VENV)/.installed
+	$(CARGO) build --locked --bin oncegate
+	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(MCP_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/mcp
+
 ## The seeds' scenarios as a story: a Python agent, a fake bank, a real gate.
 example-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
@@ -103,4 +118,4 @@ bench:
 
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV) $(DEPLOY_VENV) oncegate-data
+	rm -rf $(VENV) $(DEPLOY_VENV) $(MCP_VENV) oncegate-data

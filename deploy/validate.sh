@@ -14,7 +14,7 @@ trap 'rm -rf "$out"' EXIT
 
 files=()
 if command -v kubectl >/dev/null 2>&1; then
-  for dir in base overlays/dev overlays/prod; do
+  for dir in base overlays/dev overlays/prod examples/mcp-sidecar; do
     name=${dir//\//-}
     kubectl kustomize "$dir" >"$out/$name.yaml"
     files+=("$out/$name.yaml")
@@ -22,7 +22,7 @@ if command -v kubectl >/dev/null 2>&1; then
   done
 else
   echo "kubectl not found: validating the base resource files as written; overlays not rendered"
-  for f in base/*.yaml; do
+  for f in base/*.yaml examples/mcp-sidecar/*.yaml; do
     [[ $(basename "$f") == kustomization.yaml ]] || files+=("$f")
   done
 fi

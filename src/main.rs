@@ -43,6 +43,10 @@ fn main() -> ExitCode {
         Command::HashKey => hash_key_command(),
         Command::Admin(args) => with_runtime(|runtime| runtime.block_on(admin_cli::run(*args))),
         Command::Bench(args) => oncegate::tools::bench::main(args),
+        Command::Mcp(args) => with_runtime(|runtime| {
+            let _telemetry = telemetry::init(args.log_format, None);
+            runtime.block_on(oncegate::tools::mcp::run(*args))
+        }),
         Command::Serve(args) => with_runtime(|runtime| {
             // Inside the runtime: an OTLP exporter's channel lives on it.
             let _runtime = runtime.enter();

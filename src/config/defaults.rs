@@ -60,3 +60,14 @@ pub fn redis() -> RedisOptions {
         allow_eviction: false,
     }
 }
+
+/// `oncegate admin`: the gate's address.
+pub const ADMIN_SERVER: &str = "http://127.0.0.1:50051";
+/// `oncegate mcp`: the agent id when neither `--agent-id` nor `[mcp] agent_id` names one.
+pub const MCP_AGENT_ID: &str = "mcp";
+/// `oncegate mcp`: how long a gated call waits for an attempt in progress elsewhere, in seconds.
+pub const MCP_IN_PROGRESS_WAIT_SECONDS: u64 = 30;
+/// `oncegate mcp`: deadline of one forwarded `tools/call` of a gated tool, in seconds.
+pub const MCP_CALL_TIMEOUT_SECONDS: u64 = 600;
+/// `oncegate mcp --listen`: the path of the Streamable HTTP endpoint.
+pub const MCP_PATH: &str = "/mcp";

@@ -1,11 +1,13 @@
 //! The configuration file (TOML, `--config`): `strict`, `[defaults]`, `[limits]`,
-//! `[actions."<name>"]` and `[[principals]]`, parsed and validated once into the gate's
-//! [`Policies`] and the server's [`Principals`]. Every error names the setting.
+//! `[actions."<name>"]`, `[[principals]]` and `[mcp]` ([`super::mcp`]), parsed and validated once
+//! into the gate's [`Policies`], the server's [`Principals`] and the MCP gateway's
+//! [`McpSettings`]. Every error names the setting.
 
 use std::{collections::HashMap, path::Path};
 
 use serde::Deserialize;
 
+use super::mcp::{McpSettings, McpTable};
 use crate::{
     domain::{
         fingerprint::KeyFields,
@@ -19,6 +21,12 @@ use crate::{
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct FileError(String);
+
+impl FileError {
+    pub(super) fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
 
 /// What the configuration file configures.
 #[derive(Debug, Clone, Default)]
@@ -42,14 +50,27 @@ impl From<Policies> for ConfigFile {
 impl ConfigFile {
     /// Reads and validates a configuration file.
     pub fn load(path: &Path) -> Result<Self, FileError> {
+        Self::load_with_mcp(path).map(|(file, _)| file)
+    }
+
+    /// Reads and validates a configuration file, with its `[mcp]` table (`oncegate mcp`).
+    pub fn load_with_mcp(path: &Path) -> Result<(Self, McpSettings), FileError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| FileError(format!("cannot read {}: {e}", path.display())))?;
-        Self::parse(&text).map_err(|FileError(e)| FileError(format!("{}: {e}", path.display())))
+        Self::parse_with_mcp(&text)
+            .map_err(|FileError(e)| FileError(format!("{}: {e}", path.display())))
     }
 
     /// Parses and validates configuration TOML.
     pub fn parse(text: &str) -> Result<Self, FileError> {
-        let file: File = toml::from_str(text).map_err(|e| FileError(e.to_string()))?;
+        Self::parse_with_mcp(text).map(|(file, _)| file)
+    }
+
+    /// Parses and validates configuration TOML, with its `[mcp]` table. The tools it gates get
+    /// action policies of their own (see [`super::mcp`]), for `oncegate serve` as well.
+    pub fn parse_with_mcp(text: &str) -> Result<(Self, McpSettings), FileError> {
+        let mut file: File = toml::from_str(text).map_err(|e| FileError(e.to_string()))?;
+        let mcp = std::mem::take(&mut file.mcp).resolve(&mut file.actions)?;
         let defaults = resolve(None, &file.defaults, &builtin_defaults())?;
         let limits = limits(&file.limits)?;
         if limits.min_lease > limits.max_lease {
@@ -64,10 +85,11 @@ impl ConfigFile {
             check_lease(&format!("actions.\"{name}\""), &policy, &limits)?;
             named.push(policy);
         }
-        Ok(Self {
+        let parsed = Self {
             policies: Policies::new(file.strict, limits, defaults, named),
             principals: Principals::from_config(&file.principals).map_err(FileError)?,
-        })
+        };
+        Ok((parsed, mcp))
     }
 }
 
@@ -121,14 +143,16 @@ struct File {
     actions: HashMap<String, PolicyTable>,
     #[serde(default)]
     principals: Vec<PrincipalConfig>,
+    #[serde(default)]
+    mcp: McpTable,
 }
 
 /// `[defaults]` and each `[actions."<name>"]`; unset entries fall back to `[defaults]`, then to the
 /// built-in defaults.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PolicyTable {
-    key_fields: Option<Vec<String>>,
+pub(super) struct PolicyTable {
+    pub(super) key_fields: Option<Vec<String>>,
     lease_ttl_seconds: Option<f64>,
     retention_seconds: Option<f64>,
     sliding: Option<bool>,

@@ -1,10 +1,12 @@
-//! Configuration: the flags of `oncegate serve` ([`flags`]) and the configuration file ([`file`])
-//! become one validated [`Config`], once, at start-up; nothing else reads flags or the file. Every
-//! command-line default is in [`defaults`], every exit code in [`exit`].
+//! Configuration: the flags of `oncegate serve` ([`flags`]) and the configuration file ([`file`],
+//! with the MCP gateway's `[mcp]` table in [`mcp`]) become one validated [`Config`], once, at
+//! start-up; nothing else reads flags or the file. Every command-line default is in [`defaults`],
+//! every exit code in [`exit`].
 
 pub mod defaults;
 pub mod file;
 pub mod flags;
+pub mod mcp;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 

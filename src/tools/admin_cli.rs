@@ -10,48 +10,27 @@ use std::{path::PathBuf, process::ExitCode, time::Duration};
 use base64::Engine as _;
 use clap::{Args, Subcommand, ValueEnum};
 use serde_json::{Value, json};
-use tonic::{
-    Request, Status,
-    metadata::MetadataValue,
-    transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity},
-};
+use tonic::{Request, Status, metadata::MetadataValue};
 use tonic_types::StatusExt;
 
-use crate::pb::{
-    self, action_gate_service_client::ActionGateServiceClient,
-    gate_admin_service_client::GateAdminServiceClient,
+use super::gate_channel::{self, GateAccess};
+use crate::{
+    config::defaults,
+    pb::{
+        self, action_gate_service_client::ActionGateServiceClient,
+        gate_admin_service_client::GateAdminServiceClient,
+    },
 };
 
 /// Connection and output settings of `oncegate admin`.
 #[derive(Debug, Clone, Args)]
 pub struct AdminArgs {
     /// The gate's address: http://host:port, or https://host:port (TLS, with --ca).
-    #[arg(
-        long,
-        env = "ONCEGATE_SERVER",
-        default_value = "http://127.0.0.1:50051"
-    )]
+    #[arg(long, env = "ONCEGATE_SERVER", default_value = defaults::ADMIN_SERVER)]
     pub server: String,
 
-    /// The operator's API key, sent as `authorization: Bearer <key>`.
-    #[arg(long, env = "ONCEGATE_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-
-    /// PEM file of the CA that signed the gate's certificate (enables TLS).
-    #[arg(long, env = "ONCEGATE_CA")]
-    pub ca: Option<PathBuf>,
-
-    /// PEM file of the client certificate, for mutual TLS (with --key).
-    #[arg(long, env = "ONCEGATE_CLIENT_CERT", requires = "key")]
-    pub cert: Option<PathBuf>,
-
-    /// PEM file of the client certificate's private key, for mutual TLS (with --cert).
-    #[arg(long, env = "ONCEGATE_CLIENT_KEY", requires = "cert")]
-    pub key: Option<PathBuf>,
-
-    /// The server name to verify in the gate's certificate (default: the host of --server).
-    #[arg(long, env = "ONCEGATE_TLS_DOMAIN")]
-    pub tls_domain: Option<String>,
+    #[command(flatten)]
+    pub access: GateAccess,
 
     /// Print one JSON document instead of text.
     #[arg(long)]
@@ -178,14 +157,15 @@ use crate::config::exit::{UNAVAILABLE as EX_UNAVAILABLE, USAGE as EX_USAGE};
 
 /// Runs one admin command and prints its result.
 pub async fn run(args: AdminArgs) -> ExitCode {
-    let channel = match connect(&args).await {
+    let timeout = Duration::from_secs(args.timeout_seconds.max(1));
+    let channel = match gate_channel::connect(&args.server, &args.access, timeout).await {
         Ok(channel) => channel,
         Err((code, message)) => {
             eprintln!("oncegate admin: {message}");
             return ExitCode::from(code);
         }
     };
-    let auth = match &args.api_key {
+    let auth = match &args.access.api_key {
         Some(key) => match MetadataValue::try_from(format!("Bearer {key}")) {
             Ok(mut value) => {
                 value.set_sensitive(true);
@@ -198,7 +178,6 @@ pub async fn run(args: AdminArgs) -> ExitCode {
         },
         None => None,
     };
-    let timeout = Duration::from_secs(args.timeout_seconds.max(1));
     let interceptor = move |mut req: Request<()>| -> Result<Request<()>, Status> {
         if let Some(value) = &auth {
             req.metadata_mut().insert("authorization", value.clone());
@@ -292,40 +271,6 @@ pub async fn run(args: AdminArgs) -> ExitCode {
             })
         }
     }
-}
-
-async fn connect(args: &AdminArgs) -> Result<Channel, (u8, String)> {
-    let usage = |m: String| (EX_USAGE, m);
-    let mut endpoint = Endpoint::from_shared(args.server.clone())
-        .map_err(|e| usage(format!("--server {:?}: {e}", args.server)))?
-        .connect_timeout(Duration::from_secs(args.timeout_seconds.max(1)));
-    let tls = args.ca.is_some() || args.cert.is_some() || args.server.starts_with("https://");
-    if tls {
-        let read =
-            |p: &PathBuf| std::fs::read(p).map_err(|e| usage(format!("{}: {e}", p.display())));
-        let mut config = ClientTlsConfig::new();
-        match &args.ca {
-            Some(ca) => config = config.ca_certificate(Certificate::from_pem(read(ca)?)),
-            None => {
-                return Err(usage(
-                    "TLS needs --ca (the CA that signed the gate's certificate)".into(),
-                ));
-            }
-        }
-        if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
-            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
-        }
-        if let Some(domain) = &args.tls_domain {
-            config = config.domain_name(domain.clone());
-        }
-        endpoint = endpoint
-            .tls_config(config)
-            .map_err(|e| usage(format!("TLS configuration: {e}")))?;
-    }
-    endpoint
-        .connect()
-        .await
-        .map_err(|e| (EX_UNAVAILABLE, format!("cannot reach {}: {e}", args.server)))
 }
 
 fn action_ref(a: &ActionArgs) -> pb::ActionRef {

@@ -1,6 +1,7 @@
 //! The command line: `oncegate serve` (its flags are [`crate::config::ServeArgs`]),
 //! `oncegate fingerprint`, `oncegate hash-key`, `oncegate admin …` ([`super::admin_cli`]) and
-//! `oncegate bench` ([`super::bench`]). `--help` is the reference.
+//! `oncegate bench` ([`super::bench`]) and `oncegate mcp` ([`super::mcp`]). `--help` is the
+//! reference.
 
 use std::path::PathBuf;
 
@@ -33,6 +34,8 @@ pub enum Command {
     Admin(Box<super::admin_cli::AdminArgs>),
     /// Load a running gate on this machine and report throughput, latency and correctness.
     Bench(super::bench::BenchArgs),
+    /// An MCP proxy that puts the gate in front of an MCP server: gated tools run at most once.
+    Mcp(Box<super::mcp::McpArgs>),
 }
 
 /// Settings of `oncegate fingerprint`.

@@ -1,10 +1,13 @@
 //! The tools that talk to a gate from outside: the command line ([`cli`]), the operator client
-//! (`oncegate admin`, [`admin_cli`]), the load generator (`oncegate bench`, [`bench`]) and the
-//! Rust client with its guard ([`client`], also `oncegate::client`). Clients of the gate's gRPC
-//! contract: they use [`crate::pb`], never the gate's internals.
+//! (`oncegate admin`, [`admin_cli`]), the load generator (`oncegate bench`, [`bench`]), the Rust
+//! client with its guard ([`client`], also `oncegate::client`), and the MCP gateway (`oncegate
+//! mcp`, [`mcp`]). Clients of the gate's gRPC contract use [`crate::pb`] and [`gate_channel`];
+//! only the MCP gateway's in-process mode uses the gate itself ([`crate::gate::Gate`]).
 
 pub mod admin_cli;
 pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod fingerprint;
+pub mod gate_channel;
+pub mod mcp;

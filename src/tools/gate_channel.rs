@@ -1,0 +1,70 @@
+//! The connection to a gate over gRPC, shared by `oncegate admin` and `oncegate mcp --gate`: the
+//! TLS and API-key flags ([`GateAccess`]) and the channel they open ([`connect`]). Owns no RPC.
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::Args;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::config::exit::{UNAVAILABLE as EX_UNAVAILABLE, USAGE as EX_USAGE};
+
+/// How to reach a gate: credentials and TLS.
+#[derive(Debug, Clone, Args)]
+pub struct GateAccess {
+    /// The API key, sent as `authorization: Bearer <key>`.
+    #[arg(long, env = "ONCEGATE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// PEM file of the CA that signed the gate's certificate (enables TLS).
+    #[arg(long, env = "ONCEGATE_CA")]
+    pub ca: Option<PathBuf>,
+
+    /// PEM file of the client certificate, for mutual TLS (with --key).
+    #[arg(long, env = "ONCEGATE_CLIENT_CERT", requires = "key")]
+    pub cert: Option<PathBuf>,
+
+    /// PEM file of the client certificate's private key, for mutual TLS (with --cert).
+    #[arg(long, env = "ONCEGATE_CLIENT_KEY", requires = "cert")]
+    pub key: Option<PathBuf>,
+
+    /// The server name to verify in the gate's certificate (default: the host of the URL).
+    #[arg(long, env = "ONCEGATE_TLS_DOMAIN")]
+    pub tls_domain: Option<String>,
+}
+
+/// Opens a channel to the gate at `url` (`http://` or, with `--ca`, `https://`). On failure, the
+/// exit code (64: bad settings, 69: unreachable) and a message naming the setting.
+pub async fn connect(
+    url: &str,
+    access: &GateAccess,
+    timeout: Duration,
+) -> Result<Channel, (u8, String)> {
+    let usage = |m: String| (EX_USAGE, m);
+    let mut endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| usage(format!("{url:?}: {e}")))?
+        .connect_timeout(timeout);
+    let tls = access.ca.is_some() || access.cert.is_some() || url.starts_with("https://");
+    if tls {
+        let read =
+            |p: &PathBuf| std::fs::read(p).map_err(|e| usage(format!("{}: {e}", p.display())));
+        let Some(ca) = &access.ca else {
+            return Err(usage(
+                "TLS needs --ca (the CA that signed the gate's certificate)".into(),
+            ));
+        };
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        if let (Some(cert), Some(key)) = (&access.cert, &access.key) {
+            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        if let Some(domain) = &access.tls_domain {
+            config = config.domain_name(domain.clone());
+        }
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|e| usage(format!("TLS configuration: {e}")))?;
+    }
+    endpoint
+        .connect()
+        .await
+        .map_err(|e| (EX_UNAVAILABLE, format!("cannot reach {url}: {e}")))
+}

@@ -1,0 +1,117 @@
+"""`oncegate mcp` against a gate server over gRPC with API keys (`oncegate serve`): several
+gateways on one gate, an upstream killed mid-call and settled by an operator with `oncegate
+admin`, and the gate's metrics counting gateway decisions like any other."""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.request
+
+import anyio
+import pytest
+from conftest import AGENT_KEY, GATE_CONFIG, World, free_port
+from mcp import Client
+from test_gateway import content, meta
+
+pytestmark = pytest.mark.anyio
+
+
+def gateway_to(gate: str, *extra: str) -> tuple[str, ...]:
+    return ("--gate", gate, "--api-key", AGENT_KEY, "--agent-id", "support-bot", *extra)
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+async def test_two_clients_racing_through_two_gateways_execute_once(world: World) -> None:
+    gate = world.start_gate(GATE_CONFIG)
+    urls = [world.start_http_gateway(*gateway_to(gate, "--run-id", "run-1")) for _ in range(2)]
+    results: list = [None, None]
+
+    async def call(i: int) -> None:
+        async with Client(urls[i]) as client:
+            results[i] = await client.call_tool("create_ticket", {"title": "vpn down", "delay": 1.5})
+
+    async with anyio.create_task_group() as tg:
+        for i in range(2):
+            tg.start_soon(call, i)
+    assert len(world.effects()) == 1
+    assert content(results[0]) == content(results[1])
+    assert sorted(bool(meta(r).get("oncegate/replayed")) for r in results) == [False, True]
+
+
+async def test_upstream_killed_mid_call_outcome_unknown_until_an_operator_resolves(world: World) -> None:
+    gate = world.start_gate(GATE_CONFIG)
+    args = gateway_to(gate, "--run-id", "run-9", "--in-progress-wait-seconds", "10")
+    call = {"title": "replace disk", "delay": 30}
+    async with world.stdio_client(*args) as client:
+        outcome: dict = {}
+
+        async def slow() -> None:
+            outcome["result"] = await client.call_tool("create_ticket", call)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            while not world.effects():
+                await anyio.sleep(0.05)
+            os.kill(world.upstream_pids()[-1], signal.SIGKILL)
+        unknown = outcome["result"]
+        assert unknown.is_error and meta(unknown)["oncegate/error"] == "OUTCOME_UNKNOWN"
+        text = content(unknown)[0]["text"]
+        assert "may or may not have happened" in text and "Do not retry" in text
+        assert meta(unknown)["oncegate/provider_key"].startswith("og-")
+        assert meta(unknown)["oncegate/provider_key"] in text
+
+        # The retry does not execute: the lease was kept, and once it ends it is unresolved.
+        retry = await client.call_tool("create_ticket", call)
+        assert retry.is_error and meta(retry)["oncegate/error"] == "LEASE_EXPIRED_UNRESOLVED"
+        assert len(world.effects()) == 1
+
+        listed = world.admin(gate, "list-unresolved", "--agent", "support-bot")["actions"]
+        assert len(listed) == 1 and listed[0]["run_id"] == "run-9"
+        world.admin(gate, "resolve", "--agent", "support-bot", "--run", "run-9",
+                    "--key", listed[0]["key"], "--outcome", "completed",
+                    "--receipt", "ticket T-1 found in the help desk", "--note", "checked by hand")
+
+        replayed = await client.call_tool("create_ticket", call)
+    assert not replayed.is_error
+    assert meta(replayed)["oncegate/replayed"] is True
+    assert meta(replayed)["oncegate/recorded_by"] == "operator"
+    assert "ticket T-1 found in the help desk" in content(replayed)[0]["text"]
+    assert len(world.effects()) == 1
+
+
+async def test_gateway_decisions_are_counted_at_the_gate_and_in_process(world: World) -> None:
+    port = free_port()
+    gate = world.start_gate(GATE_CONFIG, "--metrics-listen", f"127.0.0.1:{port}")
+    async with world.stdio_client(*gateway_to(gate, "--run-id", "r")) as client:
+        for _ in range(2):
+            await client.call_tool("create_ticket", {"title": "counted"})
+    text = scrape(port)
+    assert 'oncegate_attempts_total{action="create_ticket",decision="granted"} 1' in text
+    assert 'oncegate_attempts_total{action="create_ticket",decision="replayed"} 1' in text
+
+    # In process: a tool named in [mcp] has its own policy, hence its own label (DAR per tool).
+    world.write_config('[mcp.tools."charge_card"]\naction = "payments.charge"\n')
+    port = free_port()
+    async with world.stdio_client("--run-id", "r", "--metrics-listen", f"127.0.0.1:{port}") as client:
+        for _ in range(2):
+            await client.call_tool("charge_card", {"amount": 5})
+        text = scrape(port)
+    assert 'oncegate_attempts_total{action="payments.charge",decision="granted"} 1' in text
+    assert 'oncegate_attempts_total{action="payments.charge",decision="replayed"} 1' in text
+
+
+async def test_a_wrong_api_key_executes_nothing(world: World) -> None:
+    gate = world.start_gate(GATE_CONFIG)
+    args = ("--gate", gate, "--api-key", "wrong", "--agent-id", "support-bot")
+    async with world.stdio_client(*args) as client:
+        refused = await client.call_tool("create_ticket", {"title": "nope"})
+        # Not gated: passes through even though the gate refuses everything.
+        read = await client.call_tool("count_tickets", {})
+    assert refused.is_error and "unauthenticated" in content(refused)[0]["text"]
+    assert not read.is_error
+    assert world.effects() == []

@@ -1,0 +1,165 @@
+"""`oncegate mcp` with the in-process gate on the embedded store, driven by the Python MCP client
+over stdio and over Streamable HTTP, in front of a real upstream that records each execution."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import BIN, UPSTREAM, World, free_port
+from mcp import Client, StdioServerParameters
+from mcp.shared.exceptions import MCPError
+
+pytestmark = pytest.mark.anyio
+
+
+def dump(result) -> dict:
+    return result.model_dump(by_alias=True, exclude_none=True)
+
+
+def content(result) -> list:
+    return dump(result)["content"]
+
+
+def meta(result) -> dict:
+    return dump(result).get("_meta", {})
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_twice_and_after_a_restart_one_execution(world: World, transport: str) -> None:
+    args = ("--run-id", "run-7")
+    results = []
+    for _gateway_run in range(2):
+        if transport == "stdio":
+            client = world.stdio_client(*args)
+        else:
+            client = Client(world.start_http_gateway(*args))
+        async with client:
+            results.append(await client.call_tool("create_ticket", {"title": "printer jam"}))
+            if len(results) == 1:
+                results.append(await client.call_tool("create_ticket", {"title": "printer jam"}))
+        world.stop_http_gateways()
+    assert len(world.effects()) == 1
+    first, second, after_restart = results
+    assert not first.is_error and "T-1" in str(content(first))
+    assert content(second) == content(first) == content(after_restart)
+    assert "oncegate/replayed" not in meta(first)
+    assert meta(second)["oncegate/replayed"] is True
+    assert meta(after_restart)["oncegate/replayed"] is True
+
+
+@pytest.mark.parametrize("key_name", ["oncegate/idempotency_key", "idempotencyKey"])
+async def test_changed_arguments_under_one_key_are_refused(world: World, key_name: str) -> None:
+    async with world.stdio_client() as client:
+        done = await client.call_tool(
+            "create_ticket", {"title": "refund", "priority": 1}, meta={key_name: "ticket-42"}
+        )
+        changed = await client.call_tool(
+            "create_ticket", {"title": "refund", "priority": 3}, meta={key_name: "ticket-42"}
+        )
+    assert not done.is_error
+    assert changed.is_error
+    text = content(changed)[0]["text"]
+    assert "/priority" in text and "Do not retry under a new idempotency key" in text
+    assert meta(changed)["oncegate/error"] == "IDEMPOTENCY_KEY_REUSED"
+    assert meta(changed)["oncegate/differing_fields"] == ["/priority"]
+    assert len(world.effects()) == 1
+
+
+async def test_the_session_is_the_run_without_run_id(world: World) -> None:
+    for _session in range(2):
+        async with world.stdio_client() as client:
+            await client.call_tool("create_ticket", {"title": "per session"})
+            again = await client.call_tool("create_ticket", {"title": "per session"})
+            assert meta(again)["oncegate/replayed"] is True
+    # Two sessions are two runs: the gateway cannot know they belong to one agent run.
+    assert len(world.effects()) == 2
+    async with world.stdio_client() as client:
+        r1 = await client.call_tool("create_ticket", {"title": "x"}, meta={"oncegate/run_id": "r"})
+        r2 = await client.call_tool("create_ticket", {"title": "x"}, meta={"oncegate/run_id": "r"})
+    assert meta(r2)["oncegate/replayed"] is True and content(r1) == content(r2)
+    assert len(world.effects()) == 3
+
+
+async def test_a_tool_error_is_recorded_unless_the_tool_says_errors_are_definite(world: World) -> None:
+    async with world.stdio_client("--run-id", "r") as client:
+        declined = await client.call_tool("charge_card", {"amount": 500})
+        again = await client.call_tool("charge_card", {"amount": 500})
+    assert declined.is_error and again.is_error
+    assert content(again) == content(declined) and meta(again)["oncegate/replayed"] is True
+    assert len(world.effects()) == 1
+    world.write_config('[mcp.tools."charge_card"]\non_error = "release"\n')
+    async with world.stdio_client("--run-id", "r2") as client:
+        await client.call_tool("charge_card", {"amount": 500})
+        again = await client.call_tool("charge_card", {"amount": 500})
+    assert again.is_error and "oncegate/replayed" not in meta(again)
+    assert len(world.effects()) == 3
+
+
+async def test_an_upstream_refusal_releases_the_token(world: World) -> None:
+    async with world.stdio_client("--run-id", "r") as client:
+        for _attempt in range(2):
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("reserve_seat", {"seat": "Z9"})
+            assert refused.value.code == -32602 and "no such seat" in refused.value.message
+        # Released, not left in progress: the same call reaches the upstream each time.
+        assert world.refused_seats() == ["Z9", "Z9"]
+        ok = await client.call_tool("reserve_seat", {"seat": "A1"})
+    assert not ok.is_error and len(world.effects()) == 1
+
+
+async def test_read_only_tools_resources_prompts_and_unknown_tools_pass_through(world: World) -> None:
+    # The gateway speaks the initialize lifecycle; so does the direct client here (same version).
+    direct = Client(world.stdio_upstream_params(), mode="legacy")
+    async with world.stdio_client("--run-id", "r") as gated, direct:
+        assert dump(await gated.list_tools()) == dump(await direct.list_tools())
+        assert dump(await gated.list_resources()) == dump(await direct.list_resources())
+        assert dump(await gated.read_resource("tickets://summary")) == dump(
+            await direct.read_resource("tickets://summary")
+        )
+        assert dump(await gated.list_prompts()) == dump(await direct.list_prompts())
+        assert dump(await gated.get_prompt("triage", {"ticket": "T-9"})) == dump(
+            await direct.get_prompt("triage", {"ticket": "T-9"})
+        )
+        first = await gated.call_tool("count_tickets", {})
+        second = await gated.call_tool("count_tickets", {})
+        # Read-only: executed each time (its answers are numbered), never replayed.
+        assert "read 1" in str(content(first)) and "read 2" in str(content(second))
+        assert "oncegate/replayed" not in meta(second)
+        unknown_gated = await gated.call_tool("no_such_tool", {"x": 1})
+        unknown_direct = await direct.call_tool("no_such_tool", {"x": 1})
+        assert dump(unknown_gated) == dump(unknown_direct) and unknown_gated.is_error
+    assert world.effects() == []
+
+
+async def test_a_tool_can_be_passed_through_by_the_config_file(world: World) -> None:
+    world.write_config('[mcp.tools."create_ticket"]\ngate = false\n')
+    async with world.stdio_client("--run-id", "r") as client:
+        await client.call_tool("create_ticket", {"title": "t"})
+        again = await client.call_tool("create_ticket", {"title": "t"})
+    assert "oncegate/replayed" not in meta(again)
+    assert len(world.effects()) == 2
+
+
+async def test_an_upstream_over_streamable_http(world: World) -> None:
+    port = free_port()
+    upstream = subprocess.Popen([sys.executable, UPSTREAM, "--http", str(port)], env=world.env())
+    world.processes.append(upstream)
+    url = f"http://127.0.0.1:{port}/mcp"
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+        except OSError:
+            time.sleep(0.1)
+    args = ["mcp", "--data-dir", str(world.dir / "d"), "--run-id", "r", "--upstream-url", url]
+    params = StdioServerParameters(command=BIN, args=args, env=world.env())
+    async with Client(params) as client:
+        first = await client.call_tool("create_ticket", {"title": "over http"})
+        again = await client.call_tool("create_ticket", {"title": "over http"})
+    assert content(first) == content(again) and meta(again)["oncegate/replayed"] is True
+    assert len(world.effects()) == 1
