@@ -48,10 +48,12 @@ lint-proto:
 test-rust:
 	$(CARGO) test --locked --all-targets
 
+## The client with its test tools and every framework adapter's extra (oncegate.integrations), so
+## the adapters' tests drive the real frameworks; reinstalled only when pyproject.toml changes.
 $(VENV)/.installed: clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q './clients/python[test]'
+	$(VENV)/bin/pip install -q './clients/python[test,openai-agents,langgraph,pydantic-ai]'
 	touch $@
 
 test-python: $(VENV)/.installed
