@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-mcp example-python bench clean fuzz
+.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp example-python example-typescript bench clean fuzz
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
 run:
@@ -14,8 +14,9 @@ run:
 
 ## Every test: formatting, lints, the proto lint, the Prometheus rules, the Kubernetes manifests,
 ## Rust unit and integration tests (real Redis processes, Cluster and Sentinel deployments started by
-## the tests), the Python client's tests against a real gate, and the MCP gateway's tests.
-test: deps lint test-deploy test-deploy-k8s test-rust test-python test-mcp
+## the tests), the Python and TypeScript clients' tests against a real gate, and the MCP gateway's
+## tests.
+test: deps lint test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp
 
 ## Installs redis-server and promtool (Debian's prometheus package) when they are missing.
 deps:
@@ -48,10 +49,12 @@ lint-proto:
 test-rust:
 	$(CARGO) test --locked --all-targets
 
+## The client with its test tools and every framework adapter's extra (oncegate.integrations), so
+## the adapters' tests drive the real frameworks; reinstalled only when pyproject.toml changes.
 $(VENV)/.installed: clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q './clients/python[test]'
+	$(VENV)/bin/pip install -q './clients/python[test,openai-agents,langgraph,pydantic-ai]'
 	touch $@
 
 test-python: $(VENV)/.installed
@@ -82,6 +85,32 @@ example-python: $(VENV)/.installed
 	rm -rf clients/python/build
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate
+
+## The TypeScript client (clients/typescript): `npm ci` from its committed lockfile (stamped, so it
+## reruns only when the lockfile changes), then its node:test suites (stub freshness, fingerprint
+## vectors, errors, the RPCs and the guard against a real gate), then the Vercel AI SDK example
+## (examples/typescript, its own lockfile, linking the client) driven by the SDK's mock model.
+TS_CLIENT := clients/typescript
+TS_EXAMPLES := examples/typescript
+
+$(TS_CLIENT)/node_modules/.installed: $(TS_CLIENT)/package-lock.json
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund
+	touch $@
+
+$(TS_EXAMPLES)/node_modules/.installed: $(TS_EXAMPLES)/package-lock.json $(TS_CLIENT)/node_modules/.installed
+	cd $(TS_EXAMPLES) && npm ci --no-audit --no-fund
+	touch $@
+
+test-typescript: $(TS_CLIENT)/node_modules/.installed $(TS_EXAMPLES)/node_modules/.installed
+	$(CARGO) build --locked --bin oncegate
+	cd $(TS_CLIENT) && ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate npm test
+	cd $(TS_EXAMPLES) && npm run build && node dist/ai-sdk-tool.js --spawn $(CURDIR)/target/debug/oncegate > /dev/null
+
+## The Vercel AI SDK example as a story: a mock model retries a payment tool; the bank pays once.
+example-typescript: $(TS_CLIENT)/node_modules/.installed $(TS_EXAMPLES)/node_modules/.installed
+	$(CARGO) build --locked --bin oncegate
+	cd $(TS_CLIENT) && npm run build
+	cd $(TS_EXAMPLES) && npm run build && node dist/ai-sdk-tool.js --spawn $(CURDIR)/target/debug/oncegate
 
 ## Every Kubernetes manifest under deploy/, rendered (kubectl kustomize, when kubectl exists) and
 ## validated offline against the Kubernetes schemas (kubernetes-validate from PyPI, own venv).
@@ -119,3 +148,4 @@ bench:
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV) $(DEPLOY_VENV) $(MCP_VENV) oncegate-data
+	rm -rf $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist $(TS_EXAMPLES)/node_modules $(TS_EXAMPLES)/dist

@@ -55,6 +55,13 @@ def fake_gate(fake: FakeGate) -> Iterator[Gate]:
 
 
 @pytest.fixture
+def fake_target(fake: FakeGate) -> Iterator[str]:
+    """:func:`fake`, served on a free port; yields ``host:port`` (for the asyncio client)."""
+    with serve(fake) as target:
+        yield target
+
+
+@pytest.fixture
 def run_id() -> str:
     """A fresh run id, so that tests sharing one gate never share an action."""
     return f"run-{uuid.uuid4().hex[:12]}"

@@ -21,11 +21,24 @@ LAYERS: list[set[str]] = [
     {"oncegate.errors"},
     {"oncegate.rpc"},
     {"oncegate.guard.options", "oncegate.guard.context", "oncegate.guard.backoff"},
-    {"oncegate.guard.heartbeat", "oncegate.guard.hint"},
+    {"oncegate.guard.heartbeat", "oncegate.guard.hint", "oncegate.guard.protocol", "oncegate.guard.binding"},
     {"oncegate.guard.attempt"},
     {"oncegate.guard.decorator"},
     {"oncegate.guard"},
     {"oncegate.client"},
+    {"oncegate.aio.rpc"},
+    {"oncegate.aio.heartbeat"},
+    {"oncegate.aio.attempt"},
+    {"oncegate.aio.decorator"},
+    {"oncegate.aio.client"},
+    {"oncegate.aio"},
+    {"oncegate.integrations.messages"},
+    {
+        "oncegate.integrations.openai_agents",
+        "oncegate.integrations.langgraph",
+        "oncegate.integrations.pydantic_ai",
+    },
+    {"oncegate.integrations"},
     {"oncegate"},
 ]
 """Bottom first. A module may import modules of the layers below its own, and nothing else of the
@@ -87,6 +100,10 @@ def test_the_layers_are_used() -> None:
     assert {"oncegate.rpc", "oncegate.guard"} <= imports_of("oncegate.client")
     assert "oncegate.rpc" in imports_of("oncegate.guard.attempt")
     assert not any(name.startswith("oncegate.guard") for name in imports_of("oncegate.rpc"))
+    assert {"oncegate.aio.rpc", "oncegate.aio.attempt"} <= imports_of("oncegate.aio.client")
+    assert "oncegate.guard.protocol" in imports_of("oncegate.aio.attempt") & imports_of(
+        "oncegate.guard.attempt"
+    )
 
 
 @pytest.mark.parametrize(

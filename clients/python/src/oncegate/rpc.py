@@ -28,7 +28,14 @@ from oncegate.models import (
 from oncegate.v1 import oncegate_pb2 as pb
 from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
 
-__all__ = ["GateRpc", "Seconds"]
+__all__ = [
+    "GateRpc",
+    "Seconds",
+    "complete_request",
+    "extend_lease_request",
+    "release_request",
+    "request_token_request",
+]
 
 T = TypeVar("T")
 _Self = TypeVar("_Self", bound="GateRpc")
@@ -115,22 +122,22 @@ class GateRpc:
             A grant (execute, then Complete or Release) or the completion of an action that
             already ran (do not execute).
         """
-        request = pb.RequestTokenRequest(
-            scope=Scope(agent_id, run_id).to_proto(),
-            action=action,
-            params_json=params if isinstance(params, str) else encode_params(params),
-            intent_id=intent_id or "",
-            idempotency_key=idempotency_key or "",
-            holder=holder or "",
+        request = request_token_request(
+            action,
+            params,
+            agent_id=agent_id,
+            run_id=run_id,
+            intent_id=intent_id,
+            idempotency_key=idempotency_key,
+            holder=holder,
+            lease_ttl=lease_ttl,
         )
-        if lease_ttl is not None:
-            request.lease_ttl.CopyFrom(_duration(lease_ttl))
         return RequestTokenResult.from_proto(self._call(self._stub.RequestToken, request))
 
     def complete(self, action: ActionRef, token: str, receipt: bytes) -> Completion:
         """Records that the attempt ran and what it returned; repeating it is a no-op that returns
         the stored completion."""
-        request = pb.CompleteRequest(action=action.to_proto(), token=token, receipt=receipt)
+        request = complete_request(action, token, receipt)
         return Completion.from_proto(self._call(self._stub.Complete, request).completion)
 
     def release(
@@ -144,14 +151,12 @@ class GateRpc:
         Never after a timeout: reconcile with the provider first. Returns the released grant's
         fencing number (the next grant gets a higher one).
         """
-        # The generated stub types enum fields as their wrapper class; any of its ints is accepted.
-        request = pb.ReleaseRequest(action=action.to_proto(), token=token, reason=int(reason))  # type: ignore[arg-type]
-        response: pb.ReleaseResponse = self._call(self._stub.Release, request)
+        response: pb.ReleaseResponse = self._call(self._stub.Release, release_request(action, token, reason))
         return response.fencing
 
     def extend_lease(self, action: ActionRef, token: str, ttl: Seconds) -> datetime:
         """Moves the lease of a live token to ``ttl`` from now (store clock); returns the new expiry."""
-        request = pb.ExtendLeaseRequest(action=action.to_proto(), token=token, ttl=_duration(ttl))
+        request = extend_lease_request(action, token, ttl)
         response: pb.ExtendLeaseResponse = self._call(self._stub.ExtendLease, request)
         return response.lease_expires_at.ToDatetime(tzinfo=timezone.utc)
 
@@ -159,6 +164,47 @@ class GateRpc:
         """Reads the record of an action as it stands, for reconciliation."""
         request = pb.GetActionRequest(action=action.to_proto())
         return ActionRecord.from_proto(self._call(self._stub.GetAction, request))
+
+
+def request_token_request(
+    action: str,
+    params: Mapping[str, Any] | str,
+    *,
+    agent_id: str,
+    run_id: str,
+    intent_id: str | None,
+    idempotency_key: str | None,
+    holder: str | None,
+    lease_ttl: Seconds | None,
+) -> pb.RequestTokenRequest:
+    """The RequestToken message (shared with :mod:`oncegate.aio.rpc`)."""
+    request = pb.RequestTokenRequest(
+        scope=Scope(agent_id, run_id).to_proto(),
+        action=action,
+        params_json=params if isinstance(params, str) else encode_params(params),
+        intent_id=intent_id or "",
+        idempotency_key=idempotency_key or "",
+        holder=holder or "",
+    )
+    if lease_ttl is not None:
+        request.lease_ttl.CopyFrom(_duration(lease_ttl))
+    return request
+
+
+def complete_request(action: ActionRef, token: str, receipt: bytes) -> pb.CompleteRequest:
+    """The Complete message."""
+    return pb.CompleteRequest(action=action.to_proto(), token=token, receipt=receipt)
+
+
+def release_request(action: ActionRef, token: str, reason: ReleaseReason) -> pb.ReleaseRequest:
+    """The Release message."""
+    # The generated stub types enum fields as their wrapper class; any of its ints is accepted.
+    return pb.ReleaseRequest(action=action.to_proto(), token=token, reason=int(reason))  # type: ignore[arg-type]
+
+
+def extend_lease_request(action: ActionRef, token: str, ttl: Seconds) -> pb.ExtendLeaseRequest:
+    """The ExtendLease message."""
+    return pb.ExtendLeaseRequest(action=action.to_proto(), token=token, ttl=_duration(ttl))
 
 
 def _duration(value: Seconds) -> duration_pb2.Duration:

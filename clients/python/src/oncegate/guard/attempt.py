@@ -9,23 +9,13 @@ build attempts.
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from oncegate.errors import (
-    CompleteUnacknowledgedError,
-    DefiniteFailureError,
-    InProgressError,
-    OncegateError,
-    OutcomeUnknownError,
-)
+from oncegate.errors import InProgressError, OncegateError
+from oncegate.guard import protocol
 from oncegate.guard.backoff import Backoff
 from oncegate.guard.heartbeat import Heartbeat
 from oncegate.guard.hint import check_key_fields_hint
@@ -45,12 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["Attempt"]
 
 T = TypeVar("T")
-
-logger = logging.getLogger("oncegate")
-
-
-def _default_holder() -> str:
-    return f"py:{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex}"
 
 
 class Attempt:
@@ -88,7 +72,7 @@ class Attempt:
         self._key_fields_hint = key_fields_hint
         self._heartbeat: Heartbeat | None = None
         self._settled = False
-        self.holder = options.holder or _default_holder()
+        self.holder = options.holder or protocol.default_holder()
         self.action: ActionRef | None = None
         """The action reference, set once the gate answered."""
         self.fingerprint: str | None = None
@@ -119,7 +103,7 @@ class Attempt:
             return self
         assert answer.grant is not None
         self.grant = answer.grant
-        ttl = self._lease_seconds(answer.grant)
+        ttl = protocol.lease_seconds(self._options, answer.grant)
         if self._options.heartbeat and ttl is not None:
             self._heartbeat = Heartbeat(self._gate, answer.action, answer.grant.token, ttl)
             self._heartbeat.start()
@@ -136,39 +120,20 @@ class Attempt:
             return
         self._settled = True
         action, grant = self._granted()
-        if exc is None:
-            raise OutcomeUnknownError(
-                f"{self._request.action} ({action.key}): the guarded block ended without complete() "
-                f"or skip(), so the gate cannot know whether the action ran. {_reconcile_hint(grant)}",
-                action=action,
-                grant=grant,
-            )
-        if not isinstance(exc, Exception):
-            logger.warning(
-                "oncegate: %s (%s) interrupted by %s; the token stays unreleased. %s",
-                self._request.action,
-                action.key,
-                type(exc).__name__,
-                _reconcile_hint(grant),
-            )
+        settled = protocol.settlement(exc, self._options.definite)
+        if settled == "no_result":
+            raise protocol.no_result(self._request, action, grant)
+        assert exc is not None
+        if settled == "interrupted":
+            protocol.log_interrupted(self._request, action, grant, exc)
             return
-        if _is_definite(exc, self._options.definite):
+        if settled == "release":
             try:
                 self._release(ReleaseReason.DEFINITE_FAILURE)
             except OncegateError as err:
-                logger.warning(
-                    "oncegate: could not release %s after a definite failure (%s); it will need "
-                    "reconciling once its lease ends",
-                    action.key,
-                    err,
-                )
+                protocol.log_release_failed(action, err)
             return
-        raise OutcomeUnknownError(
-            f"{self._request.action} ({action.key}): the outcome is unknown after "
-            f"{type(exc).__name__}: {exc}. {_reconcile_hint(grant)}",
-            action=action,
-            grant=grant,
-        ) from exc
+        raise protocol.unknown_outcome(self._request, action, grant, exc) from exc
 
     def complete(self, result: T) -> T:
         """Records the action's result as its receipt and returns ``result``.
@@ -187,14 +152,7 @@ class Attempt:
         try:
             receipt = self._options.encode(result)
         except Exception as err:
-            raise CompleteUnacknowledgedError(
-                f"{self._request.action} ({action.key}) ran, but its result could not be encoded "
-                f"as a receipt: {err}",
-                action=action,
-                grant=grant,
-                result=result,
-                receipt=None,
-            ) from err
+            raise protocol.encode_failed(self._request, action, grant, result, err) from err
         backoff = Backoff(self._options.retry_timeout)
         while True:
             try:
@@ -204,14 +162,8 @@ class Attempt:
                 if not err.retryable:
                     raise
                 if not backoff.sleep(err.retry_after):
-                    raise CompleteUnacknowledgedError(
-                        f"{self._request.action} ({action.key}) ran, but the gate did not "
-                        f"acknowledge its completion: {err}. Retry gate.complete() with this "
-                        "exception's action, token and receipt.",
-                        action=action,
-                        grant=grant,
-                        result=result,
-                        receipt=receipt,
+                    raise protocol.not_acknowledged(
+                        self._request, action, grant, result, receipt, err
                     ) from err
         self.result = result
         return result
@@ -251,10 +203,7 @@ class Attempt:
                 remaining = wait_deadline - time.monotonic()
                 if remaining <= 0:
                     raise
-                pause = self._options.poll_interval
-                if err.retry_after is not None:
-                    pause = min(pause, err.retry_after)
-                time.sleep(max(0.01, min(pause, remaining)))
+                time.sleep(protocol.in_progress_pause(self._options, err, remaining))
             except OncegateError as err:
                 if not err.retryable or not backoff.sleep(err.retry_after):
                     raise
@@ -279,28 +228,3 @@ class Attempt:
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
-
-    def _lease_seconds(self, grant: Grant) -> float | None:
-        if self._options.lease_ttl is not None:
-            return self._options.lease_ttl
-        if grant.lease_expires_at is None:
-            return None
-        return max(1.0, (grant.lease_expires_at - datetime.now(timezone.utc)).total_seconds())
-
-
-def _is_definite(exc: Exception, definite: tuple[type[BaseException], ...]) -> bool:
-    """Whether ``exc`` from the guarded body means the action had no effect (release the token)."""
-    if isinstance(exc, DefiniteFailureError):
-        return True
-    if isinstance(exc, OutcomeUnknownError):
-        # An unknown outcome (from a guard nested in the function) only became an OncegateError
-        # when the exceptions got one root: `definite=(OncegateError,)` must not release after it.
-        definite = tuple(cls for cls in definite if cls is not OncegateError)
-    return isinstance(exc, definite)
-
-
-def _reconcile_hint(grant: Grant) -> str:
-    return (
-        f"Reconcile with the provider using provider key {grant.provider_key!r}, then complete or "
-        f"release token {grant.token!r} (fencing {grant.fencing})."
-    )

@@ -8,24 +8,19 @@ and nothing of the protocol itself, which :class:`~oncegate.guard.attempt.Attemp
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from oncegate.guard.attempt import Attempt
-from oncegate.guard.context import resolve_scope
-from oncegate.guard.options import GuardOptions, Request
+from oncegate.guard.binding import CONTROL_ARGUMENTS, Binding
+from oncegate.guard.options import GuardOptions
 
 if TYPE_CHECKING:
-    from oncegate.models import Grant
     from oncegate.rpc import GateRpc
 
 __all__ = ["CONTROL_ARGUMENTS", "action"]
 
 T = TypeVar("T")
-
-CONTROL_ARGUMENTS = ("agent_id", "run_id", "idempotency_key", "intent_id")
-"""Arguments of a decorated function that steer the gate and are not params."""
 
 
 def action(
@@ -55,60 +50,18 @@ def action(
     guard_options = options or GuardOptions()
 
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
-        signature = inspect.signature(fn)
-        parameters = signature.parameters
-        if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters.values()):
-            raise TypeError(f"{fn.__qualname__}: a guarded action cannot take *args; params are named")
-        bindable = signature.replace(parameters=[p for p in parameters.values() if p.name != "grant"])
+        binding = Binding(fn, name)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> T:
-            control = {
-                key: kwargs.pop(key) for key in CONTROL_ARGUMENTS if key in kwargs and key not in parameters
-            }
-            bound = bindable.bind(*args, **kwargs)
-            bound.apply_defaults()
-            params: dict[str, Any] = {}
-            for param_name, value in bound.arguments.items():
-                pairs = (
-                    value.items()
-                    if parameters[param_name].kind is inspect.Parameter.VAR_KEYWORD
-                    else [(param_name, value)]
-                )
-                for key, item in pairs:
-                    (control if key in CONTROL_ARGUMENTS else params)[key] = item
-            request = Request(
-                name,
-                params,
-                resolve_scope(fn.__qualname__, control.get("agent_id"), control.get("run_id")),
-                control.get("intent_id"),
-                control.get("idempotency_key"),
-            )
-
-            def call(grant: Grant) -> T:
-                positional: list[Any] = []
-                keywords: dict[str, Any] = {}
-                for parameter in parameters.values():
-                    if parameter.name == "grant":
-                        argument: Any = grant
-                    elif parameter.name in bound.arguments:
-                        argument = bound.arguments[parameter.name]
-                    else:
-                        continue
-                    if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
-                        positional.append(argument)
-                    elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
-                        keywords.update(argument)
-                    else:
-                        keywords[parameter.name] = argument
-                return fn(*positional, **keywords)
-
-            return Attempt(gate, request, guard_options, key_fields_hint=key_fields_hint).run(call)
+            call = binding.bind(args, kwargs)
+            attempt = Attempt(gate, call.request, guard_options, key_fields_hint=key_fields_hint)
+            return attempt.run(call.invoke)  # type: ignore[no-any-return]
 
         # Frameworks that build a tool schema from the signature (LangChain, CrewAI) must not
         # offer the model a `grant` argument: the gate supplies it.
-        wrapper.__signature__ = bindable  # type: ignore[attr-defined]
-        wrapper.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k != "grant"}
+        wrapper.__signature__ = binding.signature  # type: ignore[attr-defined]
+        wrapper.__annotations__ = binding.annotations
         return wrapper
 
     return decorate

@@ -1,0 +1,119 @@
+"""A tool function's call as a gate request: which arguments are params, which steer the gate, and
+how the function is called back with its grant.
+
+Shared by the threaded decorator (:mod:`oncegate.guard.decorator`) and the asyncio one
+(:mod:`oncegate.aio.decorator`), and by the framework adapters (:mod:`oncegate.integrations`); it
+does not call the gate.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from oncegate.guard.context import resolve_scope
+from oncegate.guard.options import Request
+from oncegate.models import Scope
+
+if TYPE_CHECKING:
+    from oncegate.models import Grant
+
+__all__ = ["CONTROL_ARGUMENTS", "Binding", "BoundCall"]
+
+CONTROL_ARGUMENTS = ("agent_id", "run_id", "idempotency_key", "intent_id")
+"""Arguments of a decorated function that steer the gate and are not params."""
+
+
+class BoundCall:
+    """One call of a guarded function: its request, and how to run the function with a grant."""
+
+    def __init__(self, binding: Binding, request: Request, arguments: dict[str, Any]) -> None:
+        self._binding = binding
+        self.request = request
+        self._arguments = arguments
+        """The bound arguments, with the injected ones (a framework's context)."""
+
+    def invoke(self, grant: Grant) -> Any:
+        """Calls the function with the bound arguments and ``grant`` (when it takes one); returns
+        what it returns (a coroutine, for a coroutine function)."""
+        positional: list[Any] = []
+        keywords: dict[str, Any] = {}
+        for parameter in self._binding.parameters.values():
+            if parameter.name == "grant":
+                argument: Any = grant
+            elif parameter.name in self._arguments:
+                argument = self._arguments[parameter.name]
+            else:
+                continue
+            if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
+                positional.append(argument)
+            elif parameter.kind is inspect.Parameter.VAR_KEYWORD:
+                keywords.update(argument)
+            else:
+                keywords[parameter.name] = argument
+        return self._binding.fn(*positional, **keywords)
+
+
+class Binding:
+    """How calls of ``fn`` become requests for the action ``name``.
+
+    Every parameter except ``grant``, the ``injected`` ones and the :data:`CONTROL_ARGUMENTS`
+    becomes a param (defaults included); ``agent_id``, ``run_id``, ``idempotency_key`` and
+    ``intent_id`` may be passed as keywords even when ``fn`` does not declare them. ``injected``
+    names parameters a framework fills (its run context, ``ctx``): given to :meth:`bind`, passed
+    to ``fn``, never params. ``signature`` is ``fn``'s without ``grant`` and the injected
+    parameters, for frameworks that derive a tool schema from it.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str, injected: tuple[str, ...] = ()) -> None:
+        signature = inspect.signature(fn)
+        self.parameters = signature.parameters
+        if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in self.parameters.values()):
+            raise TypeError(f"{fn.__qualname__}: a guarded action cannot take *args; params are named")
+        self.fn = fn
+        self.name = name
+        self.injected = tuple(name for name in injected if name in self.parameters)
+        hidden = {"grant", *self.injected}
+        self.signature = signature.replace(
+            parameters=[p for p in self.parameters.values() if p.name not in hidden]
+        )
+        self.annotations = {k: v for k, v in fn.__annotations__.items() if k not in hidden}
+
+    def bind(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        scope: Scope | None = None,
+        injected: dict[str, Any] | None = None,
+    ) -> BoundCall:
+        """The request of one call. Its scope is the call's ``agent_id``/``run_id``, else
+        ``scope``, else the ambient :func:`~oncegate.guard.scope`; ``injected`` holds the values
+        of the injected parameters."""
+        kwargs = dict(kwargs)
+        control = {
+            key: kwargs.pop(key) for key in CONTROL_ARGUMENTS if key in kwargs and key not in self.parameters
+        }
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        params: dict[str, Any] = {}
+        for param_name, value in bound.arguments.items():
+            pairs = (
+                value.items()
+                if self.parameters[param_name].kind is inspect.Parameter.VAR_KEYWORD
+                else [(param_name, value)]
+            )
+            for key, item in pairs:
+                (control if key in CONTROL_ARGUMENTS else params)[key] = item
+        agent_id = control.get("agent_id") or (scope.agent_id if scope else None)
+        run_id = control.get("run_id") or (scope.run_id if scope else None)
+        request = Request(
+            self.name,
+            params,
+            resolve_scope(self.fn.__qualname__, agent_id, run_id),
+            control.get("intent_id"),
+            control.get("idempotency_key"),
+        )
+        arguments = dict(bound.arguments)
+        arguments.update((name, (injected or {})[name]) for name in self.injected)
+        return BoundCall(self, request, arguments)

@@ -1,0 +1,164 @@
+"""The guard's decisions, without IO: shared by the threaded attempt and the asyncio one.
+
+Each function decides or words one step of the protocol (see :mod:`oncegate.guard`): the holder an
+attempt names, the lease its heartbeat keeps, the pause while another holder's attempt is in
+progress, how a block that ended is settled, and the errors the guard raises. Calling the gate,
+sleeping and threads are the business of :mod:`oncegate.guard.attempt` and
+:mod:`oncegate.aio.attempt`, which both follow these decisions, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from oncegate.errors import (
+    CompleteUnacknowledgedError,
+    DefiniteFailureError,
+    InProgressError,
+    OncegateError,
+    OutcomeUnknownError,
+)
+from oncegate.guard.options import GuardOptions, Request
+from oncegate.models import ActionRef, Grant
+
+__all__ = [
+    "Settlement",
+    "default_holder",
+    "encode_failed",
+    "in_progress_pause",
+    "is_definite",
+    "lease_seconds",
+    "log_interrupted",
+    "log_release_failed",
+    "no_result",
+    "not_acknowledged",
+    "reconcile_hint",
+    "settlement",
+    "unknown_outcome",
+]
+
+logger = logging.getLogger("oncegate")
+
+Settlement = Literal["no_result", "interrupted", "release", "unknown"]
+"""How a granted block that ended without ``complete()`` or ``skip()`` is settled."""
+
+
+def default_holder() -> str:
+    """A holder name unique to one attempt, so a lost grant reply is re-delivered to it alone."""
+    return f"py:{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex}"
+
+
+def lease_seconds(options: GuardOptions, grant: Grant) -> float | None:
+    """The lease the heartbeat keeps extending: the one asked for, else the one granted."""
+    if options.lease_ttl is not None:
+        return options.lease_ttl
+    if grant.lease_expires_at is None:
+        return None
+    return max(1.0, (grant.lease_expires_at - datetime.now(timezone.utc)).total_seconds())
+
+
+def in_progress_pause(options: GuardOptions, err: InProgressError, remaining: float) -> float:
+    """The pause before asking again while another holder's attempt is in progress."""
+    pause = options.poll_interval
+    if err.retry_after is not None:
+        pause = min(pause, err.retry_after)
+    return max(0.01, min(pause, remaining))
+
+
+def is_definite(exc: Exception, definite: tuple[type[BaseException], ...]) -> bool:
+    """Whether ``exc`` from the guarded body means the action had no effect (release the token)."""
+    if isinstance(exc, DefiniteFailureError):
+        return True
+    if isinstance(exc, OutcomeUnknownError):
+        # An unknown outcome (from a guard nested in the function) only became an OncegateError
+        # when the exceptions got one root: `definite=(OncegateError,)` must not release after it.
+        definite = tuple(cls for cls in definite if cls is not OncegateError)
+    return isinstance(exc, definite)
+
+
+def settlement(exc: BaseException | None, definite: tuple[type[BaseException], ...]) -> Settlement:
+    """How a granted block that ended unsettled is settled: ``no_result`` (it ended without
+    completing), ``interrupted`` (``KeyboardInterrupt``, ``asyncio.CancelledError``: propagate,
+    keep the token), ``release`` (a definite failure) or ``unknown`` (anything else)."""
+    if exc is None:
+        return "no_result"
+    if not isinstance(exc, Exception):
+        return "interrupted"
+    return "release" if is_definite(exc, definite) else "unknown"
+
+
+def reconcile_hint(grant: Grant) -> str:
+    return (
+        f"Reconcile with the provider using provider key {grant.provider_key!r}, then complete or "
+        f"release token {grant.token!r} (fencing {grant.fencing})."
+    )
+
+
+def no_result(request: Request, action: ActionRef, grant: Grant) -> OutcomeUnknownError:
+    return OutcomeUnknownError(
+        f"{request.action} ({action.key}): the guarded block ended without complete() "
+        f"or skip(), so the gate cannot know whether the action ran. {reconcile_hint(grant)}",
+        action=action,
+        grant=grant,
+    )
+
+
+def unknown_outcome(
+    request: Request, action: ActionRef, grant: Grant, exc: BaseException
+) -> OutcomeUnknownError:
+    return OutcomeUnknownError(
+        f"{request.action} ({action.key}): the outcome is unknown after "
+        f"{type(exc).__name__}: {exc}. {reconcile_hint(grant)}",
+        action=action,
+        grant=grant,
+    )
+
+
+def encode_failed(
+    request: Request, action: ActionRef, grant: Grant, result: Any, err: Exception
+) -> CompleteUnacknowledgedError:
+    return CompleteUnacknowledgedError(
+        f"{request.action} ({action.key}) ran, but its result could not be encoded as a receipt: {err}",
+        action=action,
+        grant=grant,
+        result=result,
+        receipt=None,
+    )
+
+
+def not_acknowledged(
+    request: Request, action: ActionRef, grant: Grant, result: Any, receipt: bytes, err: OncegateError
+) -> CompleteUnacknowledgedError:
+    return CompleteUnacknowledgedError(
+        f"{request.action} ({action.key}) ran, but the gate did not "
+        f"acknowledge its completion: {err}. Retry gate.complete() with this "
+        "exception's action, token and receipt.",
+        action=action,
+        grant=grant,
+        result=result,
+        receipt=receipt,
+    )
+
+
+def log_interrupted(request: Request, action: ActionRef, grant: Grant, exc: BaseException) -> None:
+    logger.warning(
+        "oncegate: %s (%s) interrupted by %s; the token stays unreleased. %s",
+        request.action,
+        action.key,
+        type(exc).__name__,
+        reconcile_hint(grant),
+    )
+
+
+def log_release_failed(action: ActionRef, err: OncegateError) -> None:
+    logger.warning(
+        "oncegate: could not release %s after a definite failure (%s); it will need "
+        "reconciling once its lease ends",
+        action.key,
+        err,
+    )

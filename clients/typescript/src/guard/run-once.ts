@@ -1,0 +1,231 @@
+/**
+ * The guard: runs one side-effecting action at most once, and never guesses about an outcome it
+ * does not know. The protocol of the Rust (`run_once`) and Python guards:
+ *
+ * 1. RequestToken, naming this attempt as the holder (a lost grant reply is re-delivered).
+ * 2. Already completed: return the stored receipt; the function does not run.
+ * 3. Granted: run the function with the grant (token, fencing, provider key) while a heartbeat
+ *    extends the lease.
+ * 4. Success: Complete with the encoded result, retried until acknowledged or `completeDeadline`
+ *    passes (then `CompleteUnacknowledgedError`).
+ * 5. `Failure.definite(cause)` (or an error `definite` accepts): Release, then `FailedError`
+ *    (`ReleaseFailedError` when the release is not acknowledged).
+ * 6. Anything else thrown (a timeout, `Failure.ambiguous`): never Release; `OutcomeUnknownError`,
+ *    to be reconciled with the provider through the provider key.
+ * 7. In progress elsewhere: wait as `RetryInfo` says, within `maxWait`, then the gate's error.
+ * 8. Key reused (and every other refusal): thrown as it is; never retried under a new key.
+ */
+
+import { randomUUID } from "node:crypto";
+import { hostname } from "node:os";
+
+import { InProgressError, OncegateError } from "../errors/gate.js";
+import {
+  CompleteUnacknowledgedError,
+  describe,
+  FailedError,
+  Failure,
+  OutcomeUnknownError,
+  ReleaseFailedError,
+} from "../errors/guard.js";
+import { ReleaseReason, type ActionRef, type Completion, type Grant, type RequestTokenResult } from "../models.js";
+import type { ActionSpec, GateRpc } from "../rpc.js";
+import { Backoff } from "./backoff.js";
+import { Heartbeat } from "./heartbeat.js";
+import { resolveOptions, type GuardOptions, type ResolvedGuardOptions } from "./options.js";
+
+/** What the guard did (Rust: `Outcome`). */
+export type Outcome<T> =
+  | {
+      /** The function ran and its receipt was recorded. */
+      readonly kind: "Executed";
+      /** What the function returned. */
+      readonly result: T;
+      /** Its receipt, now stored. */
+      readonly receipt: Uint8Array;
+      /** The grant it ran under. */
+      readonly grant: Grant;
+      readonly action: ActionRef;
+      /** The stored completion. */
+      readonly completion: Completion;
+    }
+  | {
+      /** The action had already completed: nothing ran. */
+      readonly kind: "Replayed";
+      /** The stored receipt, decoded. */
+      readonly result: T;
+      readonly receipt: Uint8Array;
+      readonly action: ActionRef;
+      /** The original completion. */
+      readonly completion: Completion;
+    };
+
+/** The function the guard runs: it gets the grant and returns the action's result. */
+export type GuardedWork<T> = (grant: Grant) => T | Promise<T>;
+
+function defaultHolder(): string {
+  return `ts:${hostname().slice(0, 64)}:${process.pid}:${randomUUID().replaceAll("-", "")}`;
+}
+
+/** Runs `work` at most once for `spec` (see the module comment for the protocol). */
+export async function runOnce<T>(
+  rpc: GateRpc,
+  spec: ActionSpec,
+  work: GuardedWork<T>,
+  guardOptions: GuardOptions = {},
+): Promise<Outcome<T>> {
+  const options = resolveOptions(guardOptions);
+  // A holder makes RequestToken safe to retry: a lost grant reply is re-delivered.
+  const held: ActionSpec = { ...spec, holder: spec.holder || defaultHolder() };
+  const answer = await acquire(rpc, held, options);
+  const { action } = answer;
+  if (answer.grant === undefined) {
+    if (answer.completion === undefined) throw new TypeError("RequestToken answered neither grant nor completion");
+    const { receipt } = answer.completion;
+    return { kind: "Replayed", result: options.decode(receipt) as T, receipt, action, completion: answer.completion };
+  }
+  const grant = answer.grant;
+  const heartbeat = startHeartbeat(rpc, action, grant, held, options);
+  let result: T;
+  try {
+    result = await work(grant);
+  } catch (thrown) {
+    heartbeat.stop();
+    throw await settleFailure(rpc, spec, action, grant, thrown, options);
+  }
+  heartbeat.stop();
+  return finish(rpc, spec, action, grant, result, options);
+}
+
+/** RequestToken, waiting out IN_PROGRESS and brief unavailability within `maxWait`. */
+async function acquire(rpc: GateRpc, spec: ActionSpec, options: ResolvedGuardOptions): Promise<RequestTokenResult> {
+  const backoff = new Backoff(Date.now() + options.maxWait);
+  for (;;) {
+    try {
+      return await rpc.requestToken(spec);
+    } catch (error) {
+      if (!(error instanceof OncegateError) || !error.retryable) throw error;
+      const hint =
+        error instanceof InProgressError
+          ? Math.min(options.pollInterval, error.retryAfterMs ?? options.pollInterval)
+          : error.retryAfterMs;
+      if (!(await backoff.wait(hint))) throw error;
+    }
+  }
+}
+
+/** Complete, retrying transient failures until acknowledged or `completeDeadline` passes. */
+async function finish<T>(
+  rpc: GateRpc,
+  spec: ActionSpec,
+  action: ActionRef,
+  grant: Grant,
+  result: T,
+  options: ResolvedGuardOptions,
+): Promise<Outcome<T>> {
+  let receipt: Uint8Array;
+  try {
+    receipt = options.encode(result);
+  } catch (error) {
+    throw new CompleteUnacknowledgedError(
+      `${spec.action} (${action.key}) ran, but its result could not be encoded as a receipt: ${describe(error)}`,
+      action,
+      grant,
+      error,
+      result,
+      undefined,
+    );
+  }
+  const backoff = new Backoff(Date.now() + options.completeDeadline);
+  for (;;) {
+    try {
+      const completion = await rpc.complete(action, grant.token, receipt);
+      return { kind: "Executed", result, receipt, grant, action, completion };
+    } catch (error) {
+      const retry = error instanceof OncegateError && error.retryable;
+      if (!retry || !(await backoff.wait(error.retryAfterMs))) {
+        throw new CompleteUnacknowledgedError(
+          `${spec.action} (${action.key}) ran, but the gate did not acknowledge its Complete: ` +
+            `${describe(error)}. Retry complete() with this error's action, token and receipt; never run it again.`,
+          action,
+          grant,
+          error,
+          result,
+          receipt,
+        );
+      }
+    }
+  }
+}
+
+/** The error to throw for what the function threw: released after a definite failure, else kept. */
+async function settleFailure(
+  rpc: GateRpc,
+  spec: ActionSpec,
+  action: ActionRef,
+  grant: Grant,
+  thrown: unknown,
+  options: ResolvedGuardOptions,
+): Promise<OncegateError> {
+  const cause = thrown instanceof Failure ? thrown.cause : thrown;
+  if (!isDefinite(thrown, options)) {
+    return new OutcomeUnknownError(
+      `${spec.action} (${action.key}): the outcome is unknown after ${describe(cause)}. ` + reconcileHint(grant),
+      action,
+      grant,
+      cause,
+    );
+  }
+  const backoff = new Backoff(Date.now() + options.completeDeadline);
+  for (;;) {
+    try {
+      await rpc.release(action, grant.token, ReleaseReason.DEFINITE_FAILURE);
+      return new FailedError(
+        `${spec.action} (${action.key}) failed definitely and its token was released: ${describe(cause)}`,
+        action,
+        grant,
+        cause,
+      );
+    } catch (error) {
+      if (!(error instanceof OncegateError)) throw error;
+      if (!error.retryable || !(await backoff.wait(error.retryAfterMs))) {
+        return new ReleaseFailedError(
+          `${spec.action} (${action.key}) failed definitely (${describe(cause)}), but releasing its token ` +
+            `failed (${describe(error)}); it will need reconciling once its lease ends`,
+          action,
+          grant,
+          cause,
+          error,
+        );
+      }
+    }
+  }
+}
+
+function isDefinite(thrown: unknown, options: ResolvedGuardOptions): boolean {
+  if (thrown instanceof Failure) return thrown.kind === "Definite";
+  // An unknown outcome from a guard nested in the function is never a definite failure.
+  if (thrown instanceof OutcomeUnknownError) return false;
+  return options.definite?.(thrown) ?? false;
+}
+
+function startHeartbeat(
+  rpc: GateRpc,
+  action: ActionRef,
+  grant: Grant,
+  spec: ActionSpec,
+  options: ResolvedGuardOptions,
+): Heartbeat {
+  const granted = grant.leaseExpiresAt === undefined ? 0 : grant.leaseExpiresAt.getTime() - Date.now();
+  const lease = Math.max(spec.leaseTtlMs ?? granted, 1_000);
+  const period = options.heartbeat ?? Math.max(lease / 3, 1_000);
+  return new Heartbeat(rpc, action, grant.token, lease, period);
+}
+
+function reconcileHint(grant: Grant): string {
+  return (
+    `The token was not released: reconcile with the provider using provider key ${grant.providerKey}, ` +
+    `then complete or release token ${grant.token} (fencing ${grant.fencing}).`
+  );
+}
+

@@ -1,0 +1,44 @@
+/**
+ * oncegate: run each side-effecting action of an agent at most once.
+ *
+ * The modules, bottom up; each imports only those below it (`test/layers.test.ts` checks it):
+ *
+ * - `gen/`: the generated stubs (`npm run generate`).
+ * - `fingerprint/`: strict params parsing; the offline fingerprint. No IO.
+ * - `models.ts`: plain values converted from the messages.
+ * - `errors/`: one hierarchy under `OncegateError`; statuses decoded by reason.
+ * - `rpc.ts`: `GateRpc`, the connection and the five worker RPCs.
+ * - `guard/`: the at-most-once protocol (`runOnce`) over `rpc.ts`.
+ * - `client.ts`: `GateClient`, the RPCs plus `runOnce`.
+ */
+
+export { GateClient } from "./client.js";
+export * from "./errors/index.js";
+export { canonicalForm, fingerprint, resolvePointer, type FingerprintOptions } from "./fingerprint/fingerprint.js";
+export {
+  encodeParams,
+  MAX_DEPTH,
+  MAX_PARAMS_BYTES,
+  ParamsError,
+  parseParams,
+  type JsonObject,
+  type JsonValue,
+  type ParamsErrorKind,
+} from "./fingerprint/params.js";
+export { ErrorReason } from "./gen/oncegate/v1/oncegate_pb.js";
+export type { GuardOptions } from "./guard/options.js";
+export { jsonDecode, jsonEncode } from "./guard/options.js";
+export { runOnce, type GuardedWork, type Outcome } from "./guard/run-once.js";
+export {
+  ActionState,
+  CompletionSource,
+  Decision,
+  ReleaseReason,
+  type ActionRecord,
+  type ActionRef,
+  type Completion,
+  type Grant,
+  type RequestTokenResult,
+  type Scope,
+} from "./models.js";
+export { GateRpc, type ActionSpec, type GateOptions } from "./rpc.js";
