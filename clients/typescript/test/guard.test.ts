@@ -57,7 +57,7 @@ describe("runOnce", () => {
     assert.deepEqual(retry.result, first.result);
     assert.deepEqual(retry.receipt, first.receipt);
     assert.equal(grants.length, 1);
-    assert.equal(grants[0]!.fencing, 1);
+    assert.ok(grants[0]!.fencing > 10 ** 15, "a first grant's fencing is the store clock in µs");
   });
 
   it("releases after a definite failure, so the next attempt runs with a higher fencing", async () => {
@@ -77,7 +77,8 @@ describe("runOnce", () => {
       return "paid";
     });
     assert.equal(paid.result, "paid");
-    assert.deepEqual(fencings, [1, 2]);
+    assert.equal(fencings.length, 2);
+    assert.equal(fencings[1], fencings[0]! + 1);
   });
 
   it("releases after an error the definite option accepts", async () => {
@@ -103,12 +104,12 @@ describe("runOnce", () => {
     assert.ok(unknown instanceof OutcomeUnknownError, String(unknown));
     assert.equal(unknown.kind, "OutcomeUnknown");
     assert.equal(unknown.cause, timeout);
-    assert.equal(unknown.fencing, 1);
+    assert.ok(unknown.fencing > 0);
     assert.match(unknown.providerKey, /^og-/);
     assert.match(unknown.message, new RegExp(unknown.providerKey));
     const record = await gate.getAction(unknown.action);
     assert.equal(record.state, ActionState.AUTHORIZED);
-    assert.equal(record.fencing, 1);
+    assert.equal(record.fencing, unknown.fencing);
     // Nobody runs it again while the outcome is unknown.
     let ran = false;
     await assert.rejects(
@@ -180,8 +181,8 @@ describe("runOnce", () => {
 
   it("stops at a lease that expired unresolved", async () => {
     const runId = freshRunId();
-    await gate.requestToken({ ...spec(runId), leaseTtlMs: 500 });
-    await sleep(800);
+    await gate.requestToken({ ...spec(runId), leaseTtlMs: 1000 });
+    await sleep(1300);
     await assert.rejects(
       gate.runOnce(spec(runId), () => assert.fail("must not run")),
       LeaseExpiredUnresolvedError,

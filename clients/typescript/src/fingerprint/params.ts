@@ -27,6 +27,7 @@ const SAFE_INTEGER_DIGITS = String(MAX_SAFE_BIGINT).length;
 export type ParamsErrorKind =
   | "duplicate_member"
   | "unsafe_number"
+  | "inexact_number"
   | "not_an_object"
   | "syntax"
   | "too_deep"
@@ -87,6 +88,14 @@ export function hasLoneSurrogate(text: string): boolean {
 
 class Parser {
   private pos = 0;
+
+  /** Where the parser is: JSON Pointer tokens of the enclosing members and indexes. */
+  private readonly path: string[] = [];
+  /**
+   * The first number literal JCS would write as another number, reported once the parse
+   * succeeded (the gate checks literals after its parse, so its parse errors come first).
+   */
+  inexact: ParamsError | null = null;
 
   constructor(
     private readonly text: string,
@@ -158,7 +167,9 @@ class Parser {
       if (this.peek() !== ":") throw this.syntax("expected ':'");
       this.pos += 1;
       this.skipWhitespace();
+      this.path.push(name.replaceAll("~", "~0").replaceAll("/", "~1"));
       members.push([name, this.value(depth + 1)]);
+      this.path.pop();
       this.skipWhitespace();
       const char = this.peek();
       this.pos += 1;
@@ -178,7 +189,9 @@ class Parser {
       return items;
     }
     for (;;) {
+      this.path.push(String(items.length));
       items.push(this.value(depth + 1));
+      this.path.pop();
       this.skipWhitespace();
       const char = this.peek();
       this.pos += 1;
@@ -235,8 +248,33 @@ class Parser {
     }
     const number = Number(literal);
     if (!Number.isFinite(number) || Math.abs(number) >= MAX_SAFE_NUMBER) throw unsafeNumber(literal);
+    // String(number) is the form JCS writes (ECMAScript's Number::toString).
+    if (this.inexact === null && decimal(literal) !== decimal(String(number))) {
+      this.inexact = new ParamsError(
+        "inexact_number",
+        `params hold the number ${literal.slice(0, 40)} at /${this.path.join("/")}, which a double ` +
+          `cannot hold: it would be read as ${String(number)}; send it as a string, or rounded to ` +
+          "what a double holds",
+      );
+    }
     return number;
   }
+}
+
+/**
+ * A decimal literal's exact value as one comparable string (sign, significant digits, exponent),
+ * every zero alike.
+ */
+function decimal(literal: string): string {
+  const negative = literal.startsWith("-");
+  const unsigned = negative ? literal.slice(1) : literal;
+  const [mantissa = "", exponent = "0"] = unsigned.toLowerCase().split("e");
+  const [whole = "", fraction = ""] = mantissa.split(".");
+  const digits = (whole + fraction).replace(/^0+/, "");
+  if (digits === "") return "0";
+  const significant = digits.replace(/0+$/, "");
+  const scale = BigInt(exponent) - BigInt(fraction.length) + BigInt(digits.length - significant.length);
+  return `${negative ? "-" : ""}${significant}e${scale}`;
 }
 
 function unsafeNumber(literal: string): ParamsError {
@@ -256,8 +294,8 @@ export interface ParseLimits {
 /**
  * Parses params text into an object, refusing what the gate refuses.
  *
- * @throws {ParamsError} `too_large`, `syntax`, `duplicate_member`, `unsafe_number`, `too_deep` or
- *   `not_an_object`.
+ * @throws {ParamsError} `too_large`, `syntax`, `duplicate_member`, `unsafe_number`,
+ *   `inexact_number`, `too_deep` or `not_an_object`.
  */
 export function parseParams(text: string, limits: ParseLimits = {}): JsonObject {
   const { maxBytes = MAX_PARAMS_BYTES, maxDepth = MAX_DEPTH } = limits;
@@ -268,10 +306,12 @@ export function parseParams(text: string, limits: ParseLimits = {}): JsonObject 
   if (size > maxBytes) {
     throw new ParamsError("too_large", `params are ${size} bytes, more than the limit of ${maxBytes}`);
   }
-  const value = new Parser(text, maxDepth).document();
+  const parser = new Parser(text, maxDepth);
+  const value = parser.document();
   if (value === null || typeof value !== "object" || Array.isArray(value)) {
     throw new ParamsError("not_an_object", "params must be a JSON object");
   }
+  if (parser.inexact !== null) throw parser.inexact;
   return value;
 }
 
