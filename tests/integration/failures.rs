@@ -1,5 +1,5 @@
 //! Failure tests: Redis stopped under a running gate fails closed and recovers by itself; the
-//! embedded store keeps an acknowledged Complete across `kill -9`.
+//! embedded store keeps every acknowledged Complete across `kill -9`, idle or under load.
 
 use std::time::{Duration, Instant};
 
@@ -108,4 +108,67 @@ async fn sigterm_drains_and_exits_cleanly() {
         .unwrap();
     let status = gate.terminate();
     assert!(status.success(), "{status:?}");
+}
+
+/// Group commit through the write-ahead log under load: 16 workers grant and complete as fast as
+/// they can, the process is killed (SIGKILL) in the middle, at a moment no batch boundary or
+/// checkpoint chose, and after a restart every Complete that was acknowledged replays its receipt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_acknowledged_writes_survive_kill_9_under_load() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().to_str().unwrap().to_owned();
+    let mut gate = GateProcess::spawn(&["--data-dir", &data]);
+    let addr = gate.addr.clone();
+    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..16 {
+        let (addr, acknowledged, stop) = (addr.clone(), acknowledged.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut client = connect(&addr).await;
+            for i in 0.. {
+                if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                let req = token_request("agent", "run", "pay", &format!(r#"{{"w":{w},"i":{i}}}"#));
+                let Ok(resp) = client.request_token(req.clone()).await else {
+                    break;
+                };
+                let resp = resp.into_inner();
+                let receipt = format!("receipt {w}/{i}").into_bytes();
+                let done = client
+                    .complete(pb::CompleteRequest {
+                        action: resp.action.clone(),
+                        token: resp.grant.unwrap().token,
+                        receipt: receipt.clone(),
+                    })
+                    .await;
+                if done.is_err() {
+                    break;
+                }
+                acknowledged.lock().unwrap().push((req, receipt));
+            }
+        }));
+    }
+    // Long enough for several checkpoints (one a second) and many logged batches after the last.
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    gate.kill9();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for worker in workers {
+        worker.await.unwrap();
+    }
+    let acknowledged = std::mem::take(&mut *acknowledged.lock().unwrap());
+    assert!(
+        acknowledged.len() > 100,
+        "the load ran: {}",
+        acknowledged.len()
+    );
+
+    let gate = GateProcess::spawn(&["--data-dir", &data]);
+    let mut client = connect(&gate.addr).await;
+    for (req, receipt) in acknowledged {
+        let replay = client.request_token(req).await.unwrap().into_inner();
+        assert_eq!(replay.decision(), pb::Decision::AlreadyCompleted);
+        assert_eq!(replay.completion.unwrap().receipt, receipt);
+    }
 }

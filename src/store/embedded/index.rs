@@ -2,9 +2,9 @@
 //! (`expires_at ++ key`, purged a bounded batch per transaction) and the lease index
 //! (`agent ++ lease_expires_at ++ key`, one entry per authorized record) that ListUnresolved reads.
 
-use redb::ReadableTable;
+use redb::{ReadableTable, Table, WriteTransaction};
 
-use super::{ListRequest, PURGE_BATCH, writer::decode};
+use super::{EXPIRY, LEASES, ListRequest, PURGE_BATCH, RECORDS, wal, writer::decode};
 use crate::{
     domain::{
         ActionKey,
@@ -12,6 +12,66 @@ use crate::{
     },
     store::{ListCursor, Page, Unresolved, list},
 };
+
+/// The three tables of one write transaction.
+pub(super) struct Tables<'t> {
+    pub(super) records: Table<'t, &'static [u8], &'static [u8]>,
+    expiry: Table<'t, &'static [u8], ()>,
+    pub(super) leases: Table<'t, &'static [u8], ()>,
+}
+
+impl<'t> Tables<'t> {
+    pub(super) fn open(txn: &'t WriteTransaction) -> Result<Self, redb::Error> {
+        Ok(Self {
+            records: txn.open_table(RECORDS)?,
+            expiry: txn.open_table(EXPIRY)?,
+            leases: txn.open_table(LEASES)?,
+        })
+    }
+
+    /// Replaces the record at `key` (`old`, as stored) with `new` (the record and its bytes; `None`
+    /// deletes it), keeping both indexes in step.
+    pub(super) fn put(
+        &mut self,
+        key: &[u8],
+        old: Option<&Record>,
+        new: Option<(&Record, &[u8])>,
+    ) -> Result<(), redb::Error> {
+        if let Some(old) = old {
+            if let Some(at) = old.expires_at {
+                self.expiry.remove(expiry_key(at, key).as_slice())?;
+            }
+            if let Some(entry) = lease_key(old, key) {
+                self.leases.remove(entry.as_slice())?;
+            }
+        }
+        let Some((record, bytes)) = new else {
+            self.records.remove(key)?;
+            return Ok(());
+        };
+        self.records.insert(key, bytes)?;
+        if let Some(at) = record.expires_at {
+            self.expiry.insert(expiry_key(at, key).as_slice(), ())?;
+        }
+        if let Some(entry) = lease_key(record, key) {
+            self.leases.insert(entry.as_slice(), ())?;
+        }
+        Ok(())
+    }
+
+    /// Applies a logged write (replaying the write-ahead log).
+    pub(super) fn replay(&mut self, (key, bytes): &wal::Entry) -> Result<(), redb::Error> {
+        let old = match self.records.get(key.as_slice())? {
+            Some(stored) => Some(decode(stored.value())?),
+            None => None,
+        };
+        let new = match bytes {
+            Some(bytes) => Some((decode(bytes)?, bytes.as_slice())),
+            None => None,
+        };
+        self.put(key, old.as_ref(), new.as_ref().map(|(r, b)| (r, *b)))
+    }
+}
 
 pub(super) fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(8 + key.len());
@@ -140,38 +200,44 @@ pub(super) fn list_unresolved(
     Ok(page)
 }
 
-/// Removes up to [`PURGE_BATCH`] records whose store expiry has passed, with their lease-index
-/// entries.
+/// Removes up to [`PURGE_BATCH`] records whose store expiry has passed, with their index
+/// entries; returns the writes made, for the log.
 pub(super) fn purge_expired(
-    records: &mut redb::Table<&[u8], &[u8]>,
-    expiry: &mut redb::Table<&[u8], ()>,
-    leases: &mut redb::Table<&[u8], ()>,
+    tables: &mut Tables<'_>,
     now: Millis,
-) -> Result<bool, redb::Error> {
+) -> Result<Vec<wal::Entry>, redb::Error> {
     let upper = now.max(0).to_be_bytes();
-    let due: Vec<Vec<u8>> = expiry
+    let due: Vec<Vec<u8>> = tables
+        .expiry
         .range(..upper.as_slice())?
         .take(PURGE_BATCH)
         .map(|entry| entry.map(|(k, _)| k.value().to_vec()))
         .collect::<Result<_, _>>()?;
-    let purged = !due.is_empty();
+    let mut writes = Vec::with_capacity(due.len());
     for index_key in due {
-        expiry.remove(index_key.as_slice())?;
         let key = &index_key[8..];
-        let removed = match records.remove(key)? {
+        let stored = match tables.records.get(key)? {
             Some(bytes) => Some(decode(bytes.value())?),
             None => None,
         };
-        let Some(mut record) = removed else { continue };
+        let Some(record) = stored else {
+            tables.expiry.remove(index_key.as_slice())?;
+            continue;
+        };
         if unsettled(&record) {
             // Written by a version that let unresolved records expire: keep it, without expiry.
-            record.expires_at = None;
+            let kept = Record {
+                expires_at: None,
+                ..record.clone()
+            };
             let bytes =
-                rmp_serde::to_vec(&record).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
-            records.insert(key, bytes.as_slice())?;
-        } else if let Some(entry) = lease_key(&record, key) {
-            leases.remove(entry.as_slice())?;
+                rmp_serde::to_vec(&kept).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+            tables.put(key, Some(&record), Some((&kept, &bytes)))?;
+            writes.push((key.to_vec(), Some(bytes)));
+        } else {
+            tables.put(key, Some(&record), None)?;
+            writes.push((key.to_vec(), None));
         }
     }
-    Ok(purged)
+    Ok(writes)
 }

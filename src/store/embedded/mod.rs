@@ -17,6 +17,7 @@
 //! `Unavailable` (the step may still be applied, as the Store contract allows).
 
 mod index;
+mod wal;
 mod writer;
 
 use std::{path::Path, sync::Arc, thread, time::Duration};
@@ -101,20 +102,42 @@ impl EmbeddedStore {
         let path = dir.join("oncegate.redb");
         let db = Database::create(&path)
             .map_err(|e| StoreError::Unavailable(format!("opening {}: {e}", path.display())))?;
-        let setup = || -> Result<(), redb::Error> {
+        let (mut wal, frames) = wal::Wal::open(dir).map_err(|e| {
+            StoreError::Unavailable(format!("opening the log in {}: {e}", dir.display()))
+        })?;
+        let recovered = frames.len();
+        // The tables, and the batches the log holds beyond the B-tree's last durable commit (a
+        // crash came between a batch's log write and the next checkpoint), committed durably
+        // before the log starts a new generation.
+        let mut setup = || -> Result<(), redb::Error> {
             let txn = db.begin_write()?;
-            txn.open_table(RECORDS)?;
-            txn.open_table(EXPIRY)?;
-            txn.open_table(LEASES)?;
+            {
+                let mut tables = index::Tables::open(&txn)?;
+                for entry in frames.iter().flatten() {
+                    tables.replay(entry)?;
+                }
+            }
             txn.commit()?;
-            Ok(())
+            wal.reset().map_err(redb::Error::Io)
         };
         setup()
             .map_err(|e| StoreError::Unavailable(format!("preparing {}: {e}", path.display())))?;
+        if recovered > 0 {
+            tracing::info!(
+                batches = recovered,
+                "embedded store: replayed the write-ahead log"
+            );
+        }
         let (tx, rx) = mpsc::channel(4 * MAX_BATCH);
+        let writer = Writer {
+            db,
+            clock,
+            wal,
+            checkpointed: std::time::Instant::now(),
+        };
         thread::Builder::new()
             .name("oncegate-embedded-writer".into())
-            .spawn(move || Writer { db, clock }.run(rx))
+            .spawn(move || writer.run(rx))
             .map_err(|e| StoreError::Unavailable(format!("starting the writer thread: {e}")))?;
         Ok(Self { tx, call_timeout })
     }

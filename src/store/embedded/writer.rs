@@ -1,29 +1,39 @@
 //! The writer thread: drains the queue, applies each step with the ledger inside one write
-//! transaction, commits (fsync) and only then answers every caller of the batch.
+//! transaction, makes the batch's writes durable in the write-ahead log (one `fdatasync`: group
+//! commit), commits the transaction, and only then answers every caller of the batch.
 
-use redb::{Database, ReadableTable};
+use std::time::{Duration, Instant};
+
+use redb::{Database, Durability, ReadableTable};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Clock, EXPIRY, Job, LEASES, MAX_BATCH, Op, RECORDS,
-    index::{expiry_key, lease_key, list_unresolved, purge_expired},
+    Clock, Job, MAX_BATCH, Op,
+    index::{Tables, list_unresolved, purge_expired},
+    wal::{self, Wal},
 };
 use crate::{
     domain::ledger::{self, Millis, Record, Step, Write},
     store::Reply,
 };
 
+/// How often, at most, the B-tree is committed durably and the log started afresh (also when the
+/// log is half full). Between checkpoints the log alone makes batches durable.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
 /// The writer thread's state.
 pub(super) struct Writer {
     pub(super) db: Database,
     pub(super) clock: Clock,
+    pub(super) wal: Wal,
+    pub(super) checkpointed: Instant,
 }
 
 /// A reply waiting for its batch to commit.
 type Pending = Box<dyn FnOnce() + Send>;
 
 impl Writer {
-    pub(super) fn run(self, mut rx: mpsc::Receiver<Job>) {
+    pub(super) fn run(mut self, mut rx: mpsc::Receiver<Job>) {
         while let Some(first) = rx.blocking_recv() {
             let mut batch = vec![first];
             while batch.len() < MAX_BATCH {
@@ -33,69 +43,88 @@ impl Writer {
                 }
             }
             if let Err(e) = self.commit_batch(batch) {
-                // Dropping the pending replies tells every caller in the batch "unavailable":
-                // nothing of the batch was committed.
-                tracing::error!(error = %e, "embedded store transaction failed; the batch was not committed");
+                // Dropping the pending replies tells every caller in the batch "unavailable". The
+                // log and the B-tree may now disagree about this batch: stop, so that nothing is
+                // decided on a state a restart (which replays the log) would not have; every
+                // later call is unavailable until the process restarts.
+                tracing::error!(error = %e, "embedded store write failed; the store stops (restart the gate)");
+                return;
             }
         }
     }
 
-    fn commit_batch(&self, batch: Vec<Job>) -> Result<(), redb::Error> {
+    fn commit_batch(&mut self, batch: Vec<Job>) -> Result<(), redb::Error> {
         let now = (self.clock)();
-        let txn = self.db.begin_write()?;
+        let mut txn = self.db.begin_write()?;
         let mut replies: Vec<Pending> = Vec::with_capacity(batch.len());
-        let mut dirty = false;
+        let mut writes: Vec<wal::Entry> = Vec::new();
         {
-            let mut records = txn.open_table(RECORDS)?;
-            let mut expiry = txn.open_table(EXPIRY)?;
-            let mut leases = txn.open_table(LEASES)?;
+            let mut tables = Tables::open(&txn)?;
             for job in batch {
                 if let Op::List(request, tx) = job.op {
                     let reply = Reply {
                         now,
-                        result: Ok(list_unresolved(&records, &leases, &request, now)?),
+                        result: Ok(list_unresolved(
+                            &tables.records,
+                            &tables.leases,
+                            &request,
+                            now,
+                        )?),
                     };
                     replies.push(Box::new(move || drop(tx.send(reply))));
                     continue;
                 }
-                let current = match records.get(job.key.as_slice())? {
+                let current = match tables.records.get(job.key.as_slice())? {
                     Some(bytes) => Some(decode(bytes.value())?),
                     None => None,
                 };
                 let (write, reply) = apply(job.op, current.as_ref(), now);
                 if let Write::Put(record) = write {
-                    if let Some(old) = &current {
-                        if let Some(at) = old.expires_at {
-                            expiry.remove(expiry_key(at, &job.key).as_slice())?;
-                        }
-                        if let Some(entry) = lease_key(old, &job.key) {
-                            leases.remove(entry.as_slice())?;
-                        }
-                    }
                     let bytes = rmp_serde::to_vec(&record)
                         .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
-                    records.insert(job.key.as_slice(), bytes.as_slice())?;
-                    if let Some(at) = record.expires_at {
-                        expiry.insert(expiry_key(at, &job.key).as_slice(), ())?;
-                    }
-                    if let Some(entry) = lease_key(&record, &job.key) {
-                        leases.insert(entry.as_slice(), ())?;
-                    }
-                    dirty = true;
+                    tables.put(&job.key, current.as_ref(), Some((&record, &bytes)))?;
+                    writes.push((job.key, Some(bytes)));
                 }
                 replies.push(reply);
             }
-            dirty |= purge_expired(&mut records, &mut expiry, &mut leases, now)?;
+            writes.extend(purge_expired(&mut tables, now)?);
         }
-        if dirty {
-            txn.commit()?;
-        } else {
+        if writes.is_empty() {
             // Reads, pings, listings and refusals changed nothing: no fsync for them.
             txn.abort()?;
+        } else {
+            let frame = wal::encode(&writes);
+            if self.wal.fits(frame.len()) {
+                // Durable in the log first: the B-tree commit need not fsync.
+                self.wal.append(&frame).map_err(redb::Error::Io)?;
+                txn.set_durability(Durability::None)
+                    .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+                txn.commit()?;
+                self.checkpoint_if_due()?;
+            } else {
+                // A frame too big for what is left of the log: commit durably instead.
+                txn.commit()?;
+                self.wal.reset().map_err(redb::Error::Io)?;
+                self.checkpointed = Instant::now();
+            }
         }
         for reply in replies {
             reply();
         }
+        Ok(())
+    }
+
+    /// Commits the B-tree durably and starts the log afresh, once a second or when the log is
+    /// half full. A crash between the two replays frames that the B-tree already holds, which
+    /// leaves the same records (every frame entry is a whole record).
+    fn checkpoint_if_due(&mut self) -> Result<(), redb::Error> {
+        if self.checkpointed.elapsed() < CHECKPOINT_EVERY && self.wal.fill() < 0.5 {
+            return Ok(());
+        }
+        let txn = self.db.begin_write()?;
+        txn.commit()?;
+        self.wal.reset().map_err(redb::Error::Io)?;
+        self.checkpointed = Instant::now();
         Ok(())
     }
 }

@@ -1,0 +1,238 @@
+//! The embedded store's write-ahead log: group commit in front of the B-tree.
+//!
+//! A batch's writes (the records it puts or deletes, as the bytes the B-tree stores) are appended
+//! to `oncegate.wal` as one frame and made durable with one `fdatasync` before any caller of the
+//! batch is answered; the B-tree transaction is then committed without an fsync of its own. Every
+//! so often a checkpoint commits the B-tree durably and starts a new generation of the log. After
+//! a crash (`kill -9`, power loss) the B-tree is at its last durable commit and the log's frames
+//! of the current generation bring it up to the last acknowledged batch.
+//!
+//! The file is preallocated, so appending does not change its size (an `fdatasync` then writes
+//! the data only). Layout: a header block (magic, generation) then frames; a frame is
+//! `generation u64, length u32, crc32 u32, payload`; the payload is entries
+//! `key length u32, key, present u8, value length u32, value` (present 0: deleted). Replay stops
+//! at the first frame of another generation or with a bad checksum: a frame torn by a crash was
+//! never acknowledged.
+
+use std::{
+    fs::{File, OpenOptions},
+    io,
+    os::unix::fs::FileExt,
+    path::Path,
+};
+
+/// Where the frames start: the header block is this long.
+const HEADER: u64 = 4096;
+/// The file's preallocated size; a frame that does not fit triggers a checkpoint first.
+const CAPACITY: u64 = 64 << 20;
+/// Identifies the file and its format.
+const MAGIC: &[u8; 8] = b"OGWAL001";
+/// Generation, length and checksum before each payload.
+const FRAME_HEADER: usize = 16;
+
+/// One write of a batch: a record key and its new bytes (`None`: deleted).
+pub(super) type Entry = (Vec<u8>, Option<Vec<u8>>);
+
+/// The log file and where the next frame goes.
+pub(super) struct Wal {
+    file: File,
+    generation: u64,
+    offset: u64,
+}
+
+impl Wal {
+    /// Opens (or creates) the log in `dir` and returns it with the frames of its current
+    /// generation, in order, to replay on top of the B-tree's last durable commit.
+    pub(super) fn open(dir: &Path) -> io::Result<(Self, Vec<Vec<Entry>>)> {
+        let path = dir.join("oncegate.wal");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)?;
+        let mut wal = Self {
+            file,
+            generation: 0,
+            offset: HEADER,
+        };
+        if wal.file.metadata()?.len() < HEADER + CAPACITY {
+            wal.file.set_len(HEADER + CAPACITY)?;
+        }
+        let mut header = [0u8; 16];
+        wal.file.read_exact_at(&mut header, 0)?;
+        if &header[..8] == MAGIC {
+            wal.generation = u64::from_le_bytes(header[8..16].try_into().unwrap_or_default());
+        } else {
+            // A new log: write the header, durably, before anything trusts it.
+            wal.write_header()?;
+            wal.file.sync_all()?;
+            return Ok((wal, Vec::new()));
+        }
+        let frames = wal.read_frames()?;
+        Ok((wal, frames))
+    }
+
+    fn write_header(&self) -> io::Result<()> {
+        let mut header = [0u8; 16];
+        header[..8].copy_from_slice(MAGIC);
+        header[8..].copy_from_slice(&self.generation.to_le_bytes());
+        self.file.write_all_at(&header, 0)
+    }
+
+    /// The valid frames of the current generation, from the start.
+    fn read_frames(&mut self) -> io::Result<Vec<Vec<Entry>>> {
+        let size = self.file.metadata()?.len();
+        let mut frames = Vec::new();
+        let mut offset = HEADER;
+        loop {
+            if offset + FRAME_HEADER as u64 > size {
+                break;
+            }
+            let mut head = [0u8; FRAME_HEADER];
+            self.file.read_exact_at(&mut head, offset)?;
+            let generation = u64::from_le_bytes(head[..8].try_into().unwrap_or_default());
+            let len = u32::from_le_bytes(head[8..12].try_into().unwrap_or_default()) as u64;
+            let crc = u32::from_le_bytes(head[12..16].try_into().unwrap_or_default());
+            let end = offset + FRAME_HEADER as u64 + len;
+            if generation != self.generation || len == 0 || end > size {
+                break;
+            }
+            let mut payload = vec![0u8; len as usize];
+            self.file
+                .read_exact_at(&mut payload, offset + FRAME_HEADER as u64)?;
+            if checksum(generation, &payload) != crc {
+                break;
+            }
+            let Some(entries) = decode(&payload) else {
+                break;
+            };
+            frames.push(entries);
+            offset = end;
+        }
+        self.offset = offset;
+        Ok(frames)
+    }
+
+    /// Whether a frame of `len` payload bytes fits after the frames already written.
+    pub(super) fn fits(&self, len: usize) -> bool {
+        self.offset + (FRAME_HEADER + len) as u64 <= HEADER + CAPACITY
+    }
+
+    /// How full the log is, as a share of its capacity.
+    pub(super) fn fill(&self) -> f64 {
+        (self.offset - HEADER) as f64 / CAPACITY as f64
+    }
+
+    /// Appends one frame and makes it durable (`fdatasync`) before returning.
+    pub(super) fn append(&mut self, payload: &[u8]) -> io::Result<()> {
+        let mut frame = Vec::with_capacity(FRAME_HEADER + payload.len());
+        frame.extend_from_slice(&self.generation.to_le_bytes());
+        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        frame.extend_from_slice(&checksum(self.generation, payload).to_le_bytes());
+        frame.extend_from_slice(payload);
+        self.file.write_all_at(&frame, self.offset)?;
+        self.file.sync_data()?;
+        self.offset += frame.len() as u64;
+        Ok(())
+    }
+
+    /// Starts a new generation: every frame written so far is obsolete (call it after the B-tree
+    /// was committed durably).
+    pub(super) fn reset(&mut self) -> io::Result<()> {
+        self.generation += 1;
+        self.write_header()?;
+        self.file.sync_data()?;
+        self.offset = HEADER;
+        Ok(())
+    }
+}
+
+fn checksum(generation: u64, payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&generation.to_le_bytes());
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+/// The payload of a frame holding `entries`.
+pub(super) fn encode(entries: &[Entry]) -> Vec<u8> {
+    let size = entries
+        .iter()
+        .map(|(k, v)| 9 + k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum();
+    let mut out = Vec::with_capacity(size);
+    for (key, value) in entries {
+        out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+        out.extend_from_slice(key);
+        out.push(u8::from(value.is_some()));
+        let value = value.as_deref().unwrap_or_default();
+        out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+        out.extend_from_slice(value);
+    }
+    out
+}
+
+fn decode(mut payload: &[u8]) -> Option<Vec<Entry>> {
+    fn take<'a>(input: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, rest) = input.split_at_checked(n)?;
+        *input = rest;
+        Some(head)
+    }
+    fn length(input: &mut &[u8]) -> Option<usize> {
+        Some(u32::from_le_bytes(take(input, 4)?.try_into().ok()?) as usize)
+    }
+    let mut entries = Vec::new();
+    while !payload.is_empty() {
+        let key_len = length(&mut payload)?;
+        let key = take(&mut payload, key_len)?.to_vec();
+        let present = take(&mut payload, 1)?[0] == 1;
+        let value_len = length(&mut payload)?;
+        let value = take(&mut payload, value_len)?.to_vec();
+        entries.push((key, present.then_some(value)));
+    }
+    Some(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_survive_reopening_and_a_reset_obsoletes_them() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (mut wal, frames) = Wal::open(dir.path()).unwrap();
+        assert!(frames.is_empty());
+        let first: Vec<Entry> = vec![(b"k1".to_vec(), Some(b"v1".to_vec()))];
+        let second: Vec<Entry> = vec![(b"k2".to_vec(), None), (b"k1".to_vec(), Some(vec![]))];
+        wal.append(&encode(&first)).unwrap();
+        wal.append(&encode(&second)).unwrap();
+        drop(wal);
+        let (mut wal, frames) = Wal::open(dir.path()).unwrap();
+        assert_eq!(frames, vec![first.clone(), second]);
+        wal.reset().unwrap();
+        wal.append(&encode(&first)).unwrap();
+        drop(wal);
+        let (_, frames) = Wal::open(dir.path()).unwrap();
+        assert_eq!(frames, vec![first], "only the new generation's frames");
+    }
+
+    #[test]
+    fn a_torn_frame_ends_the_replay() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        let entry: Vec<Entry> = vec![(b"k".to_vec(), Some(b"value".to_vec()))];
+        wal.append(&encode(&entry)).unwrap();
+        let torn_at = wal.offset;
+        wal.append(&encode(&entry)).unwrap();
+        // The second frame's last byte never reached the disk.
+        wal.file.write_all_at(&[0xFF], wal.offset - 1).unwrap();
+        drop(wal);
+        let (wal, frames) = Wal::open(dir.path()).unwrap();
+        assert_eq!(frames.len(), 1);
+        assert_eq!(
+            wal.offset, torn_at,
+            "the next frame overwrites the torn one"
+        );
+    }
+}
