@@ -45,23 +45,28 @@ end
 
 local NOW = now_ms()
 
--- The live record, or nil. A record past its own expiry is absent even if the key lingers.
+-- Whether a record's outcome is unknown: authorized (live or expired), or released with
+-- superseded grants still out. Such a record has no expiry and is in the lease index.
+local function unsettled(rec)
+  return rec[STATE] == AUTHORIZED or (rec[STATE] == RELEASED and #rec[OLDER] > 0)
+end
+
+-- The live record, or nil. A settled record past its expiry is absent even if the key lingers;
+-- its expiry is the key's own (PEXPIRETIME), so that a sliding replay moves it with PEXPIRE
+-- instead of rewriting the record (the EXPIRES_AT slot holds the expiry of the last full write).
 local function load(key)
   local raw = redis.call('GET', key)
   if not raw then
     return nil
   end
   local rec = cmsgpack.unpack(raw)
-  if rec[EXPIRES_AT] ~= 0 and rec[EXPIRES_AT] <= NOW then
-    return nil
+  if not unsettled(rec) then
+    local at = redis.call('PEXPIRETIME', key)
+    if at > 0 and at <= NOW then
+      return nil
+    end
   end
   return rec
-end
-
--- Whether a record's outcome is unknown: authorized (live or expired), or released with
--- superseded grants still out. Such a record has no expiry and is in the lease index.
-local function unsettled(rec)
-  return rec[STATE] == AUTHORIZED or (rec[STATE] == RELEASED and #rec[OLDER] > 0)
 end
 
 -- The expiry of a record settled now: the retention, unless superseded grants are still out.
@@ -73,12 +78,11 @@ local function settled_expiry(rec)
 end
 
 -- Keeps the agent's lease index in step with a record just written: indexed while unsettled,
--- removed otherwise. PERSIST clears the expiry an index had before unsettled records stopped
--- expiring.
+-- removed otherwise. (An index that still has the expiry older versions gave it loses it at the
+-- start-up migration.)
 local function index(rec)
   if unsettled(rec) then
     redis.call('ZADD', KEYS[2], rec[LEASE_END], ARGV[1])
-    redis.call('PERSIST', KEYS[2])
   else
     redis.call('ZREM', KEYS[2], ARGV[1])
   end

@@ -58,8 +58,8 @@ if rec[FINGERPRINT] ~= fingerprint then
 end
 if rec[STATE] == COMPLETED then
   if rec[SLIDING] == 1 then
-    rec[EXPIRES_AT] = NOW + rec[RETENTION]
-    save(key, rec)
+    -- The retention slides: the key's expiry moves, the record is not rewritten.
+    redis.call('PEXPIRE', key, rec[RETENTION])
   end
   return completion_reply('completed', rec, 0, 0)
 end
