@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""The Python side of `make bench`: what a Python agent pays per guarded action, beside its peers.
+
+Runs in the bench's own virtualenv (`.venv-bench`: the oncegate client, Powertools with its Redis
+persistence layer, redis-py), against a Redis and a gate on that Redis that `scripts/bench.py`
+started. Each contender runs the same full cycle around a no-op tool in `--workers` processes
+for `--seconds`, every cycle a new action (nothing is replayed):
+
+- `powertools`: AWS Lambda Powertools' `@idempotent_function` with `RedisCachePersistenceLayer`;
+- `seed-authorizer`: the seeds' redis-py authorizer (EXISTS, EXISTS, SETEX, the tool, SETEX,
+  DEL; its check-then-set race left as the seed wrote it);
+- `oncegate-decorator`: `@gate.action(...)` of the oncegate client, through the gate;
+- `oncegate-raw-stubs`: the generated stubs alone, RequestToken + Complete, through the gate;
+  what the guard adds on top of this is the guard's overhead.
+
+Prints one JSON object: per contender, cycles/s (all workers together) and client CPU µs per
+cycle (user + system of the worker processes, divided by their cycles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import resource
+import time
+import uuid
+from typing import Any
+
+CONTENDERS = ["powertools", "seed-authorizer", "oncegate-decorator", "oncegate-raw-stubs"]
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def powertools_cycle(redis_url: str):
+    from aws_lambda_powertools.utilities.idempotency import (
+        IdempotencyConfig,
+        idempotent_function,
+    )
+    from aws_lambda_powertools.utilities.idempotency.persistence.redis import (
+        RedisCachePersistenceLayer,
+    )
+
+    import warnings
+
+    # Outside Lambda there is no remaining-time to read; Powertools warns on every call.
+    warnings.filterwarnings("ignore", message="Couldn't determine the remaining time left")
+    host, port = redis_url.removeprefix("redis://").split(":")
+    store = RedisCachePersistenceLayer(host=host, port=int(port), ssl=False)
+    config = IdempotencyConfig(expires_after_seconds=86400)
+
+    @idempotent_function(data_keyword_argument="order", persistence_store=store, config=config)
+    def tool(order: dict) -> dict:
+        return {"ok": True}
+
+    def cycle(n: int) -> None:
+        tool(order={"id": f"{os.getpid()}-{n}", "amount": 100})
+
+    return cycle
+
+
+def seed_cycle(redis_url: str):
+    import redis
+
+    storage = redis.Redis.from_url(redis_url)
+
+    def cycle(n: int) -> None:
+        params = {"id": f"{os.getpid()}-{n}", "amount": 100}
+        fingerprint = hashlib.sha256(
+            f"noop:{json.dumps(params, sort_keys=True)}".encode()
+        ).hexdigest()
+        key = f"agent:run:{fingerprint}"
+        if storage.exists(f"completed:{key}"):
+            return
+        if not storage.exists(f"authorized:{key}"):
+            storage.setex(f"authorized:{key}", 300, str(uuid.uuid4()))
+        result = {"success": True}
+        if result["success"]:
+            storage.setex(f"completed:{key}", 86400, "done")
+            storage.delete(f"authorized:{key}")
+
+    return cycle
+
+
+def decorator_cycle(gate_addr: str):
+    from oncegate import Gate
+
+    gate = Gate(gate_addr)
+
+    @gate.action("bench.noop")
+    def tool(order_id: str, amount: int, *, grant: Any) -> dict:
+        return {"ok": True}
+
+    def cycle(n: int) -> None:
+        with gate.scope(agent_id="bench-agent", run_id=f"run-{os.getpid()}"):
+            tool(order_id=f"{os.getpid()}-{n}", amount=100)
+
+    return cycle
+
+
+def raw_cycle(gate_addr: str):
+    import grpc
+
+    from oncegate.v1 import oncegate_pb2 as pb
+    from oncegate.v1 import oncegate_pb2_grpc as pb_grpc
+
+    stub = pb_grpc.ActionGateServiceStub(grpc.insecure_channel(gate_addr))
+    scope = pb.Scope(agent_id="bench-agent", run_id=f"run-{os.getpid()}")
+
+    def cycle(n: int) -> None:
+        params = json.dumps({"order_id": f"{os.getpid()}-{n}", "amount": 100})
+        resp = stub.RequestToken(
+            pb.RequestTokenRequest(scope=scope, action="bench.noop", params_json=params)
+        )
+        stub.Complete(
+            pb.CompleteRequest(action=resp.action, token=resp.grant.token, receipt=b'{"ok":true}')
+        )
+
+    return cycle
+
+
+def worker(contender: str, redis_url: str, gate_addr: str, seconds: float, out) -> None:
+    try:
+        out.put(run_worker(contender, redis_url, gate_addr, seconds))
+    except BaseException as error:  # noqa: BLE001 - reported to the parent, which fails
+        import traceback
+
+        out.put(("error", "".join(traceback.format_exception(error))))
+
+
+def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float) -> tuple:
+    make = {
+        "powertools": lambda: powertools_cycle(redis_url),
+        "seed-authorizer": lambda: seed_cycle(redis_url),
+        "oncegate-decorator": lambda: decorator_cycle(gate_addr),
+        "oncegate-raw-stubs": lambda: raw_cycle(gate_addr),
+    }[contender]
+    cycle = make()
+    for n in range(20):  # warm-up: connections, imports, caches
+        cycle(-1 - n)
+    start_cpu, start, n = cpu(), time.perf_counter(), 0
+    while time.perf_counter() - start < seconds:
+        cycle(n)
+        n += 1
+    return (n, time.perf_counter() - start, cpu() - start_cpu)
+
+
+def measure(contender: str, args) -> dict:
+    out = multiprocessing.Queue()
+    procs = [
+        multiprocessing.Process(
+            target=worker, args=(contender, args.redis_url, args.gate, args.seconds, out)
+        )
+        for _ in range(args.workers)
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=args.seconds + 120) for _ in procs]
+    for p in procs:
+        p.join()
+    for result in results:
+        if result[0] == "error":
+            raise RuntimeError(f"{contender} worker failed:\n{result[1]}")
+    cycles = sum(r[0] for r in results)
+    elapsed = max(r[1] for r in results)
+    cpu_s = sum(r[2] for r in results)
+    return {
+        "cycles_per_s": cycles / elapsed,
+        "client_cpu_us_per_cycle": cpu_s / cycles * 1e6,
+        "cycles": cycles,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--gate", required=True, help="host:port of a gate on that Redis")
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--only", choices=CONTENDERS, action="append")
+    args = parser.parse_args()
+    print(json.dumps({c: measure(c, args) for c in (args.only or CONTENDERS)}))
+
+
+if __name__ == "__main__":
+    main()
