@@ -31,8 +31,7 @@ impl Signer {
         active: StatementKey,
         retired: impl IntoIterator<Item = VerifyingKey>,
     ) -> Arc<Self> {
-        let published =
-            PublicKeys::new(std::iter::once(active.public()).chain(retired));
+        let published = PublicKeys::new(std::iter::once(active.public()).chain(retired));
         Arc::new(Self {
             issuer: issuer.into(),
             active,

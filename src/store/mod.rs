@@ -214,11 +214,12 @@ impl Store {
         receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
         match self {
-            Store::Embedded(s) => Ok(
-                unreplicated(replicas, s.resolve_expired(key, resolution, receipts))
-                    .await?
-                    .reply,
-            ),
+            Store::Embedded(s) => Ok(unreplicated(
+                replicas,
+                s.resolve_expired(key, resolution, receipts),
+            )
+            .await?
+            .reply),
             Store::Redis(s) => s.resolve_expired(key, resolution, replicas, receipts).await,
         }
     }

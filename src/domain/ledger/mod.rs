@@ -135,7 +135,6 @@ pub struct Completion {
     pub statement: String,
 }
 
-
 /// What to do when a lease ends without Complete or Release.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -65,9 +65,8 @@ fn every_refusal_is_named() {
     let statement = claims().sign(&key(1));
     let keys = PublicKeys::new([key(1).public()]);
     let f = fields();
-    let kind = |statement: &str, c: GrantCheck<'_>| {
-        verify_grant(&keys, statement, &c).unwrap_err().kind()
-    };
+    let kind =
+        |statement: &str, c: GrantCheck<'_>| verify_grant(&keys, statement, &c).unwrap_err().kind();
     let changed = r#"{"amount":900,"currency":"EUR","to":"DE89"}"#;
     assert_eq!(
         kind(&statement, check(changed, "bank", &f)),
@@ -169,7 +168,11 @@ fn an_intact_chain_verifies_and_every_tampering_is_named() {
     let report = verify_chain(&keys, "billing", &rewritten);
     assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
     assert_eq!(report.problems[0].seq, 2);
-    assert!(report.problems[0].what.contains("differs from its signed statement"));
+    assert!(
+        report.problems[0]
+            .what
+            .contains("differs from its signed statement")
+    );
     assert_eq!(report.problems[1].seq, 3, "the next link no longer holds");
 
     let mut removed = chain(4);
@@ -182,7 +185,11 @@ fn an_intact_chain_verifies_and_every_tampering_is_named() {
     unsigned[1].statement.clear();
     let report = verify_chain(&keys, "billing", &unsigned);
     assert_eq!(
-        (report.verified, report.unsigned.clone(), report.problems.len()),
+        (
+            report.verified,
+            report.unsigned.clone(),
+            report.problems.len()
+        ),
         (2, vec![2], 0)
     );
 }

@@ -53,14 +53,14 @@ pub(super) fn append(
     let key = ActionKey::decode(encoded_key).ok_or_else(|| corrupt("undecodable action key"))?;
     let start = entry_key(&key.agent_id, 0);
     let end = entry_key(&key.agent_id, u64::MAX);
-    let previous: Option<ReceiptCore> = match table.range(start.as_slice()..=end.as_slice())?.next_back() {
-        Some(entry) => {
-            let stored: Stored =
-                rmp_serde::from_slice(entry?.1.value()).map_err(corrupt)?;
-            Some(stored.core)
-        }
-        None => None,
-    };
+    let previous: Option<ReceiptCore> =
+        match table.range(start.as_slice()..=end.as_slice())?.next_back() {
+            Some(entry) => {
+                let stored: Stored = rmp_serde::from_slice(entry?.1.value()).map_err(corrupt)?;
+                Some(stored.core)
+            }
+            None => None,
+        };
     let core = ReceiptCore {
         seq: previous.as_ref().map_or(1, |p| p.seq + 1),
         agent: key.agent_id.clone(),
@@ -76,7 +76,10 @@ pub(super) fn append(
     completion.seq = core.seq;
     completion.statement = statement.clone();
     let bytes = rmp_serde::to_vec(&Stored { core, statement }).map_err(corrupt)?;
-    table.insert(entry_key(&key.agent_id, completion.seq).as_slice(), bytes.as_slice())?;
+    table.insert(
+        entry_key(&key.agent_id, completion.seq).as_slice(),
+        bytes.as_slice(),
+    )?;
     Ok(())
 }
 

@@ -91,7 +91,11 @@ pub(super) enum Op {
         Option<Receipts>,
         oneshot::Sender<Reply<CompleteOutcome>>,
     ),
-    Resolve(Resolution, Option<Receipts>, oneshot::Sender<Reply<Resolved>>),
+    Resolve(
+        Resolution,
+        Option<Receipts>,
+        oneshot::Sender<Reply<Resolved>>,
+    ),
     List(ListRequest, oneshot::Sender<Reply<Page>>),
     Chain(ChainRequest, oneshot::Sender<Vec<ChainEntry>>),
     Ping(oneshot::Sender<()>),

@@ -62,8 +62,12 @@ impl Writer {
                         continue;
                     }
                     Op::Chain(request, tx) => {
-                        let entries =
-                            chain::export(&receipts, &request.agent_id, request.after, request.limit)?;
+                        let entries = chain::export(
+                            &receipts,
+                            &request.agent_id,
+                            request.after,
+                            request.limit,
+                        )?;
                         replies.push(Box::new(move || drop(tx.send(entries))));
                         continue;
                     }
@@ -114,7 +118,8 @@ impl Writer {
 }
 
 /// Appends a recorded completion to its agent's receipt chain (signer, the record's fingerprint).
-type Chain<'a> = dyn FnMut((&Receipts, &str), &mut ledger::Completion) -> Result<(), redb::Error> + 'a;
+type Chain<'a> =
+    dyn FnMut((&Receipts, &str), &mut ledger::Completion) -> Result<(), redb::Error> + 'a;
 
 /// Runs one ledger step and packages its reply for after the commit. A completion the step
 /// records is chained (and signed) here, inside the transaction, when the call carries a signer.
@@ -139,8 +144,14 @@ fn apply(
         Op::Token(req, tx) => finish(ledger::request_token(current, &req, now), now, tx),
         Op::Complete(token, receipt, signer, tx) => {
             let mut step = ledger::complete(current, &token, &receipt, now);
-            if let (Some(signer), Ok(CompleteOutcome { recorded: true, completion, .. })) =
-                (&signer, &mut step.reply)
+            if let (
+                Some(signer),
+                Ok(CompleteOutcome {
+                    recorded: true,
+                    completion,
+                    ..
+                }),
+            ) = (&signer, &mut step.reply)
             {
                 chained(&mut step.write, completion, signer, chain)?;
             }
@@ -159,8 +170,14 @@ fn apply(
         }
         Op::External(ext, signer, tx) => {
             let mut step = ledger::record_external(current, &ext, now);
-            if let (Some(signer), Ok(CompleteOutcome { recorded: true, completion, .. })) =
-                (&signer, &mut step.reply)
+            if let (
+                Some(signer),
+                Ok(CompleteOutcome {
+                    recorded: true,
+                    completion,
+                    ..
+                }),
+            ) = (&signer, &mut step.reply)
             {
                 chained(&mut step.write, completion, signer, chain)?;
             }

@@ -94,13 +94,13 @@ impl RedisStore {
         }
         let mut invocation = self.scripts.receipts.key(keys::receipts(agent_id));
         invocation.arg(after).arg(after + limit as u64 - 1);
-        let (value, _) = tokio::time::timeout(
-            self.options.call_timeout,
-            self.conn.run(&invocation, None),
-        )
-        .await
-        .map_err(|_| StoreError::Unavailable("Redis did not answer within the call timeout".into()))?
-        .map_err(super::classify)?;
+        let (value, _) =
+            tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, None))
+                .await
+                .map_err(|_| {
+                    StoreError::Unavailable("Redis did not answer within the call timeout".into())
+                })?
+                .map_err(super::classify)?;
         let Value::Array(items) = value else {
             return Err(StoreError::Corrupt(format!("receipts answered {value:?}")));
         };

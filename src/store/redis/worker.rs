@@ -82,7 +82,9 @@ impl RedisStore {
         receipts: Option<&Receipts>,
     ) -> Result<Acked<CompleteOutcome>, StoreError> {
         let wait = self.wait_for(replicas);
-        let digest = receipts.map(|_| receipt_digest(receipt)).unwrap_or_default();
+        let digest = receipts
+            .map(|_| receipt_digest(receipt))
+            .unwrap_or_default();
         // With a chain, the WAIT follows the statement's write, which comes last.
         let first_wait = if receipts.is_some() { None } else { wait };
         let (now, decoded, mut acknowledged) = self
