@@ -27,4 +27,4 @@ if NOW >= rec[LEASE_END] then
   state = 4
 end
 return { NOW, 'view', state, rec[FENCING], rec[FINGERPRINT], rec[LEASE_END], rec[HOLDER], 0, '', 0, 0,
-         '', 0, '', '' }
+         '', 0, '', '', 0, '' }
