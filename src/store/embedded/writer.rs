@@ -6,11 +6,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{
     Clock, EXPIRY, Job, LEASES, MAX_BATCH, Op, RECORDS,
+    chain::{self, RECEIPTS},
     index::{expiry_key, lease_key, list_unresolved, purge_expired},
 };
 use crate::{
-    domain::ledger::{self, Millis, Record, Step, Write},
-    store::Reply,
+    domain::ledger::{self, CompleteOutcome, Millis, Phase, Record, Resolved, Step, Write},
+    store::{Receipts, Reply},
 };
 
 /// The writer thread's state.
@@ -49,20 +50,36 @@ impl Writer {
             let mut records = txn.open_table(RECORDS)?;
             let mut expiry = txn.open_table(EXPIRY)?;
             let mut leases = txn.open_table(LEASES)?;
+            let mut receipts = txn.open_table(RECEIPTS)?;
             for job in batch {
-                if let Op::List(request, tx) = job.op {
-                    let reply = Reply {
-                        now,
-                        result: Ok(list_unresolved(&records, &leases, &request, now)?),
-                    };
-                    replies.push(Box::new(move || drop(tx.send(reply))));
-                    continue;
-                }
+                let op = match job.op {
+                    Op::List(request, tx) => {
+                        let reply = Reply {
+                            now,
+                            result: Ok(list_unresolved(&records, &leases, &request, now)?),
+                        };
+                        replies.push(Box::new(move || drop(tx.send(reply))));
+                        continue;
+                    }
+                    Op::Chain(request, tx) => {
+                        let entries = chain::export(
+                            &receipts,
+                            &request.agent_id,
+                            request.after,
+                            request.limit,
+                        )?;
+                        replies.push(Box::new(move || drop(tx.send(entries))));
+                        continue;
+                    }
+                    op => op,
+                };
                 let current = match records.get(job.key.as_slice())? {
                     Some(bytes) => Some(decode(bytes.value())?),
                     None => None,
                 };
-                let (write, reply) = apply(job.op, current.as_ref(), now);
+                let (write, reply) = apply(op, current.as_ref(), now, &mut |w, c| {
+                    chain::append(&mut receipts, w.0, &job.key, w.1, c)
+                })?;
                 if let Write::Put(record) = write {
                     if let Some(old) = &current {
                         if let Some(at) = old.expires_at {
@@ -100,8 +117,18 @@ impl Writer {
     }
 }
 
-/// Runs one ledger step and packages its reply for after the commit.
-fn apply(op: Op, current: Option<&Record>, now: Millis) -> (Write, Pending) {
+/// Appends a recorded completion to its agent's receipt chain (signer, the record's fingerprint).
+type Chain<'a> =
+    dyn FnMut((&Receipts, &str), &mut ledger::Completion) -> Result<(), redb::Error> + 'a;
+
+/// Runs one ledger step and packages its reply for after the commit. A completion the step
+/// records is chained (and signed) here, inside the transaction, when the call carries a signer.
+fn apply(
+    op: Op,
+    current: Option<&Record>,
+    now: Millis,
+    chain: &mut Chain<'_>,
+) -> Result<(Write, Pending), redb::Error> {
     fn finish<T: Send + 'static>(
         step: Step<T>,
         now: Millis,
@@ -113,10 +140,22 @@ fn apply(op: Op, current: Option<&Record>, now: Millis) -> (Write, Pending) {
         };
         (step.write, Box::new(move || drop(tx.send(reply))))
     }
-    match op {
+    Ok(match op {
         Op::Token(req, tx) => finish(ledger::request_token(current, &req, now), now, tx),
-        Op::Complete(token, receipt, tx) => {
-            finish(ledger::complete(current, &token, &receipt, now), now, tx)
+        Op::Complete(token, receipt, signer, tx) => {
+            let mut step = ledger::complete(current, &token, &receipt, now);
+            if let (
+                Some(signer),
+                Ok(CompleteOutcome {
+                    recorded: true,
+                    completion,
+                    ..
+                }),
+            ) = (&signer, &mut step.reply)
+            {
+                chained(&mut step.write, completion, signer, chain)?;
+            }
+            finish(step, now, tx)
         }
         Op::Release(token, tx) => finish(ledger::release(current, &token, now), now, tx),
         Op::Extend(token, ttl, tx) => {
@@ -129,18 +168,59 @@ fn apply(op: Op, current: Option<&Record>, now: Millis) -> (Write, Pending) {
             };
             (Write::Nothing, Box::new(move || drop(tx.send(reply))))
         }
-        Op::External(ext, tx) => finish(ledger::record_external(current, &ext, now), now, tx),
-        Op::Resolve(resolution, tx) => {
-            finish(ledger::resolve_expired(current, &resolution, now), now, tx)
+        Op::External(ext, signer, tx) => {
+            let mut step = ledger::record_external(current, &ext, now);
+            if let (
+                Some(signer),
+                Ok(CompleteOutcome {
+                    recorded: true,
+                    completion,
+                    ..
+                }),
+            ) = (&signer, &mut step.reply)
+            {
+                chained(&mut step.write, completion, signer, chain)?;
+            }
+            finish(step, now, tx)
+        }
+        Op::Resolve(resolution, signer, tx) => {
+            let mut step = ledger::resolve_expired(current, &resolution, now);
+            if let (Some(signer), Ok(Resolved::Completed(completion))) = (&signer, &mut step.reply)
+            {
+                chained(&mut step.write, completion, signer, chain)?;
+            }
+            finish(step, now, tx)
         }
         Op::List(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
+        Op::Chain(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
         Op::Ping(tx) => (
             Write::Nothing,
             Box::new(move || {
                 let _ = tx.send(());
             }),
         ),
+    })
+}
+
+/// Chains the completion a step records: the reply's completion and the record being written get
+/// the same place and statement.
+fn chained(
+    write: &mut Write,
+    completion: &mut ledger::Completion,
+    signer: &Receipts,
+    chain: &mut Chain<'_>,
+) -> Result<(), redb::Error> {
+    let Write::Put(record) = write else {
+        return Err(redb::Error::Corrupted(
+            "a recorded completion without a write".into(),
+        ));
+    };
+    chain((signer, &record.fingerprint), completion)?;
+    if let Phase::Completed(stored) = &mut record.phase {
+        stored.seq = completion.seq;
+        stored.statement = completion.statement.clone();
     }
+    Ok(())
 }
 
 pub(super) fn decode(bytes: &[u8]) -> Result<Record, redb::Error> {
