@@ -41,6 +41,8 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Fingerprint(args) => fingerprint::run(&args),
         Command::HashKey => hash_key_command(),
+        Command::Keys(args) => oncegate::tools::keys::run(&args),
+        Command::Verify(args) => oncegate::tools::keys::verify(&args),
         Command::Admin(args) => with_runtime(|runtime| runtime.block_on(admin_cli::run(*args))),
         Command::Bench(args) => oncegate::tools::bench::main(args),
         Command::Mcp(args) => with_runtime(|runtime| {
@@ -111,6 +113,24 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     report_durability(&store).await;
+    let signer = match config.signing.as_ref().map(|s| s.signer()).transpose() {
+        Ok(signer) => signer,
+        Err(e) => {
+            tracing::error!("bad configuration: {e}");
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    if let Some(signer) = &signer {
+        tracing::info!(
+            kid = signer.active_kid(),
+            issuer = signer.issuer(),
+            published = signer.public_keys().kids().count(),
+            "signing grants and receipts"
+        );
+    }
+    let jwks = signer
+        .as_ref()
+        .map(|s| Arc::new(s.public_keys().to_jwks().to_string()));
     let mut registry = Registry::default();
     let metrics = Metrics::register(
         &mut registry,
@@ -118,7 +138,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         &config.metrics_other_action_label,
     );
     if let Some(addr) = config.metrics_listen
-        && let Err(code) = serve_metrics(addr, registry).await
+        && let Err(code) = serve_metrics(addr, registry, jwks).await
     {
         return code;
     }
@@ -136,7 +156,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
     println!("listening on {addr}");
     tracing::info!(%addr, store = config.store.name(), durability_replicas = config.durability_replicas,
         "oncegate serving");
-    let gate = Gate::with_metrics(store, config.policies, metrics);
+    let mut gate = Gate::with_metrics(store, config.policies, metrics);
+    if let Some(signer) = signer {
+        gate = gate.with_signer(signer);
+    }
     match server::run(listener, gate, config.server, shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
@@ -160,8 +183,13 @@ async fn report_durability(store: &Store) {
     }
 }
 
-/// Serves `GET /metrics` on `addr`; exit 69 when the address cannot be bound.
-async fn serve_metrics(addr: std::net::SocketAddr, registry: Registry) -> Result<(), ExitCode> {
+/// Serves `GET /metrics` (and the public keys, when the gate signs) on `addr`; exit 69 when the
+/// address cannot be bound.
+async fn serve_metrics(
+    addr: std::net::SocketAddr,
+    registry: Registry,
+    jwks: Option<Arc<String>>,
+) -> Result<(), ExitCode> {
     match tokio::net::TcpListener::bind(addr).await {
         Ok(listener) => {
             let bound = listener
@@ -169,9 +197,10 @@ async fn serve_metrics(addr: std::net::SocketAddr, registry: Registry) -> Result
                 .map(|a| a.to_string())
                 .unwrap_or_default();
             tracing::info!(addr = %bound, "metrics at http://{bound}/metrics");
-            tokio::spawn(metrics::endpoint::serve(
+            tokio::spawn(metrics::endpoint::serve_with_keys(
                 listener,
                 Arc::new(registry),
+                jwks,
                 std::future::pending(),
             ));
             Ok(())

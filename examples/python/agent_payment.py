@@ -12,6 +12,9 @@ It walks the failure stories that make agents pay twice or lie about what they d
 4. An ambiguous failure: the bank charged, but its reply was lost. The guard does not release the
    token (the outcome is unknown), the gate refuses to run the transfer again, and a reconciler
    asks the bank by provider key and completes the action with the bank's answer.
+5. The bank checks every grant itself: each transfer comes with the gate's signed grant statement,
+   which the bank verifies offline with the gate's public keys (JWKS); a transfer whose params
+   differ from the granted ones, or whose fencing number is below one the bank has seen, is refused.
 
 Run it against a gate started with ``examples/python/policy.toml``::
 
@@ -40,6 +43,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import urllib.request
+
 import oncegate
 from oncegate import (
     ActionRef,
@@ -48,8 +53,11 @@ from oncegate import (
     InProgressError,
     KeyReusedError,
     OutcomeUnknownError,
+    PublicKeys,
     Scope,
+    StatementError,
     TransportError,
+    verify_grant,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -69,17 +77,41 @@ class Transfer:
     memo: str
 
 
-class FakeBank:
-    """A payment provider that honours idempotency keys: a repeated key returns the first transfer."""
+class BankRefused(Exception):
+    """The bank refused a transfer whose grant does not hold."""
 
-    def __init__(self) -> None:
+
+class FakeBank:
+    """A payment provider that honours idempotency keys (a repeated key returns the first transfer)
+    and, given the gate's public keys, moves money only on a grant statement that verifies for these
+    params, with a fencing number no lower than the highest it has seen for that action."""
+
+    def __init__(self, keys: PublicKeys | None = None) -> None:
         self.ledger: list[Transfer] = []
         self._by_key: dict[str, Transfer] = {}
+        self._fencing: dict[str, int] = {}
+        self.keys = keys
         self.lose_next_reply = False
         """Execute the next transfer, then fail as if its reply had been lost on the network."""
 
-    def transfer(self, *, amount: int, currency: str, to: str, memo: str, idempotency_key: str) -> Transfer:
-        """Moves money once per idempotency key."""
+    def check_grant(self, statement: str, params: dict[str, Any]) -> int:
+        """Verifies the grant statement for ``params``; returns its fencing number."""
+        if self.keys is None:
+            return 0
+        try:
+            grant = verify_grant(self.keys, statement, params, audience="fake-bank", key_fields=TRANSFER_KEY_FIELDS)
+        except StatementError as err:
+            raise BankRefused(f"grant refused ({err.kind})") from None
+        if grant.fencing < self._fencing.get(grant.provider_key, 0):
+            raise BankRefused(f"stale fencing {grant.fencing}")
+        self._fencing[grant.provider_key] = grant.fencing
+        return grant.fencing
+
+    def transfer(
+        self, *, amount: int, currency: str, to: str, memo: str, idempotency_key: str, statement: str = ""
+    ) -> Transfer:
+        """Moves money once per idempotency key, on a grant that verifies."""
+        self.check_grant(statement, {"amount": amount, "currency": currency, "to": to, "memo": memo})
         if idempotency_key in self._by_key:
             return self._by_key[idempotency_key]
         executed = Transfer(f"tr-{len(self.ledger) + 1:04d}", amount, currency, to, memo)
@@ -111,7 +143,8 @@ def make_transfer_tool(gate: Gate, bank: FakeBank) -> Callable[..., dict[str, An
     def transfer(amount: int, currency: str, to: str, memo: str, *, grant: Grant) -> dict[str, Any]:
         say("gate", f"granted a token (fencing {grant.fencing}); the tool calls the bank")
         done = bank.transfer(
-            amount=amount, currency=currency, to=to, memo=memo, idempotency_key=grant.provider_key
+            amount=amount, currency=currency, to=to, memo=memo, idempotency_key=grant.provider_key,
+            statement=grant.statement,
         )
         say("bank", f"paid {money(amount, currency)} to {to[:8]}… as {done.transfer_id}")
         return asdict(done)
@@ -191,6 +224,29 @@ class Agent:
         self.call(**invoice, idempotency_key="invoice-43")
         say("bank", f"{self.count(43)} transfer for invoice 43")
 
+    def forged_grant(self) -> None:
+        print("\n5. The bank checks every grant itself, offline")
+        if self.bank.keys is None:
+            say("bank", "no gate keys given (--jwks-url): not checking grants")
+            return
+        granted: list[Grant] = []
+
+        @self.gate.action("payments.transfer", key_fields_hint=TRANSFER_KEY_FIELDS)
+        def capture(amount: int, currency: str, to: str, memo: str, *, grant: Grant) -> dict[str, Any]:
+            granted.append(grant)
+            raise oncegate.DefiniteFailureError("only capturing the grant")
+
+        try:
+            capture(amount=1000, currency="EUR", to=IBAN, memo="Invoice 44", idempotency_key="invoice-44")
+        except oncegate.DefiniteFailureError:
+            pass
+        say("agent", "a compromised tool reuses the grant for invoice 44 (10.00 EUR) to send 900.00 EUR")
+        try:
+            self.bank.transfer(amount=90000, currency="EUR", to=IBAN, memo="Invoice 44", idempotency_key=granted[0].provider_key,
+                               statement=granted[0].statement)
+        except BankRefused as err:
+            say("bank", f"{err}: the params are not the granted ones; nothing paid")
+
     def reconcile(self, unknown: OutcomeUnknownError) -> None:
         """What a reconciler does with an unknown outcome: ask the provider, then settle the gate."""
         found = self.bank.lookup(unknown.provider_key)
@@ -229,30 +285,40 @@ def wait_until_serving(gate: Gate, timeout: float) -> None:
             return
 
 
-@contextmanager
-def spawned_gate(binary: Path, policy: Path) -> Iterator[str]:
-    """Starts ``binary serve`` on a free loopback port with ``policy``; yields its target."""
+def free_address() -> str:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        target = f"127.0.0.1:{sock.getsockname()[1]}"
+        return f"127.0.0.1:{sock.getsockname()[1]}"
+
+
+@contextmanager
+def spawned_gate(binary: Path, policy: Path) -> Iterator[tuple[str, str]]:
+    """Starts ``binary serve`` on a free loopback port with ``policy`` (signing with a key it
+    generates); yields its target and the URL of its public keys."""
+    target, metrics = free_address(), free_address()
     with tempfile.TemporaryDirectory(prefix="oncegate-example-") as data_dir:
         process = subprocess.Popen(
-            [str(binary), "serve", "--listen", target, "--data-dir", data_dir, "--config", str(policy)],
+            [str(binary), "serve", "--listen", target, "--data-dir", data_dir, "--config", str(policy),
+             "--metrics-listen", metrics],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         try:
-            yield target
+            yield target, f"http://{metrics}/.well-known/jwks.json"
         finally:
             process.terminate()
             process.wait(timeout=10)
 
 
-def run_story(target: str) -> int:
-    """Runs the four scenes against the gate at ``target``."""
-    bank = FakeBank()
+def run_story(target: str, jwks_url: str | None) -> int:
+    """Runs the scenes against the gate at ``target``; the bank checks grants with the keys at
+    ``jwks_url``."""
     with Gate(target) as gate:
         wait_until_serving(gate, timeout=30)
+        keys = None
+        if jwks_url:
+            keys = PublicKeys.from_jwks(urllib.request.urlopen(jwks_url, timeout=10).read().decode())
+        bank = FakeBank(keys)
         agent = Agent(gate, bank)
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         print("A billing agent pays invoices through a fake bank, guarded by oncegate")
@@ -262,6 +328,7 @@ def run_story(target: str) -> int:
             agent.memo_rewritten()
             agent.amount_changed()
             agent.ambiguous_failure()
+            agent.forged_grant()
     total = sum(t.amount for t in bank.ledger)
     count = len(bank.ledger)
     print(f"\nThe bank's ledger: {count} transfers, {money(total, 'EUR')} in all; nothing paid twice.")
@@ -278,11 +345,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     where.add_argument("--spawn", type=Path, metavar="BIN", help="start this oncegate binary for the run")
     parser.add_argument("--policy", type=Path, default=HERE / "policy.toml", help="policy file for --spawn")
+    parser.add_argument("--jwks-url", help="the gate's public keys (its --metrics-listen /.well-known/jwks.json)")
     args = parser.parse_args(argv)
     if args.spawn is not None:
-        with spawned_gate(args.spawn, args.policy) as target:
-            return run_story(target)
-    return run_story(args.target)
+        with spawned_gate(args.spawn, args.policy) as (target, jwks_url):
+            return run_story(target, jwks_url)
+    return run_story(args.target, args.jwks_url)
 
 
 if __name__ == "__main__":

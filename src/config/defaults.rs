@@ -13,6 +13,8 @@ use crate::{
 pub const LISTEN: &str = "127.0.0.1:50051";
 /// Directory of the embedded store's file.
 pub const DATA_DIR: &str = "oncegate-data";
+/// The issuer (`iss`) of every signed statement.
+pub const SIGNING_ISSUER: &str = "oncegate";
 /// Deadline of one store call, in milliseconds.
 pub const STORE_TIMEOUT_MS: u64 = 2000;
 /// Durability level: replicas that must confirm every state change.

@@ -158,6 +158,7 @@ pub(super) struct PolicyTable {
     sliding: Option<bool>,
     on_expiry: Option<OnExpiry>,
     durability_replicas: Option<u32>,
+    audience: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -221,6 +222,13 @@ fn resolve(
         durability_replicas: table
             .durability_replicas
             .unwrap_or(base.durability_replicas),
+        audience: match &table.audience {
+            Some(a) if a.is_empty() => {
+                return Err(FileError(format!("{} must not be empty", at("audience"))));
+            }
+            Some(a) => Some(a.clone()),
+            None => base.audience.clone(),
+        },
     })
 }
 

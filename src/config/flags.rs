@@ -77,6 +77,27 @@ pub struct ServeArgs {
     #[arg(long, env = "ONCEGATE_CONFIG")]
     pub config: Option<PathBuf>,
 
+    /// Ed25519 private key (PKCS#8 PEM: `oncegate keys generate`, or `openssl genpkey -algorithm
+    /// ed25519`) that signs grant and receipt statements. Without it the embedded store generates
+    /// one into --data-dir at first start; on Redis the gate then serves unsigned (warned), since
+    /// every replica must sign with the same key: give them all this file.
+    #[arg(long, env = "ONCEGATE_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+
+    /// Retired signing keys, comma-separated PEM files (private or public): still published and
+    /// still verifying what they signed, never signing. Remove one once its last grant expired
+    /// (the longest lease) and no auditor needs it: statements it signed are then refused.
+    #[arg(long, env = "ONCEGATE_RETIRED_SIGNING_KEYS", value_delimiter = ',')]
+    pub retired_signing_keys: Vec<PathBuf>,
+
+    /// The issuer (`iss`) every statement names.
+    #[arg(long, env = "ONCEGATE_SIGNING_ISSUER", default_value = defaults::SIGNING_ISSUER)]
+    pub signing_issuer: String,
+
+    /// Serve without signing: no grant statements, no receipt chains.
+    #[arg(long, env = "ONCEGATE_UNSIGNED", conflicts_with = "signing_key")]
+    pub unsigned: bool,
+
     /// Log format.
     #[arg(long, env = "ONCEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -6,12 +6,14 @@
 pub mod defaults;
 pub mod file;
 pub mod flags;
+pub mod keys;
 pub mod mcp;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 pub use file::ConfigFile;
 pub use flags::ServeArgs;
+pub use keys::SigningConfig;
 
 use crate::{
     gate::policy::Policies,
@@ -98,6 +100,8 @@ pub struct Config {
     pub durability_replicas: u32,
     pub metrics_listen: Option<SocketAddr>,
     pub metrics_other_action_label: String,
+    /// How the gate signs grants and receipts; `None`: it does not.
+    pub signing: Option<SigningConfig>,
     /// What the operator should hear at start-up, in order.
     pub notices: Vec<Notice>,
 }
@@ -115,6 +119,7 @@ impl Config {
         Metrics::check_other_action_label(&args.metrics_other_action_label, file.policies.names())
             .map_err(|e| ConfigError(format!("--metrics-other-action-label: {e}")))?;
         let store = store_config(args, &file.policies)?;
+        let signing = signing_config(args, &store, &mut notices);
         let server = ServerOptions {
             drain_timeout: Duration::from_secs(args.drain_seconds),
             max_message_bytes: args.max_message_bytes as usize,
@@ -131,6 +136,7 @@ impl Config {
             durability_replicas: args.durability_replicas,
             metrics_listen: args.metrics_listen,
             metrics_other_action_label: args.metrics_other_action_label.clone(),
+            signing,
             notices,
         })
     }
@@ -170,6 +176,42 @@ fn listener_tls(
         ));
     }
     Ok(settings)
+}
+
+/// How the gate signs: the key file when given; else a key generated into the embedded store's
+/// data directory; on Redis without a key file, not at all (a key per replica would not verify
+/// across replicas), with a warning.
+fn signing_config(
+    args: &ServeArgs,
+    store: &StoreConfig,
+    notices: &mut Vec<Notice>,
+) -> Option<SigningConfig> {
+    let active = match (&args.signing_key, store) {
+        _ if args.unsigned => {
+            notices.push(Notice::Warn(
+                "--unsigned: grants carry no signed statement and completions no receipt chain"
+                    .into(),
+            ));
+            return None;
+        }
+        (Some(path), _) => keys::ActiveKey::File(path.clone()),
+        (None, StoreConfig::Embedded { data_dir, .. }) => {
+            keys::ActiveKey::Generated(data_dir.join(keys::GENERATED_KEY_FILE))
+        }
+        (None, StoreConfig::Redis { .. }) => {
+            notices.push(Notice::Warn(
+                "no --signing-key on Redis: serving UNSIGNED (no grant statements, no receipt \
+                 chains); give every replica the same key file to sign"
+                    .into(),
+            ));
+            return None;
+        }
+    };
+    Some(SigningConfig {
+        issuer: args.signing_issuer.clone(),
+        active,
+        retired: args.retired_signing_keys.clone(),
+    })
 }
 
 /// The store the flags name, with the durability level checked against it.

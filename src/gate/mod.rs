@@ -11,23 +11,26 @@ pub mod error;
 pub mod operator;
 pub mod policy;
 pub mod request;
+pub mod signing;
 
 use std::{future::Future, sync::Arc, time::Instant};
 
 pub use error::GateError;
 pub use operator::ExternalCall;
 pub use request::{Prepared, TokenCall};
+pub use signing::Signer;
 
 use crate::{
     domain::{
         ActionKey,
         ledger::{ActionView, CompleteOutcome, Millis, Refusal, TokenOutcome},
+        statement::grant::GrantClaims,
     },
     observe::{
         metrics::{Decision, DoubleExecution, Metrics},
         telemetry::{self, AUDIT},
     },
-    store::{Store, StoreError},
+    store::{Receipts, Store, StoreError},
 };
 use policy::{ActionPolicy, Policies};
 
@@ -41,6 +44,8 @@ pub struct TokenAnswer {
     /// Replicas that confirmed the grant before it was handed out (Redis `WAIT`; 0 without a
     /// durability level).
     pub replicas_acknowledged: u32,
+    /// The signed grant statement (empty for a replay, or when the gate does not sign).
+    pub statement: String,
 }
 
 /// The gate over one store. Cheap to clone.
@@ -49,6 +54,8 @@ pub struct Gate {
     store: Store,
     policies: Arc<Policies>,
     metrics: Metrics,
+    /// Signs grants and receipts; `None`: the gate hands out no statements and keeps no chains.
+    signer: Option<Arc<Signer>>,
 }
 
 impl Gate {
@@ -64,7 +71,24 @@ impl Gate {
             store,
             policies: Arc::new(policies),
             metrics,
+            signer: None,
         }
+    }
+
+    /// This gate, signing every grant and every recorded completion with `signer`.
+    pub fn with_signer(mut self, signer: Arc<Signer>) -> Self {
+        self.signer = Some(signer);
+        self
+    }
+
+    /// The signer, when the gate signs.
+    pub fn signer(&self) -> Option<&Arc<Signer>> {
+        self.signer.as_ref()
+    }
+
+    /// The signer as the stores take it for receipt chains.
+    fn receipts(&self) -> Option<Receipts> {
+        self.signer.clone().map(|s| s as Receipts)
     }
 
     /// The metric handles this gate counts into.
@@ -87,6 +111,7 @@ impl Gate {
     pub async fn request_token(&self, call: TokenCall) -> Result<TokenAnswer, GateError> {
         let policy = self.policies.for_action(&call.action);
         let action = call.action.clone();
+        let intent = call.intent_id.clone();
         let limits = &self.policies.limits;
         let Prepared { key, request } =
             match request::prepare_token(limits, policy, call, request::new_token()) {
@@ -107,12 +132,36 @@ impl Gate {
         }
         audit::token(&key, &action, &reply.result);
         let outcome = reply.result.map_err(GateError::Refused)?;
+        let provider_key = key.provider_key();
+        let statement = match (&self.signer, &outcome) {
+            (Some(signer), TokenOutcome::Granted(grant, _)) => {
+                let claims = GrantClaims {
+                    iss: signer.issuer().into(),
+                    aud: policy
+                        .and_then(|p| p.audience.clone())
+                        .unwrap_or_else(|| action.clone()),
+                    iat: reply.now.div_euclid(1000),
+                    exp: grant.lease_expires_at.div_euclid(1000),
+                    agent: key.agent_id.clone(),
+                    run: key.run_id.clone(),
+                    action,
+                    key: key.key.clone(),
+                    intent,
+                    fingerprint: request.fingerprint.clone(),
+                    fencing: grant.fencing,
+                    provider_key: provider_key.clone(),
+                };
+                signer.sign_grant(&claims)
+            }
+            _ => String::new(),
+        };
         Ok(TokenAnswer {
-            provider_key: key.provider_key(),
+            provider_key,
             key,
             fingerprint: request.fingerprint,
             outcome,
             replicas_acknowledged: acked.replicas,
+            statement,
         })
     }
 
@@ -164,7 +213,8 @@ impl Gate {
         let reply = self
             .timed(
                 "complete",
-                self.store.complete(key, token, receipt, durability),
+                self.store
+                    .complete(key, token, receipt, durability, self.receipts().as_ref()),
             )
             .await?
             .reply;

@@ -9,6 +9,7 @@ use crate::{
     domain::{
         ActionKey,
         ledger::{CompleteOutcome, ExternalCompletion, Resolution, Resolved, Source},
+        statement::receipt::ChainEntry,
     },
     observe::telemetry::{self, AUDIT},
     store::{ListCursor, Page},
@@ -20,6 +21,17 @@ pub const MAX_NOTE_BYTES: usize = 1024;
 pub const DEFAULT_PAGE: u32 = 100;
 /// Largest ListUnresolved page.
 pub const MAX_PAGE: u32 = 1000;
+
+/// A page of an agent's receipt chain.
+#[derive(Debug, Clone)]
+pub struct ReceiptPage {
+    /// In chain order, as stored.
+    pub entries: Vec<ChainEntry>,
+    /// The `after` of the next page; 0 when this one is the last.
+    pub next_after: u64,
+    /// The gate's public keys as a JWKS document; empty when it does not sign.
+    pub jwks: String,
+}
 
 /// An operator's record of an action done by hand, as the gate receives it.
 #[derive(Debug, Clone, Default)]
@@ -58,8 +70,12 @@ impl Gate {
         let reply = self
             .timed(
                 "record_external",
-                self.store
-                    .record_external(key, &ext, self.policies.highest_durability()),
+                self.store.record_external(
+                    key,
+                    &ext,
+                    self.policies.highest_durability(),
+                    self.receipts().as_ref(),
+                ),
             )
             .await?;
         let (decision, fencing) = match &reply.result {
@@ -94,8 +110,12 @@ impl Gate {
         let reply = self
             .timed(
                 "resolve_expired",
-                self.store
-                    .resolve_expired(key, &resolution, self.policies.highest_durability()),
+                self.store.resolve_expired(
+                    key,
+                    &resolution,
+                    self.policies.highest_durability(),
+                    self.receipts().as_ref(),
+                ),
             )
             .await?;
         let (decision, fencing) = match &reply.result {
@@ -161,18 +181,66 @@ impl Gate {
         Ok(page)
     }
 
+    /// ExportReceipts: one page of `agent`'s receipt chain after entry `after`, as stored, with
+    /// the public keys (JWKS) of this gate (empty when it does not sign). A `page_size` of 0 means
+    /// the default.
+    pub async fn receipt_chain(
+        &self,
+        agent: &str,
+        after: u64,
+        page_size: u32,
+    ) -> Result<ReceiptPage, GateError> {
+        request::check_id(&self.policies.limits, "agent_id", agent, true)?;
+        let limit = match page_size {
+            0 => DEFAULT_PAGE,
+            n if n <= MAX_PAGE => n,
+            _ => {
+                return Err(GateError::invalid(
+                    "page_size",
+                    format!("must be at most {MAX_PAGE}"),
+                ));
+            }
+        };
+        // One more than asked: whether a next page exists, without a second read.
+        let mut entries = self
+            .timed(
+                "export_receipts",
+                self.store.receipts(agent, after, limit as usize + 1),
+            )
+            .await?;
+        let next_after = match entries.len() > limit as usize {
+            true => {
+                entries.truncate(limit as usize);
+                entries.last().map_or(0, |e| e.core.seq)
+            }
+            false => 0,
+        };
+        telemetry::record_decision("exported");
+        tracing::info!(target: AUDIT, agent_id = agent, count = entries.len(), after,
+            decision = "exported", "export_receipts");
+        let jwks = self
+            .signer
+            .as_ref()
+            .map(|s| s.public_keys().to_jwks().to_string())
+            .unwrap_or_default();
+        Ok(ReceiptPage {
+            entries,
+            next_after,
+            jwks,
+        })
+    }
+
     /// Counts the unresolved actions of every agent (at most `cap`) and reports them in the
     /// `oncegate_unresolved_actions` gauge: no audit event, it is the gate's own bookkeeping.
     pub async fn count_unresolved(&self, cap: usize) -> Result<usize, GateError> {
         let mut count = 0;
         let mut after = None;
         loop {
+            // Not timed or counted as a store call: it is nobody's request, and a store that is
+            // down is the health probe's to report (it would also skew the store-error counts).
             let page = self
-                .timed(
-                    "list_unresolved",
-                    self.store
-                        .list_unresolved(None, after.as_ref(), MAX_PAGE as usize),
-                )
+                .store
+                .list_unresolved(None, after.as_ref(), MAX_PAGE as usize)
                 .await?
                 .result
                 .map_err(GateError::Refused)?;

@@ -25,6 +25,9 @@ pub struct ActionPolicy {
     /// Replicas that must confirm this action's grants (Redis `WAIT`); the deployment's
     /// `--durability-replicas` applies when it is higher. 0: this policy asks for none.
     pub durability_replicas: u32,
+    /// The audience (`aud`) of this action's grant statements: who is meant to execute it (a
+    /// provider's name). `None`: the action's name.
+    pub audience: Option<String>,
 }
 
 /// Input limits (docs/CONTRACT.md, "Defaults and limits").
@@ -92,6 +95,7 @@ pub fn builtin_defaults() -> ActionPolicy {
         sliding: true,
         on_expiry: OnExpiry::Reconcile,
         durability_replicas: 0,
+        audience: None,
     }
 }
 

@@ -12,7 +12,7 @@ use tracing::Instrument as _;
 
 use super::{
     auth::{self, Principal},
-    convert::{action_key, action_ref, completion, timestamp},
+    convert::{action_key, action_ref, completion, receipt_entry, timestamp},
     service::audit_span,
 };
 use crate::{
@@ -147,6 +147,25 @@ impl GateAdminService for AdminService {
                 })
                 .collect(),
             next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
+        }))
+    }
+
+    async fn export_receipts(
+        &self,
+        request: Request<pb::ExportReceiptsRequest>,
+    ) -> Result<Response<pb::ExportReceiptsResponse>, Status> {
+        let principal = auth::principal(&request)?;
+        let req = request.into_inner();
+        operator(&principal, &req.agent_id)?;
+        let page = self
+            .gate
+            .receipt_chain(&req.agent_id, req.after_seq, req.page_size)
+            .instrument(audit_span(&principal))
+            .await?;
+        Ok(Response::new(pb::ExportReceiptsResponse {
+            next_after_seq: page.next_after,
+            jwks: page.jwks,
+            entries: page.entries.into_iter().map(receipt_entry).collect(),
         }))
     }
 }

@@ -4,6 +4,7 @@ use crate::{
     domain::{
         ActionKey,
         ledger::{self, Millis},
+        statement::receipt::ChainEntry,
     },
     gate::GateError,
     pb,
@@ -67,6 +68,26 @@ pub fn completion(done: ledger::Completion) -> pb::Completion {
         } as i32,
         note: done.note,
         operator: done.operator,
+        seq: done.seq,
+        statement: done.statement,
+    }
+}
+
+/// A receipt-chain entry on the wire.
+pub fn receipt_entry(entry: ChainEntry) -> pb::ReceiptEntry {
+    let core = entry.core;
+    pb::ReceiptEntry {
+        seq: core.seq,
+        action: Some(action_ref(&ActionKey::new(core.agent, core.run, core.key))),
+        fingerprint: core.fingerprint,
+        receipt_digest: core.receipt_digest,
+        fencing: core.fencing,
+        source: match core.source.as_str() {
+            "operator" => pb::CompletionSource::Operator,
+            _ => pb::CompletionSource::Worker,
+        } as i32,
+        completed_at: Some(timestamp(core.completed_at)),
+        statement: entry.statement,
     }
 }
 

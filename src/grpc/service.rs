@@ -87,6 +87,7 @@ impl ActionGateService for GateService {
                     lease_expires_at: Some(timestamp(grant.lease_expires_at)),
                     provider_key: answer.provider_key,
                     replicas_acknowledged: answer.replicas_acknowledged,
+                    statement: answer.statement,
                 });
             }
             TokenOutcome::AlreadyCompleted(done) => {

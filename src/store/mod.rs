@@ -17,6 +17,13 @@
 //! Every state change takes a durability level: the number of replicas that must confirm it before
 //! it is acknowledged (Redis `WAIT`); a store that cannot meet it fails closed.
 //!
+//! Receipt chains: a completion call may carry a [`Receipts`] signer (the gate's). Then a
+//! completion the step records is also appended to its agent's receipt chain, in the same atomic
+//! step (embedded: the same transaction; Redis: the same script, under the agent's hash tag), and
+//! signed: inside the transaction on the embedded store, right after the script on Redis (Lua
+//! cannot sign), where a second script stores the statement. The chain's order is the order the
+//! store recorded the completions in, so two completions of one agent cannot fork it.
+//!
 //! Does not own: validation, fingerprints, policies (the gate decides those before calling).
 
 pub mod embedded;
@@ -25,11 +32,18 @@ pub mod redis;
 
 pub use list::{ListCursor, Page, Unresolved};
 
+use std::sync::Arc;
+
 use crate::domain::ActionKey;
 use crate::domain::ledger::{
     ActionView, CompleteOutcome, ExternalCompletion, Millis, Refusal, Resolution, Resolved,
     TokenOutcome, TokenRequest,
 };
+use crate::domain::statement::receipt::{ChainEntry, ReceiptSigner};
+
+/// The signer of receipt statements a completion call carries (the gate's); `None`: completions
+/// are recorded without a chain.
+pub type Receipts = Arc<dyn ReceiptSigner>;
 
 /// The result of one state-machine step, with the store time it was taken at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,17 +135,21 @@ impl Store {
         }
     }
 
-    /// Complete with a token and a receipt, waiting for replicas the same way.
+    /// Complete with a token and a receipt, waiting for replicas the same way; a recorded
+    /// completion joins its agent's receipt chain when `receipts` signs.
     pub async fn complete(
         &self,
         key: &ActionKey,
         token: &str,
         receipt: &[u8],
         replicas: u32,
+        receipts: Option<&Receipts>,
     ) -> Result<Acked<CompleteOutcome>, StoreError> {
         match self {
-            Store::Embedded(s) => unreplicated(replicas, s.complete(key, token, receipt)).await,
-            Store::Redis(s) => s.complete(key, token, receipt, replicas).await,
+            Store::Embedded(s) => {
+                unreplicated(replicas, s.complete(key, token, receipt, receipts)).await
+            }
+            Store::Redis(s) => s.complete(key, token, receipt, replicas, receipts).await,
         }
     }
 
@@ -175,12 +193,15 @@ impl Store {
         key: &ActionKey,
         ext: &ExternalCompletion,
         replicas: u32,
+        receipts: Option<&Receipts>,
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
         match self {
-            Store::Embedded(s) => Ok(unreplicated(replicas, s.record_external(key, ext))
-                .await?
-                .reply),
-            Store::Redis(s) => s.record_external(key, ext, replicas).await,
+            Store::Embedded(s) => Ok(
+                unreplicated(replicas, s.record_external(key, ext, receipts))
+                    .await?
+                    .reply,
+            ),
+            Store::Redis(s) => s.record_external(key, ext, replicas, receipts).await,
         }
     }
 
@@ -190,13 +211,28 @@ impl Store {
         key: &ActionKey,
         resolution: &Resolution,
         replicas: u32,
+        receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
         match self {
-            Store::Embedded(s) => Ok(unreplicated(replicas, s.resolve_expired(key, resolution))
-                .await?
-                .reply),
-            Store::Redis(s) => s.resolve_expired(key, resolution, replicas).await,
+            Store::Embedded(s) => Ok(unreplicated(
+                replicas,
+                s.resolve_expired(key, resolution, receipts),
+            )
+            .await?
+            .reply),
+            Store::Redis(s) => s.resolve_expired(key, resolution, replicas, receipts).await,
         }
+    }
+
+    /// Up to `limit` entries of `agent_id`'s receipt chain after entry `after` (0: from the
+    /// first), in chain order, as stored: the caller verifies them.
+    pub async fn receipts(
+        &self,
+        agent_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<ChainEntry>, StoreError> {
+        dispatch!(self, s => s.receipts(agent_id, after, limit).await)
     }
 
     /// Up to `limit` unresolved actions (lease ended, neither completed nor released) after
@@ -221,6 +257,14 @@ impl Store {
     /// What this store keeps across a restart.
     pub async fn durability(&self) -> Result<Durability, StoreError> {
         dispatch!(self, s => s.durability().await)
+    }
+}
+
+/// The name a receipt core gives a completion's source.
+pub(crate) fn source_name(source: crate::domain::ledger::Source) -> &'static str {
+    match source {
+        crate::domain::ledger::Source::Worker => "worker",
+        crate::domain::ledger::Source::Operator => "operator",
     }
 }
 

@@ -14,6 +14,9 @@ use tonic::{Request, Status, metadata::MetadataValue};
 use tonic_types::StatusExt;
 
 use super::gate_channel::{self, GateAccess};
+
+#[path = "admin_audit.rs"]
+mod audit;
 use crate::{
     config::defaults,
     pb::{
@@ -55,6 +58,21 @@ pub enum AdminCommand {
     Resolve(ResolveArgs),
     /// List actions whose lease expired without Complete or Release.
     ListUnresolved(ListArgs),
+    /// Export an agent's receipt chain and verify it: signatures, sequence, links. Exits 1 and
+    /// names every entry that does not hold.
+    Audit(AuditArgs),
+}
+
+/// `admin audit`.
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// The agent whose chain to verify.
+    #[arg(long)]
+    pub agent: String,
+    /// The public keys to verify with (a JWKS file, e.g. kept from `oncegate keys export`); the
+    /// keys the gate serves when unset.
+    #[arg(long)]
+    pub keys: Option<PathBuf>,
 }
 
 /// Names one action.
@@ -236,7 +254,12 @@ pub async fn run(args: AdminArgs) -> ExitCode {
                 }),
         },
         AdminCommand::ListUnresolved(l) => list(&mut admin, l).await,
+        AdminCommand::Audit(a) => audit::run(&mut admin, a).await,
     };
+    let failed_audit = matches!(args.command, AdminCommand::Audit(_))
+        && result
+            .as_ref()
+            .is_ok_and(|v| v["intact"] != serde_json::Value::Bool(true));
     match result {
         Ok(value) => {
             if args.json {
@@ -244,7 +267,11 @@ pub async fn run(args: AdminArgs) -> ExitCode {
             } else {
                 print!("{}", human(&args.command, &value));
             }
-            ExitCode::SUCCESS
+            if failed_audit {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
         }
         Err(status) => {
             let reason = status
@@ -384,6 +411,7 @@ fn human(command: &AdminCommand, value: &Value) -> String {
                 out.push_str(&format!("more: --page-token {token}\n"));
             }
         }
+        AdminCommand::Audit(_) => out.push_str(&audit::human(value)),
         _ => lines("", value, &mut out),
     }
     out

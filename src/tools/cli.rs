@@ -1,6 +1,7 @@
 //! The command line: `oncegate serve` (its flags are [`crate::config::ServeArgs`]),
 //! `oncegate fingerprint`, `oncegate hash-key`, `oncegate admin …` ([`super::admin_cli`]) and
-//! `oncegate bench` ([`super::bench`]) and `oncegate mcp` ([`super::mcp`]). `--help` is the
+//! `oncegate bench` ([`super::bench`]), `oncegate mcp` ([`super::mcp`]), `oncegate keys` and
+//! `oncegate verify` ([`super::keys`]). `--help` is the
 //! reference.
 
 use std::path::PathBuf;
@@ -36,6 +37,10 @@ pub enum Command {
     Bench(super::bench::BenchArgs),
     /// An MCP proxy that puts the gate in front of an MCP server: gated tools run at most once.
     Mcp(Box<super::mcp::McpArgs>),
+    /// The signing keys: generate a key file, export the public keys as JWKS.
+    Keys(super::keys::KeysArgs),
+    /// Check a grant statement offline, as the action's executor would; prints its claims.
+    Verify(super::keys::VerifyArgs),
 }
 
 /// Settings of `oncegate fingerprint`.

@@ -1,6 +1,7 @@
 //! The tools that talk to a gate from outside: the command line ([`cli`]), the operator client
 //! (`oncegate admin`, [`admin_cli`]), the load generator (`oncegate bench`, [`bench`]), the Rust
-//! client with its guard ([`client`], also `oncegate::client`), and the MCP gateway (`oncegate
+//! client with its guard and grant verification ([`client`], also `oncegate::client`), the signing
+//! keys and `oncegate verify` ([`keys`]), and the MCP gateway (`oncegate
 //! mcp`, [`mcp`]). Clients of the gate's gRPC contract use [`crate::pb`] and [`gate_channel`];
 //! only the MCP gateway's in-process mode uses the gate itself ([`crate::gate::Gate`]).
 
@@ -10,4 +11,5 @@ pub mod cli;
 pub mod client;
 pub mod fingerprint;
 pub mod gate_channel;
+pub mod keys;
 pub mod mcp;

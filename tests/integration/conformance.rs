@@ -171,7 +171,7 @@ impl Actor {
         let superseded_after_release = self.released_with_superseded();
         let reply = self
             .store
-            .complete(&self.key, &token, &receipt, 0)
+            .complete(&self.key, &token, &receipt, 0, None)
             .await
             .unwrap()
             .reply;
@@ -246,7 +246,7 @@ impl Actor {
         };
         let reply = self
             .store
-            .record_external(&self.key, &ext, 0)
+            .record_external(&self.key, &ext, 0, None)
             .await
             .unwrap();
         check(
@@ -271,7 +271,7 @@ impl Actor {
         let superseded = self.released_with_superseded();
         let reply = self
             .store
-            .resolve_expired(&self.key, &resolution, 0)
+            .resolve_expired(&self.key, &resolution, 0, None)
             .await
             .unwrap();
         let resolved = check(

@@ -1,9 +1,21 @@
 //! Failure tests: Redis stopped under a running gate fails closed and recovers by itself; the
-//! embedded store keeps every acknowledged Complete across `kill -9`, idle or under load.
+//! embedded store keeps every acknowledged Complete, and its receipt chain entry, across `kill -9`,
+//! idle or under load.
 
-use std::time::{Duration, Instant};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
-use oncegate::pb;
+use oncegate::{
+    config::keys,
+    domain::statement::{
+        PublicKeys,
+        receipt::{receipt_digest, verify_chain},
+    },
+    pb,
+    store::embedded::{EmbeddedStore, system_clock},
+};
 use tempfile::TempDir;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
@@ -166,9 +178,33 @@ async fn embedded_acknowledged_writes_survive_kill_9_under_load() {
 
     let gate = GateProcess::spawn(&["--data-dir", &data]);
     let mut client = connect(&gate.addr).await;
+    let mut receipts = Vec::with_capacity(acknowledged.len());
     for (req, receipt) in acknowledged {
         let replay = client.request_token(req).await.unwrap().into_inner();
         assert_eq!(replay.decision(), pb::Decision::AlreadyCompleted);
         assert_eq!(replay.completion.unwrap().receipt, receipt);
+        receipts.push(receipt);
+    }
+
+    // The log carries the receipt chain too: every acknowledged completion has its entry, and the
+    // chain is gapless and verifies with the key the gate generated at first start.
+    drop(gate);
+    let store = loop {
+        match EmbeddedStore::open(dir.path(), system_clock(), Duration::from_secs(5)) {
+            Ok(store) => break store,
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let chain = store.receipts("agent", 0, usize::MAX).await.unwrap();
+    let key = keys::read_private(&dir.path().join(keys::GENERATED_KEY_FILE)).unwrap();
+    let report = verify_chain(&PublicKeys::new([key.public()]), "agent", &chain);
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.verified, chain.len());
+    let chained: HashSet<&str> = chain
+        .iter()
+        .map(|e| e.core.receipt_digest.as_str())
+        .collect();
+    for receipt in &receipts {
+        assert!(chained.contains(receipt_digest(receipt).as_str()));
     }
 }

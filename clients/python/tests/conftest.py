@@ -85,8 +85,16 @@ def _serving(target: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def gate_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Starts the real gate binary with the ``payments.transfer`` policy; yields ``host:port``."""
+def gate_target(gate_addresses: tuple[str, str]) -> str:
+    """The real gate's ``host:port``."""
+    return gate_addresses[0]
+
+
+@pytest.fixture(scope="session")
+def gate_addresses(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """Starts the real gate binary with the ``payments.transfer`` policy (embedded store, so it
+    signs with a key generated into its data directory); yields its ``host:port`` and that of its
+    metrics listener (which serves ``/.well-known/jwks.json``)."""
     binary = Path(os.environ.get("ONCEGATE_BIN", REPO_ROOT / "target" / "debug" / "oncegate"))
     if not binary.is_file():
         pytest.fail(f"no gate binary at {binary}: build it (cargo build) or set ONCEGATE_BIN")
@@ -94,6 +102,7 @@ def gate_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     config = workdir / "policy.toml"
     config.write_text(POLICY, encoding="utf-8")
     target = f"127.0.0.1:{_free_port()}"
+    metrics = f"127.0.0.1:{_free_port()}"
     log_path = workdir / "gate.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
@@ -106,6 +115,8 @@ def gate_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 str(workdir / "data"),
                 "--config",
                 str(config),
+                "--metrics-listen",
+                metrics,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -121,7 +132,7 @@ def gate_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 log_text = log_path.read_text(errors="replace")
                 pytest.fail(f"the gate did not report SERVING within {STARTUP_TIMEOUT}s:\n{log_text}")
             time.sleep(0.1)
-        yield target
+        yield target, metrics
     finally:
         process.terminate()
         try:
@@ -129,6 +140,13 @@ def gate_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture
+def signed_gate(gate_addresses: tuple[str, str]) -> Iterator[tuple[Gate, str]]:
+    """A client of the real (signing) gate, and its metrics listener's ``host:port``."""
+    with Gate(gate_addresses[0], api_key="test-key", timeout=10.0) as client:
+        yield client, gate_addresses[1]
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1] / "src" / "oncegate"
 LAYERS: list[set[str]] = [
     {"oncegate.v1", "oncegate.v1.oncegate_pb2", "oncegate.v1.oncegate_pb2_grpc"},
     {"oncegate.fingerprints", "oncegate.models"},
+    {"oncegate.statements"},
     {"oncegate.errors.gate"},
     {"oncegate.errors.outcome", "oncegate.errors.status"},
     {"oncegate.errors"},

@@ -9,6 +9,7 @@
  * - `errors/`: one hierarchy under `OncegateError`; statuses decoded by reason.
  * - `rpc.ts`: `GateRpc`, the connection and the five worker RPCs.
  * - `guard/`: the at-most-once protocol (`runOnce`) over `rpc.ts`.
+ * - `verify.ts`: offline verification of signed grant statements (`verifyGrant`). No IO.
  * - `client.ts`: `GateClient`, the RPCs plus `runOnce`.
  */
 
@@ -42,3 +43,11 @@ export {
   type Scope,
 } from "./models.js";
 export { GateRpc, type ActionSpec, type GateOptions } from "./rpc.js";
+export {
+  GRANT_TYPE,
+  StatementError,
+  verifyGrant,
+  type GrantCheck,
+  type GrantClaims,
+  type StatementErrorKind,
+} from "./verify.js";

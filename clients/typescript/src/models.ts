@@ -43,6 +43,8 @@ export interface Grant {
   readonly providerKey: string;
   /** Replicas that confirmed the grant (Redis `WAIT`); 0 without a durability level. */
   readonly replicasAcknowledged: number;
+  /** The signed grant statement for the executor (`verifyGrant`); empty when the gate does not sign. */
+  readonly statement: string;
 }
 
 /** The recorded outcome of an action, replayed on every later request. */
@@ -98,6 +100,7 @@ export function grantFrom(message: GrantMessage): Grant {
     leaseExpiresAt: time(message.leaseExpiresAt),
     providerKey: message.providerKey,
     replicasAcknowledged: message.replicasAcknowledged,
+    statement: message.statement,
   };
 }
 

@@ -18,7 +18,7 @@ const LAYERS: string[][] = [
   ["gen/google/rpc/error_details_pb", "gen/oncegate/v1/oncegate_pb"],
   ["fingerprint/params"],
   ["fingerprint/fingerprint", "models"],
-  ["errors/gate"],
+  ["errors/gate", "verify"],
   ["errors/guard", "errors/status"],
   ["errors/index"],
   ["rpc"],

@@ -125,6 +125,14 @@ pub struct Completion {
     /// The name of the operator principal that recorded it (operator completions only).
     #[serde(default)]
     pub operator: String,
+    /// Its position in the agent's receipt chain (0: recorded without a chain, when the gate
+    /// does not sign). Set by the store, never by the ledger.
+    #[serde(default)]
+    pub seq: u64,
+    /// Its signed receipt statement (empty without signing). Set by the store, never by the
+    /// ledger.
+    #[serde(default)]
+    pub statement: String,
 }
 
 /// What to do when a lease ends without Complete or Release.

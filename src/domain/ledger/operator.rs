@@ -24,6 +24,8 @@ fn operator_completion(
         source: Source::Operator,
         note: note.to_owned(),
         operator: operator.to_owned(),
+        seq: 0,
+        statement: String::new(),
     };
     let mut older = rec.older.clone();
     if let Phase::Authorized { token, .. } = &rec.phase {

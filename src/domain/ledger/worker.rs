@@ -207,6 +207,8 @@ fn record_completion(
         source: Source::Worker,
         note: String::new(),
         operator: String::new(),
+        seq: 0,
+        statement: String::new(),
     };
     let older = rec
         .older

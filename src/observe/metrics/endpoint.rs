@@ -16,11 +16,24 @@ use tokio::net::TcpListener;
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
+/// The path of the public keys.
+pub const JWKS_PATH: &str = "/.well-known/jwks.json";
+
 /// Serves `GET /metrics` from `registry` on `listener` until `shutdown` resolves. Other paths get
 /// 404, other methods 405.
 pub async fn serve(
     listener: TcpListener,
     registry: Arc<Registry>,
+    shutdown: impl Future<Output = ()>,
+) {
+    serve_with_keys(listener, registry, None, shutdown).await
+}
+
+/// Like [`serve`], and `GET /.well-known/jwks.json` answers `jwks` (a JWKS document) when given.
+pub async fn serve_with_keys(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    jwks: Option<Arc<String>>,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
@@ -37,11 +50,11 @@ pub async fn serve(
                 }
             },
         };
-        let registry = registry.clone();
+        let (registry, jwks) = (registry.clone(), jwks.clone());
         tokio::spawn(async move {
             let service = service_fn(move |req| {
-                let registry = registry.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &registry)) }
+                let (registry, jwks) = (registry.clone(), jwks.clone());
+                async move { Ok::<_, Infallible>(respond(&req, &registry, jwks.as_deref())) }
             });
             if let Err(e) = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -53,7 +66,22 @@ pub async fn serve(
     }
 }
 
-fn respond(req: &Request<Incoming>, registry: &Registry) -> Response<Full<Bytes>> {
+fn respond(
+    req: &Request<Incoming>,
+    registry: &Registry,
+    jwks: Option<&String>,
+) -> Response<Full<Bytes>> {
+    if let (JWKS_PATH, Some(jwks)) = (req.uri().path(), jwks) {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return plain(StatusCode::METHOD_NOT_ALLOWED, "use GET\n");
+        }
+        let mut response = Response::new(Full::new(Bytes::from(jwks.clone())));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static("application/jwk-set+json"),
+        );
+        return response;
+    }
     if req.uri().path() != "/metrics" {
         return plain(
             StatusCode::NOT_FOUND,

@@ -94,7 +94,7 @@ impl DoubleExecution {
 }
 
 /// The store operations timed and counted, one per store call the gate makes.
-pub const STORE_OPERATIONS: [&str; 8] = [
+pub const STORE_OPERATIONS: [&str; 9] = [
     "request_token",
     "complete",
     "release",
@@ -103,6 +103,7 @@ pub const STORE_OPERATIONS: [&str; 8] = [
     "record_external",
     "resolve_expired",
     "list_unresolved",
+    "export_receipts",
 ];
 
 /// The kinds of store failure: `unavailable` (fail closed, retry later), `corrupt` (a record this

@@ -4,7 +4,12 @@
 
 use redb::{ReadableTable, Table, WriteTransaction};
 
-use super::{EXPIRY, LEASES, ListRequest, PURGE_BATCH, RECORDS, wal, writer::decode};
+use super::{
+    EXPIRY, LEASES, ListRequest, PURGE_BATCH, RECORDS,
+    chain::RECEIPTS,
+    wal::{self, Table as Logged},
+    writer::decode,
+};
 use crate::{
     domain::{
         ActionKey,
@@ -13,11 +18,12 @@ use crate::{
     store::{ListCursor, Page, Unresolved, list},
 };
 
-/// The three tables of one write transaction.
+/// The tables of one write transaction.
 pub(super) struct Tables<'t> {
     pub(super) records: Table<'t, &'static [u8], &'static [u8]>,
     expiry: Table<'t, &'static [u8], ()>,
     pub(super) leases: Table<'t, &'static [u8], ()>,
+    pub(super) receipts: Table<'t, &'static [u8], &'static [u8]>,
 }
 
 impl<'t> Tables<'t> {
@@ -26,6 +32,7 @@ impl<'t> Tables<'t> {
             records: txn.open_table(RECORDS)?,
             expiry: txn.open_table(EXPIRY)?,
             leases: txn.open_table(LEASES)?,
+            receipts: txn.open_table(RECEIPTS)?,
         })
     }
 
@@ -60,7 +67,15 @@ impl<'t> Tables<'t> {
     }
 
     /// Applies a logged write (replaying the write-ahead log).
-    pub(super) fn replay(&mut self, (key, bytes): &wal::Entry) -> Result<(), redb::Error> {
+    pub(super) fn replay(&mut self, entry: &wal::Entry) -> Result<(), redb::Error> {
+        let (key, bytes) = (&entry.key, &entry.value);
+        if entry.table == Logged::Receipts {
+            match bytes {
+                Some(bytes) => self.receipts.insert(key.as_slice(), bytes.as_slice())?,
+                None => self.receipts.remove(key.as_slice())?,
+            };
+            return Ok(());
+        }
         let old = match self.records.get(key.as_slice())? {
             Some(stored) => Some(decode(stored.value())?),
             None => None,
@@ -233,10 +248,10 @@ pub(super) fn purge_expired(
             let bytes =
                 rmp_serde::to_vec(&kept).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
             tables.put(key, Some(&record), Some((&kept, &bytes)))?;
-            writes.push((key.to_vec(), Some(bytes)));
+            writes.push(wal::Entry::record(key.to_vec(), Some(bytes)));
         } else {
             tables.put(key, Some(&record), None)?;
-            writes.push((key.to_vec(), None));
+            writes.push(wal::Entry::record(key.to_vec(), None));
         }
     }
     Ok(writes)

@@ -16,6 +16,7 @@
 //! Every call has a deadline (given to [`EmbeddedStore::open`]): a caller that waits longer gets
 //! `Unavailable` (the step may still be applied, as the Store contract allows).
 
+mod chain;
 mod index;
 mod wal;
 mod writer;
@@ -25,13 +26,14 @@ use std::{path::Path, sync::Arc, thread, time::Duration};
 use redb::{Database, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Durability, ListCursor, Page, Reply, StoreError};
+use super::{Durability, ListCursor, Page, Receipts, Reply, StoreError};
 use crate::domain::{
     ActionKey,
     ledger::{
         ActionView, CompleteOutcome, ExternalCompletion, Millis, Resolution, Resolved,
         TokenOutcome, TokenRequest,
     },
+    statement::receipt::ChainEntry,
 };
 use writer::Writer;
 
@@ -76,14 +78,35 @@ pub(super) struct Job {
 
 pub(super) enum Op {
     Token(TokenRequest, oneshot::Sender<Reply<TokenOutcome>>),
-    Complete(String, Vec<u8>, oneshot::Sender<Reply<CompleteOutcome>>),
+    Complete(
+        String,
+        Vec<u8>,
+        Option<Receipts>,
+        oneshot::Sender<Reply<CompleteOutcome>>,
+    ),
     Release(String, oneshot::Sender<Reply<u64>>),
     Extend(String, Millis, oneshot::Sender<Reply<Millis>>),
     Get(oneshot::Sender<Reply<ActionView>>),
-    External(ExternalCompletion, oneshot::Sender<Reply<CompleteOutcome>>),
-    Resolve(Resolution, oneshot::Sender<Reply<Resolved>>),
+    External(
+        ExternalCompletion,
+        Option<Receipts>,
+        oneshot::Sender<Reply<CompleteOutcome>>,
+    ),
+    Resolve(
+        Resolution,
+        Option<Receipts>,
+        oneshot::Sender<Reply<Resolved>>,
+    ),
     List(ListRequest, oneshot::Sender<Reply<Page>>),
+    Chain(ChainRequest, oneshot::Sender<Vec<ChainEntry>>),
     Ping(oneshot::Sender<()>),
+}
+
+/// A read of one agent's receipt chain.
+pub(super) struct ChainRequest {
+    pub(super) agent_id: String,
+    pub(super) after: u64,
+    pub(super) limit: usize,
 }
 
 /// A ListUnresolved call.
@@ -183,9 +206,11 @@ impl EmbeddedStore {
         key: &ActionKey,
         token: &str,
         receipt: &[u8],
+        receipts: Option<&Receipts>,
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
-        let (token, receipt) = (token.to_owned(), receipt.to_vec());
-        self.call(key, |tx| Op::Complete(token, receipt, tx)).await
+        let (token, receipt, receipts) = (token.to_owned(), receipt.to_vec(), receipts.cloned());
+        self.call(key, |tx| Op::Complete(token, receipt, receipts, tx))
+            .await
     }
 
     pub async fn release(&self, key: &ActionKey, token: &str) -> Result<Reply<u64>, StoreError> {
@@ -211,18 +236,37 @@ impl EmbeddedStore {
         &self,
         key: &ActionKey,
         ext: &ExternalCompletion,
+        receipts: Option<&Receipts>,
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
-        let ext = ext.clone();
-        self.call(key, |tx| Op::External(ext, tx)).await
+        let (ext, receipts) = (ext.clone(), receipts.cloned());
+        self.call(key, |tx| Op::External(ext, receipts, tx)).await
     }
 
     pub async fn resolve_expired(
         &self,
         key: &ActionKey,
         resolution: &Resolution,
+        receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
-        let resolution = resolution.clone();
-        self.call(key, |tx| Op::Resolve(resolution, tx)).await
+        let (resolution, receipts) = (resolution.clone(), receipts.cloned());
+        self.call(key, |tx| Op::Resolve(resolution, receipts, tx))
+            .await
+    }
+
+    /// Up to `limit` entries of `agent_id`'s receipt chain after entry `after`.
+    pub async fn receipts(
+        &self,
+        agent_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<ChainEntry>, StoreError> {
+        let request = ChainRequest {
+            agent_id: agent_id.to_owned(),
+            after,
+            limit,
+        };
+        let key = ActionKey::new("", "", "");
+        self.call(&key, |tx| Op::Chain(request, tx)).await
     }
 
     pub async fn list_unresolved(

@@ -10,7 +10,8 @@
 //! The file is preallocated, so appending does not change its size (an `fdatasync` then writes
 //! the data only). Layout: a header block (magic, generation) then frames; a frame is
 //! `generation u64, length u32, crc32 u32, payload`; the payload is entries
-//! `key length u32, key, present u8, value length u32, value` (present 0: deleted). Replay stops
+//! `key length u32, key, tag u8, value length u32, value`, the tag naming the table (bit 1: the
+//! receipt chains, else the records) and whether the key is written (bit 0) or deleted. Replay stops
 //! at the first frame of another generation or with a bad checksum: a frame torn by a crash was
 //! never acknowledged.
 
@@ -26,12 +27,51 @@ const HEADER: u64 = 4096;
 /// The file's preallocated size; a frame that does not fit triggers a checkpoint first.
 const CAPACITY: u64 = 64 << 20;
 /// Identifies the file and its format.
-const MAGIC: &[u8; 8] = b"OGWAL001";
+const MAGIC: &[u8; 8] = b"OGWAL002";
 /// Generation, length and checksum before each payload.
 const FRAME_HEADER: usize = 16;
 
-/// One write of a batch: a record key and its new bytes (`None`: deleted).
-pub(super) type Entry = (Vec<u8>, Option<Vec<u8>>);
+/// The table a logged write goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Table {
+    Records,
+    Receipts,
+}
+
+/// One write of a batch: a table, a key and its new bytes (`None`: deleted), as the B-tree stores
+/// them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Entry {
+    pub(super) table: Table,
+    pub(super) key: Vec<u8>,
+    pub(super) value: Option<Vec<u8>>,
+}
+
+impl Entry {
+    pub(super) fn record(key: Vec<u8>, value: Option<Vec<u8>>) -> Self {
+        Self {
+            table: Table::Records,
+            key,
+            value,
+        }
+    }
+
+    pub(super) fn receipt(key: Vec<u8>, value: Vec<u8>) -> Self {
+        Self {
+            table: Table::Receipts,
+            key,
+            value: Some(value),
+        }
+    }
+
+    fn tag(&self) -> u8 {
+        let table = match self.table {
+            Table::Records => 0,
+            Table::Receipts => 2,
+        };
+        table | u8::from(self.value.is_some())
+    }
+}
 
 /// The log file and where the next frame goes.
 pub(super) struct Wal {
@@ -159,14 +199,14 @@ fn checksum(generation: u64, payload: &[u8]) -> u32 {
 pub(super) fn encode(entries: &[Entry]) -> Vec<u8> {
     let size = entries
         .iter()
-        .map(|(k, v)| 9 + k.len() + v.as_ref().map_or(0, Vec::len))
+        .map(|e| 9 + e.key.len() + e.value.as_ref().map_or(0, Vec::len))
         .sum();
     let mut out = Vec::with_capacity(size);
-    for (key, value) in entries {
-        out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-        out.extend_from_slice(key);
-        out.push(u8::from(value.is_some()));
-        let value = value.as_deref().unwrap_or_default();
+    for entry in entries {
+        out.extend_from_slice(&(entry.key.len() as u32).to_le_bytes());
+        out.extend_from_slice(&entry.key);
+        out.push(entry.tag());
+        let value = entry.value.as_deref().unwrap_or_default();
         out.extend_from_slice(&(value.len() as u32).to_le_bytes());
         out.extend_from_slice(value);
     }
@@ -186,10 +226,19 @@ fn decode(mut payload: &[u8]) -> Option<Vec<Entry>> {
     while !payload.is_empty() {
         let key_len = length(&mut payload)?;
         let key = take(&mut payload, key_len)?.to_vec();
-        let present = take(&mut payload, 1)?[0] == 1;
+        let tag = take(&mut payload, 1)?[0];
+        let table = match tag >> 1 {
+            0 => Table::Records,
+            1 => Table::Receipts,
+            _ => return None,
+        };
         let value_len = length(&mut payload)?;
         let value = take(&mut payload, value_len)?.to_vec();
-        entries.push((key, present.then_some(value)));
+        entries.push(Entry {
+            table,
+            key,
+            value: (tag & 1 == 1).then_some(value),
+        });
     }
     Some(entries)
 }
@@ -203,8 +252,12 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let (mut wal, frames) = Wal::open(dir.path()).unwrap();
         assert!(frames.is_empty());
-        let first: Vec<Entry> = vec![(b"k1".to_vec(), Some(b"v1".to_vec()))];
-        let second: Vec<Entry> = vec![(b"k2".to_vec(), None), (b"k1".to_vec(), Some(vec![]))];
+        let first = vec![Entry::record(b"k1".to_vec(), Some(b"v1".to_vec()))];
+        let second = vec![
+            Entry::record(b"k2".to_vec(), None),
+            Entry::receipt(b"a1".to_vec(), b"r1".to_vec()),
+            Entry::record(b"k1".to_vec(), Some(vec![])),
+        ];
         wal.append(&encode(&first)).unwrap();
         wal.append(&encode(&second)).unwrap();
         drop(wal);
@@ -221,7 +274,7 @@ mod tests {
     fn a_torn_frame_ends_the_replay() {
         let dir = tempfile::TempDir::new().unwrap();
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
-        let entry: Vec<Entry> = vec![(b"k".to_vec(), Some(b"value".to_vec()))];
+        let entry = vec![Entry::record(b"k".to_vec(), Some(b"value".to_vec()))];
         wal.append(&encode(&entry)).unwrap();
         let torn_at = wal.offset;
         wal.append(&encode(&entry)).unwrap();

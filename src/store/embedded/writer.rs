@@ -8,13 +8,13 @@ use redb::{Database, Durability, ReadableTable};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
-    Clock, Job, MAX_BATCH, Op,
+    Clock, Job, MAX_BATCH, Op, chain,
     index::{Tables, list_unresolved, purge_expired},
     wal::{self, Wal},
 };
 use crate::{
-    domain::ledger::{self, Millis, Record, Step, Write},
-    store::Reply,
+    domain::ledger::{self, CompleteOutcome, Millis, Phase, Record, Resolved, Step, Write},
+    store::{Receipts, Reply},
 };
 
 /// How often, at most, the B-tree is committed durably and the log started afresh (also when the
@@ -51,6 +51,11 @@ impl Writer {
                 return;
             }
         }
+        // Every handle is gone (a clean shutdown): leave the B-tree complete and the log empty,
+        // so that the file alone holds everything and the next start has nothing to replay.
+        if let Err(e) = self.checkpoint() {
+            tracing::error!(error = %e, "embedded store: the last checkpoint failed; the next start replays the log");
+        }
     }
 
     fn commit_batch(&mut self, batch: Vec<Job>) -> Result<(), redb::Error> {
@@ -61,29 +66,47 @@ impl Writer {
         {
             let mut tables = Tables::open(&txn)?;
             for job in batch {
-                if let Op::List(request, tx) = job.op {
-                    let reply = Reply {
-                        now,
-                        result: Ok(list_unresolved(
-                            &tables.records,
-                            &tables.leases,
-                            &request,
+                let op = match job.op {
+                    Op::List(request, tx) => {
+                        let reply = Reply {
                             now,
-                        )?),
-                    };
-                    replies.push(Box::new(move || drop(tx.send(reply))));
-                    continue;
-                }
+                            result: Ok(list_unresolved(
+                                &tables.records,
+                                &tables.leases,
+                                &request,
+                                now,
+                            )?),
+                        };
+                        replies.push(Box::new(move || drop(tx.send(reply))));
+                        continue;
+                    }
+                    Op::Chain(request, tx) => {
+                        let entries = chain::export(
+                            &tables.receipts,
+                            &request.agent_id,
+                            request.after,
+                            request.limit,
+                        )?;
+                        replies.push(Box::new(move || drop(tx.send(entries))));
+                        continue;
+                    }
+                    op => op,
+                };
                 let current = match tables.records.get(job.key.as_slice())? {
                     Some(bytes) => Some(decode(bytes.value())?),
                     None => None,
                 };
-                let (write, reply) = apply(job.op, current.as_ref(), now);
+                let receipts = &mut tables.receipts;
+                let (write, reply) = apply(op, current.as_ref(), now, &mut |(signer, fp), c| {
+                    let (key, bytes) = chain::append(receipts, signer, &job.key, fp, c)?;
+                    writes.push(wal::Entry::receipt(key, bytes));
+                    Ok(())
+                })?;
                 if let Write::Put(record) = write {
                     let bytes = rmp_serde::to_vec(&record)
                         .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
                     tables.put(&job.key, current.as_ref(), Some((&record, &bytes)))?;
-                    writes.push((job.key, Some(bytes)));
+                    writes.push(wal::Entry::record(job.key, Some(bytes)));
                 }
                 replies.push(reply);
             }
@@ -121,6 +144,11 @@ impl Writer {
         if self.checkpointed.elapsed() < CHECKPOINT_EVERY && self.wal.fill() < 0.5 {
             return Ok(());
         }
+        self.checkpoint()
+    }
+
+    /// Commits the B-tree durably and starts the log afresh.
+    fn checkpoint(&mut self) -> Result<(), redb::Error> {
         let txn = self.db.begin_write()?;
         txn.commit()?;
         self.wal.reset().map_err(redb::Error::Io)?;
@@ -129,8 +157,18 @@ impl Writer {
     }
 }
 
-/// Runs one ledger step and packages its reply for after the commit.
-fn apply(op: Op, current: Option<&Record>, now: Millis) -> (Write, Pending) {
+/// Appends a recorded completion to its agent's receipt chain (signer, the record's fingerprint).
+type Chain<'a> =
+    dyn FnMut((&Receipts, &str), &mut ledger::Completion) -> Result<(), redb::Error> + 'a;
+
+/// Runs one ledger step and packages its reply for after the commit. A completion the step
+/// records is chained (and signed) here, inside the transaction, when the call carries a signer.
+fn apply(
+    op: Op,
+    current: Option<&Record>,
+    now: Millis,
+    chain: &mut Chain<'_>,
+) -> Result<(Write, Pending), redb::Error> {
     fn finish<T: Send + 'static>(
         step: Step<T>,
         now: Millis,
@@ -142,10 +180,22 @@ fn apply(op: Op, current: Option<&Record>, now: Millis) -> (Write, Pending) {
         };
         (step.write, Box::new(move || drop(tx.send(reply))))
     }
-    match op {
+    Ok(match op {
         Op::Token(req, tx) => finish(ledger::request_token(current, &req, now), now, tx),
-        Op::Complete(token, receipt, tx) => {
-            finish(ledger::complete(current, &token, &receipt, now), now, tx)
+        Op::Complete(token, receipt, signer, tx) => {
+            let mut step = ledger::complete(current, &token, &receipt, now);
+            if let (
+                Some(signer),
+                Ok(CompleteOutcome {
+                    recorded: true,
+                    completion,
+                    ..
+                }),
+            ) = (&signer, &mut step.reply)
+            {
+                chained(&mut step.write, completion, signer, chain)?;
+            }
+            finish(step, now, tx)
         }
         Op::Release(token, tx) => finish(ledger::release(current, &token, now), now, tx),
         Op::Extend(token, ttl, tx) => {
@@ -158,18 +208,59 @@ fn apply(op: Op, current: Option<&Record>, now: Millis) -> (Write, Pending) {
             };
             (Write::Nothing, Box::new(move || drop(tx.send(reply))))
         }
-        Op::External(ext, tx) => finish(ledger::record_external(current, &ext, now), now, tx),
-        Op::Resolve(resolution, tx) => {
-            finish(ledger::resolve_expired(current, &resolution, now), now, tx)
+        Op::External(ext, signer, tx) => {
+            let mut step = ledger::record_external(current, &ext, now);
+            if let (
+                Some(signer),
+                Ok(CompleteOutcome {
+                    recorded: true,
+                    completion,
+                    ..
+                }),
+            ) = (&signer, &mut step.reply)
+            {
+                chained(&mut step.write, completion, signer, chain)?;
+            }
+            finish(step, now, tx)
+        }
+        Op::Resolve(resolution, signer, tx) => {
+            let mut step = ledger::resolve_expired(current, &resolution, now);
+            if let (Some(signer), Ok(Resolved::Completed(completion))) = (&signer, &mut step.reply)
+            {
+                chained(&mut step.write, completion, signer, chain)?;
+            }
+            finish(step, now, tx)
         }
         Op::List(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
+        Op::Chain(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
         Op::Ping(tx) => (
             Write::Nothing,
             Box::new(move || {
                 let _ = tx.send(());
             }),
         ),
+    })
+}
+
+/// Chains the completion a step records: the reply's completion and the record being written get
+/// the same place and statement.
+fn chained(
+    write: &mut Write,
+    completion: &mut ledger::Completion,
+    signer: &Receipts,
+    chain: &mut Chain<'_>,
+) -> Result<(), redb::Error> {
+    let Write::Put(record) = write else {
+        return Err(redb::Error::Corrupted(
+            "a recorded completion without a write".into(),
+        ));
+    };
+    chain((signer, &record.fingerprint), completion)?;
+    if let Phase::Completed(stored) = &mut record.phase {
+        stored.seq = completion.seq;
+        stored.statement = completion.statement.clone();
     }
+    Ok(())
 }
 
 pub(super) fn decode(bytes: &[u8]) -> Result<Record, redb::Error> {

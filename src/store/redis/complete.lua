@@ -4,8 +4,10 @@
 -- ARGV[1]: the index member, the encoded action key
 -- ARGV[2]: token
 -- ARGV[3]: receipt (bytes)
+-- ARGV[4]: the receipt's SHA-256 (hex) to chain a recorded completion with; '' for no chain
+-- KEYS[3]: the agent's receipt chain (used with ARGV[4])
 -- Returns: { now, 'completed', recorded (0/1), double_execution (0/1), receipt, completed_at,
---            fencing, token, source, note, operator }
+--            fencing, token, source, note, operator, seq, statement, previous entry, new entry }
 --        | { now, 'token_unknown' } | { now, 'token_mismatch' }
 --        | { now, 'completed_by_other', fencing, completed_at }
 local key, token, receipt = KEYS[1], ARGV[2], ARGV[3]
@@ -24,8 +26,9 @@ local function record(fencing, double)
   rec[STATE], rec[EXPIRES_AT], rec[TOKEN] = COMPLETED, NOW + rec[RETENTION], token
   rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING] = receipt, NOW, fencing
   rec[SOURCE], rec[NOTE], rec[OPERATOR] = BY_WORKER, '', ''
+  local chained = chain(rec, ARGV[4])
   save(key, rec)
-  return completion_reply('completed', rec, 1, double)
+  return completion_reply('completed', rec, 1, double, chained)
 end
 
 if rec[STATE] == COMPLETED then

@@ -34,6 +34,13 @@ pub fn lease_index(agent_id: &str) -> String {
     format!("{}:leases", agent_tag(agent_id))
 }
 
+/// The Redis key of one agent's receipt chain, `og:{<agent digest>}:receipts`: a list of
+/// MessagePack entries, one per recorded completion (layout in `prelude.lua`). In the agent's slot,
+/// so the script that records a completion appends to it atomically.
+pub fn receipts(agent_id: &str) -> String {
+    format!("{}:receipts", agent_tag(agent_id))
+}
+
 /// `og:{<base64url(SHA-256("agent\0" ++ agent_id))[..16 bytes]>}`: the hash-tagged prefix of
 /// every Redis key of one agent.
 fn agent_tag(agent_id: &str) -> String {
@@ -79,5 +86,6 @@ mod tests {
         assert_ne!(record(&a), record(&b));
         assert_ne!(tag(&record(&a)), tag(&record(&c)));
         assert!(lease_index("billing").ends_with(":leases"));
+        assert_eq!(tag(&record(&a)), tag(&receipts(&a.agent_id)));
     }
 }

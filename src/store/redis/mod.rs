@@ -12,6 +12,7 @@ mod health;
 pub mod keys;
 mod listing;
 mod operator;
+mod receipts;
 mod reply;
 mod sentinel;
 mod worker;
@@ -42,6 +43,10 @@ struct Scripts {
     record_external: Script,
     resolve_expired: Script,
     unresolved: Script,
+    /// Stores a receipt statement the gate signed after a completion script.
+    seal: Script,
+    /// Reads a page of a receipt chain.
+    receipts: Script,
 }
 
 impl Scripts {
@@ -57,6 +62,8 @@ impl Scripts {
             record_external: with_prelude(include_str!("record_external.lua")),
             resolve_expired: with_prelude(include_str!("resolve_expired.lua")),
             unresolved: with_prelude(include_str!("unresolved.lua")),
+            seal: with_prelude(include_str!("seal.lua")),
+            receipts: Script::new(include_str!("receipts.lua")),
         }
     }
 }
@@ -165,11 +172,37 @@ impl RedisStore {
         args: &[&[u8]],
         wait: Option<Wait>,
     ) -> Result<(Value, u32), StoreError> {
+        self.run_keys(script, key, false, args, wait).await
+    }
+
+    /// Runs a per-action script that also takes the agent's receipt chain as KEYS[3].
+    async fn run_chained(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Millis, Decoded, u32), StoreError> {
+        let (value, acknowledged) = self.run_keys(script, key, true, args, wait).await?;
+        let (now, decoded) = decode(value)?;
+        Ok((now, decoded, acknowledged))
+    }
+
+    async fn run_keys(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        chain: bool,
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Value, u32), StoreError> {
         self.eviction.check()?;
         let mut invocation = script.key(keys::record(key));
-        invocation
-            .key(keys::lease_index(&key.agent_id))
-            .arg(key.encode());
+        invocation.key(keys::lease_index(&key.agent_id));
+        if chain {
+            invocation.key(keys::receipts(&key.agent_id));
+        }
+        invocation.arg(key.encode());
         for arg in args {
             invocation.arg(*arg);
         }
@@ -248,7 +281,7 @@ const TRANSIENT_CODES: [&str; 4] = ["OOM", "BUSY", "NOREPLICAS", "MISCONF"];
 /// Connection trouble, failover, overload and the server errors a retry can cure fail closed as
 /// UNAVAILABLE (retryable: a guard keeps retrying its Complete); anything else Redis says (a
 /// script error) is a bug or a foreign record, not something a retry fixes.
-fn classify(e: redis::RedisError) -> StoreError {
+pub(super) fn classify(e: redis::RedisError) -> StoreError {
     use redis::{ErrorKind, ServerErrorKind as S};
     let transient = e.is_io_error()
         || e.is_timeout()

@@ -6,8 +6,9 @@ use crate::{
     domain::{
         ActionKey, fingerprint,
         ledger::{CompleteOutcome, ExternalCompletion, Refusal, Resolution, Resolved},
+        statement::receipt::receipt_digest,
     },
-    store::{ListCursor, Page, Reply, StoreError},
+    store::{ListCursor, Page, Receipts, Reply, StoreError},
 };
 
 impl RedisStore {
@@ -19,6 +20,7 @@ impl RedisStore {
         key: &ActionKey,
         ext: &ExternalCompletion,
         replicas: u32,
+        receipts: Option<&Receipts>,
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
         let (fp, digests, retention, sliding) = match &ext.request {
             Some(r) => (
@@ -29,7 +31,10 @@ impl RedisStore {
             ),
             None => ("", "", "0".to_owned(), false),
         };
-        let args: [&[u8]; 8] = [
+        let digest = receipts
+            .map(|_| receipt_digest(&ext.receipt))
+            .unwrap_or_default();
+        let args: [&[u8]; 9] = [
             &ext.receipt,
             ext.note.as_bytes(),
             ext.operator.as_bytes(),
@@ -38,14 +43,25 @@ impl RedisStore {
             digests.as_bytes(),
             retention.as_bytes(),
             if sliding { b"1" } else { b"0" },
+            digest.as_bytes(),
         ];
         let wait = self.wait_for(replicas);
-        let (now, decoded, mut acknowledged) = self
-            .run(&self.scripts.record_external, key, &args, wait)
+        let (now, mut decoded, mut acknowledged) = self
+            .run_chained(&self.scripts.record_external, key, &args, wait)
             .await?;
-        if let Decoded::Completed { recorded, .. } = decoded {
-            if !recorded {
-                acknowledged = self.sync(key, wait, acknowledged).await?;
+        if let Decoded::Completed {
+            recorded,
+            completion,
+            chained,
+            ..
+        } = &mut decoded
+        {
+            match (receipts, chained.take()) {
+                (Some(signer), Some(chained)) => {
+                    acknowledged = self.seal(key, completion, chained, signer, wait).await?;
+                }
+                _ if !*recorded => acknowledged = self.sync(key, wait, acknowledged).await?,
+                _ => {}
             }
             confirmed(wait, acknowledged, "operator completion")?;
         }
@@ -54,6 +70,7 @@ impl RedisStore {
                 completion,
                 recorded,
                 double_execution,
+                ..
             } => Ok(CompleteOutcome {
                 completion,
                 recorded,
@@ -74,19 +91,42 @@ impl RedisStore {
         key: &ActionKey,
         resolution: &Resolution,
         replicas: u32,
+        receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
-        let args: [&[u8]; 4] = match resolution {
+        let digest = match (resolution, receipts) {
+            (Resolution::Completed { receipt, .. }, Some(_)) => receipt_digest(receipt),
+            _ => String::new(),
+        };
+        let args: [&[u8]; 5] = match resolution {
             Resolution::Completed {
                 receipt,
                 note,
                 operator,
-            } => [b"completed", receipt, note.as_bytes(), operator.as_bytes()],
-            Resolution::Failed => [b"failed", b"", b"", b""],
+            } => [
+                b"completed",
+                receipt,
+                note.as_bytes(),
+                operator.as_bytes(),
+                digest.as_bytes(),
+            ],
+            Resolution::Failed => [b"failed", b"", b"", b"", b""],
         };
         let wait = self.wait_for(replicas);
-        let (now, decoded, acknowledged) = self
-            .run(&self.scripts.resolve_expired, key, &args, wait)
+        let (now, mut decoded, mut acknowledged) = self
+            .run_chained(&self.scripts.resolve_expired, key, &args, wait)
             .await?;
+        if let (
+            Some(signer),
+            Decoded::Completed {
+                completion,
+                chained,
+                ..
+            },
+        ) = (receipts, &mut decoded)
+            && let Some(chained) = chained.take()
+        {
+            acknowledged = self.seal(key, completion, chained, signer, wait).await?;
+        }
         if !matches!(decoded, Decoded::Refused(_)) {
             confirmed(wait, acknowledged, "resolution")?;
         }

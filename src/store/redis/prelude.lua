@@ -20,6 +20,8 @@ local SOURCE = 15           -- BY_WORKER or BY_OPERATOR
 local NOTE = 16             -- operator completions' note (absent in older records: read as '')
 local OPERATOR = 17         -- the operator principal's name (idem)
 local PRINCIPAL = 18        -- the principal the live token was granted to (absent in older records)
+local RECEIPT_SEQ = 19      -- the completion's place in its agent's receipt chain (absent/0: none)
+local STATEMENT = 20        -- the completion's signed receipt statement ('' until the gate stores it)
 
 -- Values of STATE and SOURCE, and the slots of one OLDER entry.
 local AUTHORIZED, COMPLETED, RELEASED = 1, 2, 3
@@ -126,7 +128,39 @@ local function find_older(rec, token)
   return nil, nil
 end
 
-local function completion_reply(tag, rec, recorded, double)
+-- The completion fields of a reply end with the receipt chain's: seq, statement, and (for the
+-- completion a script just recorded and chained) the previous and the new chain entries, raw.
+local function completion_reply(tag, rec, recorded, double, chained)
+  chained = chained or { '', '' }
   return { NOW, tag, recorded, double, rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING],
-           rec[TOKEN], rec[SOURCE], rec[NOTE] or '', rec[OPERATOR] or '' }
+           rec[TOKEN], rec[SOURCE], rec[NOTE] or '', rec[OPERATOR] or '', rec[RECEIPT_SEQ] or 0,
+           rec[STATEMENT] or '', chained[1], chained[2] }
+end
+
+-- Receipt chains. One agent's chain is a list, og:{<agent digest>}:receipts (KEYS[3] of the
+-- scripts that record completions, in the agent's slot), of MessagePack entries
+-- { seq, member (the encoded action key), fingerprint, receipt digest, fencing, source,
+--   completed_at, statement }; the gate signs each entry after the script and stores the
+-- statement with seal.lua. Appending here, in the script that records the completion, is what
+-- keeps the chain from forking: its order is the order Redis ran the completions in.
+local E_STATEMENT = 8
+
+-- Appends the completion just recorded in rec to the chain when `digest` (the receipt's SHA-256,
+-- from the gate) is given; call it before save(). Returns { previous entry, new entry } (raw;
+-- '' when none) for completion_reply.
+local function chain(rec, digest)
+  rec[RECEIPT_SEQ], rec[STATEMENT] = 0, ''
+  if digest == '' then
+    return { '', '' }
+  end
+  local n = redis.call('LLEN', KEYS[3])
+  local previous = ''
+  if n > 0 then
+    previous = redis.call('LINDEX', KEYS[3], -1)
+  end
+  rec[RECEIPT_SEQ] = n + 1
+  local entry = cmsgpack.pack({ n + 1, ARGV[1], rec[FINGERPRINT], digest, rec[COMPLETED_FENCING],
+                                rec[SOURCE], rec[COMPLETED_AT], '' })
+  redis.call('RPUSH', KEYS[3], entry)
+  return { previous, entry }
 end

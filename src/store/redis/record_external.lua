@@ -10,7 +10,10 @@
 -- ARGV[7]: field digests ('' when keyed by fingerprint)
 -- ARGV[8]: retention in ms (> 0 when ARGV[5] is '1')
 -- ARGV[9]: sliding retention, '1' or '0'
--- Returns: { now, 'completed', recorded (0/1), 0, receipt, completed_at, fencing, token, source, note, operator }
+-- ARGV[10]: the receipt's SHA-256 (hex) to chain a recorded completion with; '' for no chain
+-- KEYS[3]: the agent's receipt chain (used with ARGV[10])
+-- Returns: { now, 'completed', recorded (0/1), 0, receipt, completed_at, fencing, token, source, note,
+--            operator, seq, statement, previous entry, new entry }
 --        | { now, 'key_reused', stored_digests } | { now, 'request_required' }
 --        | { now, 'already_completed' }
 local key, receipt, note, operator = KEYS[1], ARGV[2], ARGV[3], ARGV[4]
@@ -36,8 +39,9 @@ if not bound then
   end
   rec = new_record(RELEASED, fencing, fingerprint, digests, retention, sliding, NOW + retention)
   operator_complete(rec, receipt, note, operator)
+  local chained = chain(rec, ARGV[10])
   save(key, rec)
-  return completion_reply('completed', rec, 1, 0)
+  return completion_reply('completed', rec, 1, 0, chained)
 end
 if rec[STATE] == COMPLETED then
   if rec[SOURCE] == BY_OPERATOR and rec[RECEIPT] == receipt and (rec[OPERATOR] or '') == operator then
@@ -47,5 +51,6 @@ if rec[STATE] == COMPLETED then
 end
 -- authorized (live or expired), or released with superseded grants out
 operator_complete(rec, receipt, note, operator)
+local chained = chain(rec, ARGV[10])
 save(key, rec)
-return completion_reply('completed', rec, 1, 0)
+return completion_reply('completed', rec, 1, 0, chained)

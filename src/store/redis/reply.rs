@@ -18,9 +18,14 @@ pub(super) enum Decoded {
         completion: Completion,
         recorded: bool,
         double_execution: bool,
+        /// The receipt-chain entries around a completion the script just chained: the previous
+        /// one (empty for the first) and the new one, raw.
+        chained: Option<(Vec<u8>, Vec<u8>)>,
     },
     KeyReused(String),
     Released(u64),
+    /// seal.lua: whether the entry existed.
+    Sealed(bool),
     Extended(Millis),
     View(ActionView),
     Refused(Refusal),
@@ -65,14 +70,18 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
         "completed" => {
             let recorded = fields.int()? == 1;
             let double_execution = fields.int()? == 1;
+            let completion = fields.completion()?;
+            let (previous, entry) = (fields.bytes()?, fields.bytes()?);
             Decoded::Completed {
-                completion: fields.completion()?,
+                completion,
                 recorded,
                 double_execution,
+                chained: (!entry.is_empty()).then_some((previous, entry)),
             }
         }
         "key_reused" => Decoded::KeyReused(fields.string()?),
         "released" => Decoded::Released(fields.uint()?),
+        "sealed" => Decoded::Sealed(fields.int()? == 1),
         "extended" => Decoded::Extended(fields.int()?),
         "view" => {
             let state = match fields.int()? {
@@ -214,6 +223,8 @@ impl Fields {
         };
         let note = self.string()?;
         let operator = self.string()?;
+        let seq = self.uint()?;
+        let statement = self.string()?;
         Ok(Completion {
             receipt,
             completed_at,
@@ -222,6 +233,8 @@ impl Fields {
             source,
             note,
             operator,
+            seq,
+            statement,
         })
     }
 }

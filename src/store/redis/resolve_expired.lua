@@ -7,7 +7,10 @@
 -- ARGV[3]: receipt (bytes; 'completed' only)
 -- ARGV[4]: note ('completed' only; kept with the completion)
 -- ARGV[5]: operator (the principal's name)
--- Returns: { now, 'completed', 1, 0, receipt, completed_at, fencing, token, source, note, operator }
+-- ARGV[6]: the receipt's SHA-256 (hex) to chain the completion with ('completed'); '' for no chain
+-- KEYS[3]: the agent's receipt chain (used with ARGV[6])
+-- Returns: { now, 'completed', 1, 0, receipt, completed_at, fencing, token, source, note, operator,
+--            seq, statement, previous entry, new entry }
 --        | { now, 'released', fencing }
 --        | { now, 'not_expired', state (1 absent, 2 authorized) } | { now, 'already_completed' }
 local key, resolution = KEYS[1], ARGV[2]
@@ -27,8 +30,9 @@ if rec[STATE] == AUTHORIZED and NOW < rec[LEASE_END] then
 end
 if resolution == 'completed' then
   operator_complete(rec, ARGV[3], ARGV[4], ARGV[5])
+  local chained = chain(rec, ARGV[6])
   save(key, rec)
-  return completion_reply('completed', rec, 1, 0)
+  return completion_reply('completed', rec, 1, 0, chained)
 end
 -- failed: the expired grant had no effect. An authorized record is released (the expired token
 -- and the fencing number kept, as Release does); on a released one the newest superseded grant

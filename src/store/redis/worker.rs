@@ -9,8 +9,9 @@ use crate::{
             ActionView, CompleteOutcome, GrantKind, Millis, OnExpiry, Refusal, TokenOutcome,
             TokenRequest,
         },
+        statement::receipt::receipt_digest,
     },
-    store::{Acked, Reply, StoreError},
+    store::{Acked, Receipts, Reply, StoreError},
 };
 
 impl RedisStore {
@@ -70,31 +71,47 @@ impl RedisStore {
     }
 
     /// Complete; acknowledged only once enough replicas confirmed the completion (a repeated
-    /// Complete checks the stored one), else UNAVAILABLE so that the worker retries it.
+    /// Complete checks the stored one), else UNAVAILABLE so that the worker retries it. With
+    /// `receipts`, a recorded completion is chained and its statement stored before that.
     pub async fn complete(
         &self,
         key: &ActionKey,
         token: &str,
         receipt: &[u8],
         replicas: u32,
+        receipts: Option<&Receipts>,
     ) -> Result<Acked<CompleteOutcome>, StoreError> {
         let wait = self.wait_for(replicas);
+        let digest = receipts
+            .map(|_| receipt_digest(receipt))
+            .unwrap_or_default();
+        // With a chain, the WAIT follows the statement's write, which comes last.
+        let first_wait = if receipts.is_some() { None } else { wait };
         let (now, decoded, mut acknowledged) = self
-            .run(
+            .run_chained(
                 &self.scripts.complete,
                 key,
-                &[token.as_bytes(), receipt],
-                wait,
+                &[token.as_bytes(), receipt, digest.as_bytes()],
+                first_wait,
             )
             .await?;
         let result = match decoded {
             Decoded::Completed {
-                completion,
+                mut completion,
                 recorded,
                 double_execution,
+                chained,
             } => {
-                if !recorded {
-                    acknowledged = self.sync(key, wait, acknowledged).await?;
+                match (receipts, chained) {
+                    (Some(signer), Some(chained)) => {
+                        acknowledged = self
+                            .seal(key, &mut completion, chained, signer, wait)
+                            .await?;
+                    }
+                    _ if !recorded || receipts.is_some() => {
+                        acknowledged = self.sync(key, wait, acknowledged).await?;
+                    }
+                    _ => {}
                 }
                 confirmed(wait, acknowledged, "completion")?;
                 Ok(CompleteOutcome {

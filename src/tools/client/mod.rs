@@ -13,6 +13,7 @@
 //! ```
 
 pub mod guard;
+pub mod verify;
 
 use std::{collections::HashMap, time::Duration};
 
@@ -22,6 +23,7 @@ use tonic_types::StatusExt;
 use crate::pb::{self, action_gate_service_client::ActionGateServiceClient};
 
 pub use guard::{Failure, GuardError, GuardOptions, Outcome};
+pub use verify::{GrantClaims, PublicKeys, StatementError, verify_grant};
 
 /// What went wrong, by the gate's ErrorInfo reason.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -267,6 +269,9 @@ pub struct Grant {
     /// The lease length the gate granted, as seen from this client (its clock may differ from the
     /// store's a little; only the heartbeat uses it).
     pub lease: Duration,
+    /// The signed grant statement to hand the executor with the params ([`verify_grant`] checks
+    /// it); empty when the gate does not sign.
+    pub statement: String,
 }
 
 /// The answer to RequestToken.
@@ -340,6 +345,7 @@ impl GateClient {
                 fencing: grant.fencing,
                 provider_key: grant.provider_key,
                 fingerprint: resp.fingerprint,
+                statement: grant.statement,
             })),
             (pb::Decision::AlreadyCompleted, _, Some(done)) => {
                 Ok(TokenReply::AlreadyCompleted(done))

@@ -10,6 +10,7 @@
 //! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
 //!   [`pki`]: certificates made here and a TLS channel.
 //! - [`errors`]: rich-status checks; [`health`]: probes; [`scrape`]: `/metrics` parsed.
+//! - [`signing`]: fixed test keys, the signer made from them, gates that sign.
 //!
 //! # One test on several stores
 //!
@@ -50,6 +51,7 @@ pub mod pki;
 pub mod principals;
 pub mod redis;
 pub mod scrape;
+pub mod signing;
 pub mod stores;
 pub mod topology;
 
@@ -69,6 +71,7 @@ pub use self::{
     principals::{OPS_KEY, WORKER_KEY, authed, principals_toml},
     redis::{RedisServer, free_port},
     scrape::{Scrape, http_get},
+    signing::{test_key, test_signer},
     stores::{
         Backend, Kind, STORE_TIMEOUT, backend, backend_with, backend_with_server,
         backend_with_test_clock, test_options,

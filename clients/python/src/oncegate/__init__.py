@@ -20,6 +20,7 @@ The modules, bottom up; each imports only those below it (``tests/test_layers.py
 
 - ``v1``: the generated gRPC stubs.
 - ``models``, ``fingerprints``: plain values; the offline fingerprint. No IO.
+- ``statements``: offline verification of signed grant statements (:func:`verify_grant`). No IO.
 - ``errors``: one exception hierarchy under :class:`OncegateError`; statuses decoded by reason.
 - ``rpc``: :class:`~oncegate.rpc.GateRpc`, the channel and the five worker RPCs.
 - ``guard``: the at-most-once protocol (attempt, heartbeat, decorator) over ``rpc``.
@@ -64,6 +65,7 @@ from oncegate.errors import (
 )
 from oncegate.fingerprints import ParamsError, canonical_form, fingerprint, parse_params
 from oncegate.guard import Attempt, GuardOptions, current_scope, scope
+from oncegate.statements import GrantClaims, PublicKeys, StatementError, verify_grant
 from oncegate.models import (
     ActionRecord,
     ActionRef,
@@ -93,6 +95,7 @@ __all__ = [
     "ForbiddenScopeError",
     "Gate",
     "Grant",
+    "GrantClaims",
     "GuardOptions",
     "InProgressError",
     "InvalidRequestError",
@@ -101,10 +104,12 @@ __all__ = [
     "OncegateError",
     "OutcomeUnknownError",
     "ParamsError",
+    "PublicKeys",
     "RateLimitedError",
     "ReleaseReason",
     "RequestTokenResult",
     "Scope",
+    "StatementError",
     "StoreUnavailableError",
     "TokenMismatchError",
     "TokenUnknownError",
@@ -115,6 +120,7 @@ __all__ = [
     "fingerprint",
     "parse_params",
     "scope",
+    "verify_grant",
 ]
 # The deprecated aliases (see oncegate.errors), for one release.
 __all__ += [

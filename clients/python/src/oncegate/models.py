@@ -98,12 +98,15 @@ class Grant:
         fencing: Grows with every grant of the action; downstream systems can reject stale holders.
         lease_expires_at: When the lease ends unless extended, completed or released (store clock).
         provider_key: Pass it to the downstream provider as *its* idempotency key.
+        statement: The signed grant statement: hand it to the executor with the params, which
+            checks it with :func:`oncegate.verify_grant`. Empty when the gate does not sign.
     """
 
     token: str
     fencing: int
     lease_expires_at: datetime | None
     provider_key: str
+    statement: str = ""
 
     @classmethod
     def from_proto(cls, message: pb.Grant) -> Grant:
@@ -113,6 +116,7 @@ class Grant:
             fencing=message.fencing,
             lease_expires_at=_time(message, "lease_expires_at"),
             provider_key=message.provider_key,
+            statement=message.statement,
         )
 
 

@@ -144,21 +144,23 @@ class RequestTokenResponse(_message.Message):
     def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., action: _Optional[_Union[ActionRef, _Mapping]] = ..., fingerprint: _Optional[str] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., redelivered: _Optional[bool] = ...) -> None: ...
 
 class Grant(_message.Message):
-    __slots__ = ("token", "fencing", "lease_expires_at", "provider_key", "replicas_acknowledged")
+    __slots__ = ("token", "fencing", "lease_expires_at", "provider_key", "replicas_acknowledged", "statement")
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_KEY_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
     token: str
     fencing: int
     lease_expires_at: _timestamp_pb2.Timestamp
     provider_key: str
     replicas_acknowledged: int
-    def __init__(self, token: _Optional[str] = ..., fencing: _Optional[int] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., provider_key: _Optional[str] = ..., replicas_acknowledged: _Optional[int] = ...) -> None: ...
+    statement: str
+    def __init__(self, token: _Optional[str] = ..., fencing: _Optional[int] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., provider_key: _Optional[str] = ..., replicas_acknowledged: _Optional[int] = ..., statement: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("receipt", "completed_at", "fencing", "token", "source", "note", "operator")
+    __slots__ = ("receipt", "completed_at", "fencing", "token", "source", "note", "operator", "seq", "statement")
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
@@ -166,6 +168,8 @@ class Completion(_message.Message):
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
     receipt: bytes
     completed_at: _timestamp_pb2.Timestamp
     fencing: int
@@ -173,7 +177,9 @@ class Completion(_message.Message):
     source: CompletionSource
     note: str
     operator: str
-    def __init__(self, receipt: _Optional[bytes] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fencing: _Optional[int] = ..., token: _Optional[str] = ..., source: _Optional[_Union[CompletionSource, str]] = ..., note: _Optional[str] = ..., operator: _Optional[str] = ...) -> None: ...
+    seq: int
+    statement: str
+    def __init__(self, receipt: _Optional[bytes] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fencing: _Optional[int] = ..., token: _Optional[str] = ..., source: _Optional[_Union[CompletionSource, str]] = ..., note: _Optional[str] = ..., operator: _Optional[str] = ..., seq: _Optional[int] = ..., statement: _Optional[str] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("action", "token", "receipt")
@@ -320,3 +326,43 @@ class ListUnresolvedResponse(_message.Message):
     actions: _containers.RepeatedCompositeFieldContainer[UnresolvedAction]
     next_page_token: str
     def __init__(self, actions: _Optional[_Iterable[_Union[UnresolvedAction, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class ExportReceiptsRequest(_message.Message):
+    __slots__ = ("agent_id", "after_seq", "page_size")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    after_seq: int
+    page_size: int
+    def __init__(self, agent_id: _Optional[str] = ..., after_seq: _Optional[int] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ReceiptEntry(_message.Message):
+    __slots__ = ("seq", "action", "fingerprint", "receipt_digest", "fencing", "source", "completed_at", "statement")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    FENCING_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
+    STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    action: ActionRef
+    fingerprint: str
+    receipt_digest: str
+    fencing: int
+    source: CompletionSource
+    completed_at: _timestamp_pb2.Timestamp
+    statement: str
+    def __init__(self, seq: _Optional[int] = ..., action: _Optional[_Union[ActionRef, _Mapping]] = ..., fingerprint: _Optional[str] = ..., receipt_digest: _Optional[str] = ..., fencing: _Optional[int] = ..., source: _Optional[_Union[CompletionSource, str]] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., statement: _Optional[str] = ...) -> None: ...
+
+class ExportReceiptsResponse(_message.Message):
+    __slots__ = ("entries", "next_after_seq", "jwks")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    JWKS_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[ReceiptEntry]
+    next_after_seq: int
+    jwks: str
+    def __init__(self, entries: _Optional[_Iterable[_Union[ReceiptEntry, _Mapping]]] = ..., next_after_seq: _Optional[int] = ..., jwks: _Optional[str] = ...) -> None: ...

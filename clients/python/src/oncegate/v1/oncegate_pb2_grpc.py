@@ -309,6 +309,11 @@ class GateAdminServiceStub:
                 request_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedRequest.SerializeToString,
                 response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedResponse.FromString,
                 _registered_method=True)
+        self.ExportReceipts = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/ExportReceipts',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsResponse.FromString,
+                _registered_method=True)
 
 
 class GateAdminServiceServicer:
@@ -343,6 +348,15 @@ class GateAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExportReceipts(self, request, context):
+        """Exports a page of one agent's receipt chain: every recorded completion of the agent (worker or
+        operator), in the order the store recorded them, as stored, with the public keys (JWKS) that
+        verify their statements. `oncegate admin audit` reads every page and verifies the chain.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GateAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -360,6 +374,11 @@ def add_GateAdminServiceServicer_to_server(servicer, server):
                     servicer.ListUnresolved,
                     request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedRequest.FromString,
                     response_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedResponse.SerializeToString,
+            ),
+            'ExportReceipts': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExportReceipts,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -445,6 +464,33 @@ class GateAdminService:
             '/oncegate.v1.GateAdminService/ListUnresolved',
             oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedRequest.SerializeToString,
             oncegate_dot_v1_dot_oncegate__pb2.ListUnresolvedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExportReceipts(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/ExportReceipts',
+            oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsResponse.FromString,
             options,
             channel_credentials,
             insecure,

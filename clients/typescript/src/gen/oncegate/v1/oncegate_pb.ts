@@ -22,7 +22,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file oncegate/v1/oncegate.proto.
  */
 export const file_oncegate_v1_oncegate: GenFile = /*@__PURE__*/
-  fileDesc("ChpvbmNlZ2F0ZS92MS9vbmNlZ2F0ZS5wcm90bxILb25jZWdhdGUudjEiKQoFU2NvcGUSEAoIYWdlbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJIjsKCUFjdGlvblJlZhIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEgsKA2tleRgCIAEoCSLHAQoTUmVxdWVzdFRva2VuUmVxdWVzdBIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEg4KBmFjdGlvbhgCIAEoCRITCgtwYXJhbXNfanNvbhgDIAEoCRIRCglpbnRlbnRfaWQYBCABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAUgASgJEg4KBmhvbGRlchgGIAEoCRIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i4QEKFFJlcXVlc3RUb2tlblJlc3BvbnNlEicKCGRlY2lzaW9uGAEgASgOMhUub25jZWdhdGUudjEuRGVjaXNpb24SJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEiEKBWdyYW50GAQgASgLMhIub25jZWdhdGUudjEuR3JhbnQSKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEwoLcmVkZWxpdmVyZWQYBiABKAgikgEKBUdyYW50Eg0KBXRva2VuGAEgASgJEg8KB2ZlbmNpbmcYAiABKAQSNAoQbGVhc2VfZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFAoMcHJvdmlkZXJfa2V5GAQgASgJEh0KFXJlcGxpY2FzX2Fja25vd2xlZGdlZBgFIAEoDSK+AQoKQ29tcGxldGlvbhIPCgdyZWNlaXB0GAEgASgMEjAKDGNvbXBsZXRlZF9hdBgCIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDwoHZmVuY2luZxgDIAEoBBINCgV0b2tlbhgEIAEoCRItCgZzb3VyY2UYBSABKA4yHS5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uU291cmNlEgwKBG5vdGUYBiABKAkSEAoIb3BlcmF0b3IYByABKAkiWQoPQ29tcGxldGVSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhINCgV0b2tlbhgCIAEoCRIPCgdyZWNlaXB0GAMgASgMIj8KEENvbXBsZXRlUmVzcG9uc2USKwoKY29tcGxldGlvbhgBIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24icwoOUmVsZWFzZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEioKBnJlYXNvbhgDIAEoDjIaLm9uY2VnYXRlLnYxLlJlbGVhc2VSZWFzb24iIgoPUmVsZWFzZVJlc3BvbnNlEg8KB2ZlbmNpbmcYASABKAQicwoSRXh0ZW5kTGVhc2VSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhINCgV0b2tlbhgCIAEoCRImCgN0dGwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSwoTRXh0ZW5kTGVhc2VSZXNwb25zZRI0ChBsZWFzZV9leHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI6ChBHZXRBY3Rpb25SZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZiLVAQoRR2V0QWN0aW9uUmVzcG9uc2USJwoFc3RhdGUYASABKA4yGC5vbmNlZ2F0ZS52MS5BY3Rpb25TdGF0ZRIPCgdmZW5jaW5nGAIgASgEEhMKC2ZpbmdlcnByaW50GAMgASgJEjQKEGxlYXNlX2V4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKCmNvbXBsZXRpb24YBSABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uEg4KBmhvbGRlchgGIAEoCSKlAQofUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHcmVjZWlwdBgCIAEoDBIMCgRub3RlGAMgASgJEhMKC2FjdGlvbl9uYW1lGAQgASgJEhMKC3BhcmFtc19qc29uGAUgASgJEhEKCWludGVudF9pZBgGIAEoCSJhCiBSZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXNwb25zZRIrCgpjb21wbGV0aW9uGAEgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbhIQCghyZWNvcmRlZBgCIAEoCCKLAQoVUmVzb2x2ZUV4cGlyZWRSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhIrCgpyZXNvbHV0aW9uGAIgASgOMhcub25jZWdhdGUudjEuUmVzb2x1dGlvbhIPCgdyZWNlaXB0GAMgASgMEgwKBG5vdGUYBCABKAkiVgoWUmVzb2x2ZUV4cGlyZWRSZXNwb25zZRIPCgdmZW5jaW5nGAEgASgEEisKCmNvbXBsZXRpb24YAiABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uIlAKFUxpc3RVbnJlc29sdmVkUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSKmAQoQVW5yZXNvbHZlZEFjdGlvbhImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHZmVuY2luZxgCIAEoBBI0ChBsZWFzZV9leHBpcmVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZob2xkZXIYBCABKAkSEwoLZmluZ2VycHJpbnQYBSABKAkiYQoWTGlzdFVucmVzb2x2ZWRSZXNwb25zZRIuCgdhY3Rpb25zGAEgAygLMh0ub25jZWdhdGUudjEuVW5yZXNvbHZlZEFjdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkqWgoIRGVjaXNpb24SGAoUREVDSVNJT05fVU5TUEVDSUZJRUQQABIUChBERUNJU0lPTl9HUkFOVEVEEAESHgoaREVDSVNJT05fQUxSRUFEWV9DT01QTEVURUQQAipzChBDb21wbGV0aW9uU291cmNlEiEKHUNPTVBMRVRJT05fU09VUkNFX1VOU1BFQ0lGSUVEEAASHAoYQ09NUExFVElPTl9TT1VSQ0VfV09SS0VSEAESHgoaQ09NUExFVElPTl9TT1VSQ0VfT1BFUkFUT1IQAip2Cg1SZWxlYXNlUmVhc29uEh4KGlJFTEVBU0VfUkVBU09OX1VOU1BFQ0lGSUVEEAASIwofUkVMRUFTRV9SRUFTT05fREVGSU5JVEVfRkFJTFVSRRABEiAKHFJFTEVBU0VfUkVBU09OX05PVF9BVFRFTVBURUQQAiqXAQoLQWN0aW9uU3RhdGUSHAoYQUNUSU9OX1NUQVRFX1VOU1BFQ0lGSUVEEAASFwoTQUNUSU9OX1NUQVRFX0FCU0VOVBABEhsKF0FDVElPTl9TVEFURV9BVVRIT1JJWkVEEAISGgoWQUNUSU9OX1NUQVRFX0NPTVBMRVRFRBADEhgKFEFDVElPTl9TVEFURV9FWFBJUkVEEAQqWQoKUmVzb2x1dGlvbhIaChZSRVNPTFVUSU9OX1VOU1BFQ0lGSUVEEAASGAoUUkVTT0xVVElPTl9DT01QTEVURUQQARIVChFSRVNPTFVUSU9OX0ZBSUxFRBACKuUCCgtFcnJvclJlYXNvbhIcChhFUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIaChZJREVNUE9URU5DWV9LRVlfUkVVU0VEEAESGwoXSURFTVBPVEVOQ1lfSU5fUFJPR1JFU1MQAhIcChhMRUFTRV9FWFBJUkVEX1VOUkVTT0xWRUQQAxISCg5UT0tFTl9NSVNNQVRDSBAEEhEKDVRPS0VOX1VOS05PV04QBRIWChJDT01QTEVURURfQllfT1RIRVIQBhIVChFBTFJFQURZX0NPTVBMRVRFRBAHEhUKEUxFQVNFX05PVF9FWFBJUkVEEAgSEwoPSU5WQUxJRF9SRVFVRVNUEAkSEwoPVU5BVVRIRU5USUNBVEVEEAoSEwoPRk9SQklEREVOX1NDT1BFEAsSEAoMUkFURV9MSU1JVEVEEAwSFQoRU1RPUkVfVU5BVkFJTEFCTEUQDRIMCghJTlRFUk5BTBAOMpUDChFBY3Rpb25HYXRlU2VydmljZRJTCgxSZXF1ZXN0VG9rZW4SIC5vbmNlZ2F0ZS52MS5SZXF1ZXN0VG9rZW5SZXF1ZXN0GiEub25jZWdhdGUudjEuUmVxdWVzdFRva2VuUmVzcG9uc2USRwoIQ29tcGxldGUSHC5vbmNlZ2F0ZS52MS5Db21wbGV0ZVJlcXVlc3QaHS5vbmNlZ2F0ZS52MS5Db21wbGV0ZVJlc3BvbnNlEkQKB1JlbGVhc2USGy5vbmNlZ2F0ZS52MS5SZWxlYXNlUmVxdWVzdBocLm9uY2VnYXRlLnYxLlJlbGVhc2VSZXNwb25zZRJQCgtFeHRlbmRMZWFzZRIfLm9uY2VnYXRlLnYxLkV4dGVuZExlYXNlUmVxdWVzdBogLm9uY2VnYXRlLnYxLkV4dGVuZExlYXNlUmVzcG9uc2USSgoJR2V0QWN0aW9uEh0ub25jZWdhdGUudjEuR2V0QWN0aW9uUmVxdWVzdBoeLm9uY2VnYXRlLnYxLkdldEFjdGlvblJlc3BvbnNlMsECChBHYXRlQWRtaW5TZXJ2aWNlEncKGFJlY29yZEV4dGVybmFsQ29tcGxldGlvbhIsLm9uY2VnYXRlLnYxLlJlY29yZEV4dGVybmFsQ29tcGxldGlvblJlcXVlc3QaLS5vbmNlZ2F0ZS52MS5SZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXNwb25zZRJZCg5SZXNvbHZlRXhwaXJlZBIiLm9uY2VnYXRlLnYxLlJlc29sdmVFeHBpcmVkUmVxdWVzdBojLm9uY2VnYXRlLnYxLlJlc29sdmVFeHBpcmVkUmVzcG9uc2USWQoOTGlzdFVucmVzb2x2ZWQSIi5vbmNlZ2F0ZS52MS5MaXN0VW5yZXNvbHZlZFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5MaXN0VW5yZXNvbHZlZFJlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChpvbmNlZ2F0ZS92MS9vbmNlZ2F0ZS5wcm90bxILb25jZWdhdGUudjEiKQoFU2NvcGUSEAoIYWdlbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJIjsKCUFjdGlvblJlZhIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEgsKA2tleRgCIAEoCSLHAQoTUmVxdWVzdFRva2VuUmVxdWVzdBIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEg4KBmFjdGlvbhgCIAEoCRITCgtwYXJhbXNfanNvbhgDIAEoCRIRCglpbnRlbnRfaWQYBCABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAUgASgJEg4KBmhvbGRlchgGIAEoCRIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i4QEKFFJlcXVlc3RUb2tlblJlc3BvbnNlEicKCGRlY2lzaW9uGAEgASgOMhUub25jZWdhdGUudjEuRGVjaXNpb24SJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEiEKBWdyYW50GAQgASgLMhIub25jZWdhdGUudjEuR3JhbnQSKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEwoLcmVkZWxpdmVyZWQYBiABKAgipQEKBUdyYW50Eg0KBXRva2VuGAEgASgJEg8KB2ZlbmNpbmcYAiABKAQSNAoQbGVhc2VfZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFAoMcHJvdmlkZXJfa2V5GAQgASgJEh0KFXJlcGxpY2FzX2Fja25vd2xlZGdlZBgFIAEoDRIRCglzdGF0ZW1lbnQYBiABKAki3gEKCkNvbXBsZXRpb24SDwoHcmVjZWlwdBgBIAEoDBIwCgxjb21wbGV0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2ZlbmNpbmcYAyABKAQSDQoFdG9rZW4YBCABKAkSLQoGc291cmNlGAUgASgOMh0ub25jZWdhdGUudjEuQ29tcGxldGlvblNvdXJjZRIMCgRub3RlGAYgASgJEhAKCG9wZXJhdG9yGAcgASgJEgsKA3NlcRgIIAEoBBIRCglzdGF0ZW1lbnQYCSABKAkiWQoPQ29tcGxldGVSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhINCgV0b2tlbhgCIAEoCRIPCgdyZWNlaXB0GAMgASgMIj8KEENvbXBsZXRlUmVzcG9uc2USKwoKY29tcGxldGlvbhgBIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24icwoOUmVsZWFzZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEioKBnJlYXNvbhgDIAEoDjIaLm9uY2VnYXRlLnYxLlJlbGVhc2VSZWFzb24iIgoPUmVsZWFzZVJlc3BvbnNlEg8KB2ZlbmNpbmcYASABKAQicwoSRXh0ZW5kTGVhc2VSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhINCgV0b2tlbhgCIAEoCRImCgN0dGwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSwoTRXh0ZW5kTGVhc2VSZXNwb25zZRI0ChBsZWFzZV9leHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI6ChBHZXRBY3Rpb25SZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZiLVAQoRR2V0QWN0aW9uUmVzcG9uc2USJwoFc3RhdGUYASABKA4yGC5vbmNlZ2F0ZS52MS5BY3Rpb25TdGF0ZRIPCgdmZW5jaW5nGAIgASgEEhMKC2ZpbmdlcnByaW50GAMgASgJEjQKEGxlYXNlX2V4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKCmNvbXBsZXRpb24YBSABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uEg4KBmhvbGRlchgGIAEoCSKlAQofUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHcmVjZWlwdBgCIAEoDBIMCgRub3RlGAMgASgJEhMKC2FjdGlvbl9uYW1lGAQgASgJEhMKC3BhcmFtc19qc29uGAUgASgJEhEKCWludGVudF9pZBgGIAEoCSJhCiBSZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXNwb25zZRIrCgpjb21wbGV0aW9uGAEgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbhIQCghyZWNvcmRlZBgCIAEoCCKLAQoVUmVzb2x2ZUV4cGlyZWRSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhIrCgpyZXNvbHV0aW9uGAIgASgOMhcub25jZWdhdGUudjEuUmVzb2x1dGlvbhIPCgdyZWNlaXB0GAMgASgMEgwKBG5vdGUYBCABKAkiVgoWUmVzb2x2ZUV4cGlyZWRSZXNwb25zZRIPCgdmZW5jaW5nGAEgASgEEisKCmNvbXBsZXRpb24YAiABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uIlAKFUxpc3RVbnJlc29sdmVkUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSKmAQoQVW5yZXNvbHZlZEFjdGlvbhImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHZmVuY2luZxgCIAEoBBI0ChBsZWFzZV9leHBpcmVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZob2xkZXIYBCABKAkSEwoLZmluZ2VycHJpbnQYBSABKAkiYQoWTGlzdFVucmVzb2x2ZWRSZXNwb25zZRIuCgdhY3Rpb25zGAEgAygLMh0ub25jZWdhdGUudjEuVW5yZXNvbHZlZEFjdGlvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiTwoVRXhwb3J0UmVjZWlwdHNSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhEKCWFmdGVyX3NlcRgCIAEoBBIRCglwYWdlX3NpemUYAyABKA0i9QEKDFJlY2VpcHRFbnRyeRILCgNzZXEYASABKAQSJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEhYKDnJlY2VpcHRfZGlnZXN0GAQgASgJEg8KB2ZlbmNpbmcYBSABKAQSLQoGc291cmNlGAYgASgOMh0ub25jZWdhdGUudjEuQ29tcGxldGlvblNvdXJjZRIwCgxjb21wbGV0ZWRfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhEKCXN0YXRlbWVudBgIIAEoCSJqChZFeHBvcnRSZWNlaXB0c1Jlc3BvbnNlEioKB2VudHJpZXMYASADKAsyGS5vbmNlZ2F0ZS52MS5SZWNlaXB0RW50cnkSFgoObmV4dF9hZnRlcl9zZXEYAiABKAQSDAoEandrcxgDIAEoCSpaCghEZWNpc2lvbhIYChRERUNJU0lPTl9VTlNQRUNJRklFRBAAEhQKEERFQ0lTSU9OX0dSQU5URUQQARIeChpERUNJU0lPTl9BTFJFQURZX0NPTVBMRVRFRBACKnMKEENvbXBsZXRpb25Tb3VyY2USIQodQ09NUExFVElPTl9TT1VSQ0VfVU5TUEVDSUZJRUQQABIcChhDT01QTEVUSU9OX1NPVVJDRV9XT1JLRVIQARIeChpDT01QTEVUSU9OX1NPVVJDRV9PUEVSQVRPUhACKnYKDVJlbGVhc2VSZWFzb24SHgoaUkVMRUFTRV9SRUFTT05fVU5TUEVDSUZJRUQQABIjCh9SRUxFQVNFX1JFQVNPTl9ERUZJTklURV9GQUlMVVJFEAESIAocUkVMRUFTRV9SRUFTT05fTk9UX0FUVEVNUFRFRBACKpcBCgtBY3Rpb25TdGF0ZRIcChhBQ1RJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIXChNBQ1RJT05fU1RBVEVfQUJTRU5UEAESGwoXQUNUSU9OX1NUQVRFX0FVVEhPUklaRUQQAhIaChZBQ1RJT05fU1RBVEVfQ09NUExFVEVEEAMSGAoUQUNUSU9OX1NUQVRFX0VYUElSRUQQBCpZCgpSZXNvbHV0aW9uEhoKFlJFU09MVVRJT05fVU5TUEVDSUZJRUQQABIYChRSRVNPTFVUSU9OX0NPTVBMRVRFRBABEhUKEVJFU09MVVRJT05fRkFJTEVEEAIq5QIKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhoKFklERU1QT1RFTkNZX0tFWV9SRVVTRUQQARIbChdJREVNUE9URU5DWV9JTl9QUk9HUkVTUxACEhwKGExFQVNFX0VYUElSRURfVU5SRVNPTFZFRBADEhIKDlRPS0VOX01JU01BVENIEAQSEQoNVE9LRU5fVU5LTk9XThAFEhYKEkNPTVBMRVRFRF9CWV9PVEhFUhAGEhUKEUFMUkVBRFlfQ09NUExFVEVEEAcSFQoRTEVBU0VfTk9UX0VYUElSRUQQCBITCg9JTlZBTElEX1JFUVVFU1QQCRITCg9VTkFVVEhFTlRJQ0FURUQQChITCg9GT1JCSURERU5fU0NPUEUQCxIQCgxSQVRFX0xJTUlURUQQDBIVChFTVE9SRV9VTkFWQUlMQUJMRRANEgwKCElOVEVSTkFMEA4ylQMKEUFjdGlvbkdhdGVTZXJ2aWNlElMKDFJlcXVlc3RUb2tlbhIgLm9uY2VnYXRlLnYxLlJlcXVlc3RUb2tlblJlcXVlc3QaIS5vbmNlZ2F0ZS52MS5SZXF1ZXN0VG9rZW5SZXNwb25zZRJHCghDb21wbGV0ZRIcLm9uY2VnYXRlLnYxLkNvbXBsZXRlUmVxdWVzdBodLm9uY2VnYXRlLnYxLkNvbXBsZXRlUmVzcG9uc2USRAoHUmVsZWFzZRIbLm9uY2VnYXRlLnYxLlJlbGVhc2VSZXF1ZXN0Ghwub25jZWdhdGUudjEuUmVsZWFzZVJlc3BvbnNlElAKC0V4dGVuZExlYXNlEh8ub25jZWdhdGUudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0GiAub25jZWdhdGUudjEuRXh0ZW5kTGVhc2VSZXNwb25zZRJKCglHZXRBY3Rpb24SHS5vbmNlZ2F0ZS52MS5HZXRBY3Rpb25SZXF1ZXN0Gh4ub25jZWdhdGUudjEuR2V0QWN0aW9uUmVzcG9uc2UynAMKEEdhdGVBZG1pblNlcnZpY2USdwoYUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uEiwub25jZWdhdGUudjEuUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVxdWVzdBotLm9uY2VnYXRlLnYxLlJlY29yZEV4dGVybmFsQ29tcGxldGlvblJlc3BvbnNlElkKDlJlc29sdmVFeHBpcmVkEiIub25jZWdhdGUudjEuUmVzb2x2ZUV4cGlyZWRSZXF1ZXN0GiMub25jZWdhdGUudjEuUmVzb2x2ZUV4cGlyZWRSZXNwb25zZRJZCg5MaXN0VW5yZXNvbHZlZBIiLm9uY2VnYXRlLnYxLkxpc3RVbnJlc29sdmVkUmVxdWVzdBojLm9uY2VnYXRlLnYxLkxpc3RVbnJlc29sdmVkUmVzcG9uc2USWQoORXhwb3J0UmVjZWlwdHMSIi5vbmNlZ2F0ZS52MS5FeHBvcnRSZWNlaXB0c1JlcXVlc3QaIy5vbmNlZ2F0ZS52MS5FeHBvcnRSZWNlaXB0c1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Who acts: the agent and the workflow run the action belongs to.
@@ -248,6 +248,17 @@ export type Grant = Message<"oncegate.v1.Grant"> & {
    * @generated from field: uint32 replicas_acknowledged = 5;
    */
   replicasAcknowledged: number;
+
+  /**
+   * The signed grant statement, for the system that executes the action to verify offline: a JWS
+   * in compact serialization, EdDSA (Ed25519), header typ "oncegate-grant+jwt", claims iss, aud,
+   * iat, exp (the lease end at grant time, Unix seconds), agent, run, action, key, intent,
+   * fingerprint, fencing, provider_key. Pass it (with the params) to the executor, which checks it
+   * against the gate's public keys (JWKS). Empty when the gate does not sign.
+   *
+   * @generated from field: string statement = 6;
+   */
+  statement: string;
 };
 
 /**
@@ -311,6 +322,24 @@ export type Completion = Message<"oncegate.v1.Completion"> & {
    * @generated from field: string operator = 7;
    */
   operator: string;
+
+  /**
+   * Its position in the agent's receipt chain (from 1); 0 when it was recorded without one (the
+   * gate does not sign).
+   *
+   * @generated from field: uint64 seq = 8;
+   */
+  seq: bigint;
+
+  /**
+   * The signed receipt statement: a JWS (EdDSA), typ "oncegate-receipt+jwt", claims iss, iat,
+   * seq, agent, run, key, fingerprint, receipt_digest (hex SHA-256 of the receipt), fencing,
+   * source ("worker" or "operator"), completed_at (Unix ms) and prev (the digest of the agent's
+   * previous chain entry). Empty without signing.
+   *
+   * @generated from field: string statement = 9;
+   */
+  statement: string;
 };
 
 /**
@@ -834,6 +863,148 @@ export const ListUnresolvedResponseSchema: GenMessage<ListUnresolvedResponse> = 
   messageDesc(file_oncegate_v1_oncegate, 20);
 
 /**
+ * Asks for a page of one agent's receipt chain.
+ *
+ * @generated from message oncegate.v1.ExportReceiptsRequest
+ */
+export type ExportReceiptsRequest = Message<"oncegate.v1.ExportReceiptsRequest"> & {
+  /**
+   * The agent (required).
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+
+  /**
+   * The entries after this position; 0 for the first page.
+   *
+   * @generated from field: uint64 after_seq = 2;
+   */
+  afterSeq: bigint;
+
+  /**
+   * The most entries to return (1 to 1000; 100 when 0).
+   *
+   * @generated from field: uint32 page_size = 3;
+   */
+  pageSize: number;
+};
+
+/**
+ * Describes the message oncegate.v1.ExportReceiptsRequest.
+ * Use `create(ExportReceiptsRequestSchema)` to create a new message.
+ */
+export const ExportReceiptsRequestSchema: GenMessage<ExportReceiptsRequest> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 21);
+
+/**
+ * One entry of an agent's receipt chain, as stored.
+ *
+ * @generated from message oncegate.v1.ReceiptEntry
+ */
+export type ReceiptEntry = Message<"oncegate.v1.ReceiptEntry"> & {
+  /**
+   * Its position in the chain, from 1.
+   *
+   * @generated from field: uint64 seq = 1;
+   */
+  seq: bigint;
+
+  /**
+   * The completed action.
+   *
+   * @generated from field: oncegate.v1.ActionRef action = 2;
+   */
+  action?: ActionRef | undefined;
+
+  /**
+   * The action's request hash.
+   *
+   * @generated from field: string fingerprint = 3;
+   */
+  fingerprint: string;
+
+  /**
+   * Hex SHA-256 of the receipt.
+   *
+   * @generated from field: string receipt_digest = 4;
+   */
+  receiptDigest: string;
+
+  /**
+   * The fencing number of the completed grant.
+   *
+   * @generated from field: uint64 fencing = 5;
+   */
+  fencing: bigint;
+
+  /**
+   * Who recorded the completion.
+   *
+   * @generated from field: oncegate.v1.CompletionSource source = 6;
+   */
+  source: CompletionSource;
+
+  /**
+   * When it was recorded (store clock, millisecond precision).
+   *
+   * @generated from field: google.protobuf.Timestamp completed_at = 7;
+   */
+  completedAt?: Timestamp | undefined;
+
+  /**
+   * Its signed receipt statement (see Completion.statement); empty when the gate stopped between
+   * recording the completion and storing the signature (the next entry's link still covers it).
+   *
+   * @generated from field: string statement = 8;
+   */
+  statement: string;
+};
+
+/**
+ * Describes the message oncegate.v1.ReceiptEntry.
+ * Use `create(ReceiptEntrySchema)` to create a new message.
+ */
+export const ReceiptEntrySchema: GenMessage<ReceiptEntry> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 22);
+
+/**
+ * A page of a receipt chain.
+ *
+ * @generated from message oncegate.v1.ExportReceiptsResponse
+ */
+export type ExportReceiptsResponse = Message<"oncegate.v1.ExportReceiptsResponse"> & {
+  /**
+   * In chain order.
+   *
+   * @generated from field: repeated oncegate.v1.ReceiptEntry entries = 1;
+   */
+  entries: ReceiptEntry[];
+
+  /**
+   * Pass it as `after_seq` for the next page; 0 when this page is the last.
+   *
+   * @generated from field: uint64 next_after_seq = 2;
+   */
+  nextAfterSeq: bigint;
+
+  /**
+   * The gate's public keys as a JWKS document (RFC 7517), the active one and the retired ones it
+   * still publishes. An auditor who keeps the keys elsewhere verifies with those instead.
+   *
+   * @generated from field: string jwks = 3;
+   */
+  jwks: string;
+};
+
+/**
+ * Describes the message oncegate.v1.ExportReceiptsResponse.
+ * Use `create(ExportReceiptsResponseSchema)` to create a new message.
+ */
+export const ExportReceiptsResponseSchema: GenMessage<ExportReceiptsResponse> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 23);
+
+/**
  * What the gate decided for a RequestToken that was not refused.
  *
  * @generated from enum oncegate.v1.Decision
@@ -1267,6 +1438,18 @@ export const GateAdminService: GenService<{
     methodKind: "unary";
     input: typeof ListUnresolvedRequestSchema;
     output: typeof ListUnresolvedResponseSchema;
+  },
+  /**
+   * Exports a page of one agent's receipt chain: every recorded completion of the agent (worker or
+   * operator), in the order the store recorded them, as stored, with the public keys (JWKS) that
+   * verify their statements. `oncegate admin audit` reads every page and verifies the chain.
+   *
+   * @generated from rpc oncegate.v1.GateAdminService.ExportReceipts
+   */
+  exportReceipts: {
+    methodKind: "unary";
+    input: typeof ExportReceiptsRequestSchema;
+    output: typeof ExportReceiptsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_oncegate_v1_oncegate, 1);
