@@ -20,6 +20,7 @@ mod operator;
 mod promise;
 mod properties;
 mod races;
+mod reflection;
 mod rows;
 mod security;
 mod services;
