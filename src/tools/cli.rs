@@ -1,5 +1,6 @@
 //! The command line: `oncegate serve` (its flags are [`crate::config::ServeArgs`]),
-//! `oncegate fingerprint`, `oncegate hash-key`, `oncegate admin …` ([`super::admin_cli`]) and
+//! `oncegate fingerprint`, `oncegate hash-key`, `oncegate call …` ([`super::call_cli`]),
+//! `oncegate admin …` ([`super::admin_cli`]) and
 //! `oncegate bench` ([`super::bench`]) and `oncegate mcp` ([`super::mcp`]). `--help` is the
 //! reference.
 
@@ -30,6 +31,8 @@ pub enum Command {
     Fingerprint(FingerprintArgs),
     /// Read an API key on standard input and print its SHA-256 (for `api_key_sha256`).
     HashKey,
+    /// The worker API against a running gate: request-token, complete, release, extend, get.
+    Call(Box<super::call_cli::CallArgs>),
     /// The operator API against a running gate: get, complete, resolve, list-unresolved.
     Admin(Box<super::admin_cli::AdminArgs>),
     /// Load a running gate on this machine and report throughput, latency and correctness.

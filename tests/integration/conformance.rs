@@ -244,7 +244,11 @@ impl Actor {
                 sliding: rng.below(2) == 0,
             }),
         };
-        let reply = self.store.record_external(&self.key, &ext, 0).await.unwrap();
+        let reply = self
+            .store
+            .record_external(&self.key, &ext, 0)
+            .await
+            .unwrap();
         check(
             &mut self.model,
             reply,
