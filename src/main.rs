@@ -134,9 +134,6 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    // Standard output carries this one line, the port-0 discovery contract (tests and clients
-    // read it); every log line, this address included, goes to standard error.
-    println!("listening on {addr}");
     let config_file = args
         .config
         .as_ref()
@@ -145,6 +142,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         config = %config_file, policies = config.policies.names().count(),
         strict = config.policies.strict, principals = config.server.principals.len(),
         "oncegate serving");
+    // Standard output carries this one line, the port-0 discovery contract (tests and clients
+    // read it); every log line goes to standard error, the start-up line above before it.
+    println!("listening on {addr}");
     let gate = Gate::with_metrics(store, config.policies, metrics);
     match server::run(listener, gate, config.server, shutdown_signal()).await {
         Ok(()) => {

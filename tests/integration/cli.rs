@@ -268,9 +268,13 @@ fn a_port_in_use_exits_69() {
 /// What `make <args>` would run (`make -n`), from the repository root.
 fn make_dry_run(args: &[&str]) -> String {
     let out = Command::new("make")
-        .arg("-n")
+        .args(["-n", "--no-print-directory"])
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
+        // Run from `make test`, the outer make's settings would leak in.
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL")
         .output()
         .unwrap();
     assert!(
