@@ -6,11 +6,17 @@ PYTHON ?= python3
 VENV := .venv
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp example-python example-typescript bench clean fuzz
+.PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp example-python example-typescript bench clean fuzz
 
-## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data.
+## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data. ARGS passes flags
+## to `oncegate serve`, e.g. make run ARGS="--config policies.toml --log-format json". The binary
+## it builds is target/release/oncegate.
 run:
-	$(CARGO) run --release --locked -- serve
+	$(CARGO) run --release --locked -- serve $(ARGS)
+
+## Start clean: delete the records `make run` keeps in ./oncegate-data (the build stays).
+clean-data:
+	rm -rf oncegate-data
 
 ## Every test: formatting, lints, the proto lint, the Prometheus rules, the Kubernetes manifests,
 ## Rust unit and integration tests (real Redis processes, Cluster and Sentinel deployments started by

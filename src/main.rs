@@ -14,7 +14,7 @@ use oncegate::{
     },
     store::{Store, StoreError},
     tools::{
-        admin_cli,
+        admin_cli, call_cli,
         cli::{Cli, Command},
         fingerprint,
     },
@@ -43,6 +43,7 @@ fn main() -> ExitCode {
         Command::HashKey => hash_key_command(),
         Command::Keys(args) => oncegate::tools::keys::run(&args),
         Command::Verify(args) => oncegate::tools::keys::verify(&args),
+        Command::Call(args) => with_runtime(|runtime| runtime.block_on(call_cli::run(*args))),
         Command::Admin(args) => with_runtime(|runtime| runtime.block_on(admin_cli::run(*args))),
         Command::Bench(args) => oncegate::tools::bench::main(args),
         Command::Mcp(args) => with_runtime(|runtime| {
@@ -153,9 +154,17 @@ async fn serve(args: ServeArgs) -> ExitCode {
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
-    println!("listening on {addr}");
+    let config_file = args
+        .config
+        .as_ref()
+        .map_or_else(|| "none".to_owned(), |p| p.display().to_string());
     tracing::info!(%addr, store = config.store.name(), durability_replicas = config.durability_replicas,
+        config = %config_file, policies = config.policies.names().count(),
+        strict = config.policies.strict, principals = config.server.principals.len(),
         "oncegate serving");
+    // Standard output carries this one line, the port-0 discovery contract (tests and clients
+    // read it); every log line goes to standard error, the start-up line above before it.
+    println!("listening on {addr}");
     let mut gate = Gate::with_metrics(store, config.policies, metrics);
     if let Some(signer) = signer {
         gate = gate.with_signer(signer);

@@ -116,11 +116,11 @@ fn limits(table: &LimitsTable) -> Result<Limits, FileError> {
         max_receipt_bytes: table.max_receipt_bytes.unwrap_or(builtin.max_receipt_bytes),
         max_id_bytes: table.max_id_bytes.unwrap_or(builtin.max_id_bytes),
         max_lease: match table.max_lease_ttl_seconds {
-            Some(s) => seconds("limits.max_lease_ttl_seconds", s)?,
+            Some(Seconds(s)) => seconds("limits.max_lease_ttl_seconds", s)?,
             None => builtin.max_lease,
         },
         min_lease: match table.min_lease_ttl_seconds {
-            Some(s) => seconds("limits.min_lease_ttl_seconds", s)?,
+            Some(Seconds(s)) => seconds("limits.min_lease_ttl_seconds", s)?,
             None => builtin.min_lease,
         },
         max_superseded_grants: table
@@ -153,8 +153,8 @@ struct File {
 #[serde(deny_unknown_fields)]
 pub(super) struct PolicyTable {
     pub(super) key_fields: Option<Vec<String>>,
-    lease_ttl_seconds: Option<f64>,
-    retention_seconds: Option<f64>,
+    lease_ttl_seconds: Option<Seconds>,
+    retention_seconds: Option<Seconds>,
     sliding: Option<bool>,
     on_expiry: Option<OnExpiry>,
     durability_replicas: Option<u32>,
@@ -168,9 +168,36 @@ struct LimitsTable {
     max_params_depth: Option<usize>,
     max_receipt_bytes: Option<usize>,
     max_id_bytes: Option<usize>,
-    max_lease_ttl_seconds: Option<f64>,
-    min_lease_ttl_seconds: Option<f64>,
+    max_lease_ttl_seconds: Option<Seconds>,
+    min_lease_ttl_seconds: Option<Seconds>,
     max_superseded_grants: Option<usize>,
+}
+
+/// A duration in the file: a TOML integer or float of seconds. Anything else (`"5"`) is refused as
+/// "expected a number of seconds", not serde's "expected f64".
+#[derive(Debug, Clone, Copy)]
+struct Seconds(f64);
+
+impl<'de> Deserialize<'de> for Seconds {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Seconds;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number of seconds (e.g. 300 or 0.5, without quotes)")
+            }
+            fn visit_f64<E>(self, v: f64) -> Result<Seconds, E> {
+                Ok(Seconds(v))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Seconds, E> {
+                Ok(Seconds(v as f64))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Seconds, E> {
+                Ok(Seconds(v as f64))
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 fn seconds(what: &str, s: f64) -> Result<Millis, FileError> {
@@ -209,12 +236,12 @@ fn resolve(
         key_fields,
         lease: table
             .lease_ttl_seconds
-            .map(|s| seconds(&at("lease_ttl_seconds"), s))
+            .map(|Seconds(s)| seconds(&at("lease_ttl_seconds"), s))
             .transpose()?
             .unwrap_or(base.lease),
         retention: table
             .retention_seconds
-            .map(|s| seconds(&at("retention_seconds"), s))
+            .map(|Seconds(s)| seconds(&at("retention_seconds"), s))
             .transpose()?
             .unwrap_or(base.retention),
         sliding: table.sliding.unwrap_or(base.sliding),
@@ -321,6 +348,14 @@ mod tests {
             ),
             ("[actions.\"a\"]\nkey_fields = [\"/a~2\"]", "'~0' or '~1'"),
             ("[defaults]\nlease_ttl_seconds = 0", "positive"),
+            (
+                "[defaults]\nlease_ttl_seconds = \"5\"",
+                "expected a number of seconds",
+            ),
+            (
+                "[limits]\nmin_lease_ttl_seconds = true",
+                "a number of seconds",
+            ),
             ("[defaults]\nlease_tl_seconds = 5", "unknown field"),
             ("[defaults]\non_expiry = \"sometimes\"", "unknown variant"),
             (

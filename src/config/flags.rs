@@ -7,154 +7,165 @@ use std::{net::SocketAddr, path::PathBuf};
 use super::defaults;
 use crate::{observe::telemetry::LogFormat, store::redis::Topology};
 
+// The groups of `oncegate serve --help`, in the order they are listed.
+const LISTENER: &str = "Listener";
+const STORE: &str = "Store";
+const REDIS: &str = "Redis topologies (set one; none: the embedded store)";
+const DURABILITY: &str = "Durability";
+const SECURITY: &str = "Security";
+const OBSERVABILITY: &str = "Observability";
+const LIMITS: &str = "Limits (more in the config file's [limits])";
+
 /// Settings of `oncegate serve`, validated once at start-up.
 #[derive(Debug, Clone, clap::Args)]
+#[command(next_line_help = true)]
 pub struct ServeArgs {
     /// Address of the gRPC listener. Port 0 picks a free port; the bound address is printed on
     /// standard output as `listening on ADDR`.
-    #[arg(long, env = "ONCEGATE_LISTEN", default_value = defaults::LISTEN)]
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_LISTEN", default_value = defaults::LISTEN)]
     pub listen: SocketAddr,
+
+    /// The config file (TOML): action policies (strict, [defaults], [actions."name"]), [limits] and
+    /// [[principals]]; see the README. Without it: built-in defaults and an open gate.
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// A second, plaintext listener serving only gRPC health, for probes that cannot speak TLS
+    /// (Kubernetes gRPC probes) when the main listener uses it. Off when unset.
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+
+    /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = defaults::DRAIN_SECONDS)]
+    pub drain_seconds: u64,
+
+    /// Directory of the embedded store's file (created if missing). Ignored with --redis-url.
+    #[arg(help_heading = STORE, long, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR)]
+    pub data_dir: PathBuf,
+
+    /// Deadline of one store call in milliseconds; past it the call fails closed with UNAVAILABLE.
+    #[arg(help_heading = STORE, long, env = "ONCEGATE_STORE_TIMEOUT_MS", default_value_t = defaults::STORE_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub store_timeout_ms: u64,
 
     /// Redis URL (redis://[user:pass@]host:port[/db], rediss:// for TLS) of a standalone Redis.
     /// Without it (and without --redis-cluster-nodes or --redis-sentinels) the gate uses the
     /// embedded store under --data-dir.
-    #[arg(long, env = "ONCEGATE_REDIS_URL")]
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_URL")]
     pub redis_url: Option<String>,
 
     /// Redis Cluster seed nodes, comma-separated host:port (or redis:// URLs); the gate discovers
     /// the rest. Excludes --redis-url and --redis-sentinels.
-    #[arg(long, env = "ONCEGATE_REDIS_CLUSTER_NODES", value_delimiter = ',')]
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_CLUSTER_NODES", value_delimiter = ',')]
     pub redis_cluster_nodes: Vec<String>,
 
     /// Redis Sentinel addresses, comma-separated host:port (or redis:// URLs with the sentinels'
     /// own credentials); needs --redis-sentinel-master. Excludes --redis-url and
     /// --redis-cluster-nodes.
-    #[arg(long, env = "ONCEGATE_REDIS_SENTINELS", value_delimiter = ',')]
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_SENTINELS", value_delimiter = ',')]
     pub redis_sentinels: Vec<String>,
 
     /// The name Sentinel knows the master by (`sentinel monitor <name> ...`).
-    #[arg(long, env = "ONCEGATE_REDIS_SENTINEL_MASTER")]
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_SENTINEL_MASTER")]
     pub redis_sentinel_master: Option<String>,
 
     /// Username for the Redis data nodes (Cluster nodes, the Sentinel-managed master, or the
     /// --redis-url server), unless their URL names one.
-    #[arg(long, env = "ONCEGATE_REDIS_USERNAME")]
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_USERNAME")]
     pub redis_username: Option<String>,
 
     /// Password for the Redis data nodes, unless their URL names one. Prefer the environment
     /// variable (from a Secret) to the flag, which shows in process lists.
-    #[arg(long, env = "ONCEGATE_REDIS_PASSWORD", hide_env_values = true)]
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_PASSWORD", hide_env_values = true)]
     pub redis_password: Option<String>,
+
+    /// Sentinel only: how often the master's ROLE and the sentinels' answer are re-checked, in
+    /// milliseconds (failover events are followed at once; this catches missed ones).
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_SENTINEL_CHECK_MS", default_value_t = defaults::SENTINEL_CHECK_MS,
+          value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub redis_sentinel_check_ms: u64,
 
     /// UNSAFE: serve although Redis may evict keys (its maxmemory-policy is not noeviction, or
     /// cannot be read). An evicted completion runs its action again. Without it such a Redis is
     /// refused at start-up (exit 64) and, if its policy changes later, every call fails closed.
-    #[arg(long, env = "ONCEGATE_ALLOW_REDIS_EVICTION")]
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_ALLOW_REDIS_EVICTION")]
     pub allow_redis_eviction: bool,
 
     /// Durability level: replicas that must confirm every state change (Redis WAIT) before it is
     /// acknowledged. When fewer confirm, a grant is not handed out and a Complete returns
     /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas.
-    #[arg(long, env = "ONCEGATE_DURABILITY_REPLICAS", default_value_t = defaults::DURABILITY_REPLICAS)]
+    #[arg(help_heading = DURABILITY, long, env = "ONCEGATE_DURABILITY_REPLICAS", default_value_t = defaults::DURABILITY_REPLICAS)]
     pub durability_replicas: u32,
 
     /// How long WAIT lets the replicas take, in milliseconds; must be below --store-timeout-ms.
-    #[arg(long, env = "ONCEGATE_DURABILITY_TIMEOUT_MS", default_value_t = defaults::DURABILITY_TIMEOUT_MS,
+    #[arg(help_heading = DURABILITY, long, env = "ONCEGATE_DURABILITY_TIMEOUT_MS", default_value_t = defaults::DURABILITY_TIMEOUT_MS,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub durability_timeout_ms: u64,
 
-    /// Sentinel only: how often the master's ROLE and the sentinels' answer are re-checked, in
-    /// milliseconds (failover events are followed at once; this catches missed ones).
-    #[arg(long, env = "ONCEGATE_REDIS_SENTINEL_CHECK_MS", default_value_t = defaults::SENTINEL_CHECK_MS,
-          value_parser = clap::value_parser!(u64).range(50..=60_000))]
-    pub redis_sentinel_check_ms: u64,
-
-    /// Directory of the embedded store's file (created if missing). Ignored with --redis-url.
-    #[arg(long, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR)]
-    pub data_dir: PathBuf,
-
-    /// Action policies file (TOML: strict, [defaults], [limits], [actions."name"]); see README.
-    #[arg(long, env = "ONCEGATE_CONFIG")]
-    pub config: Option<PathBuf>,
-
-    /// Ed25519 private key (PKCS#8 PEM: `oncegate keys generate`, or `openssl genpkey -algorithm
-    /// ed25519`) that signs grant and receipt statements. Without it the embedded store generates
-    /// one into --data-dir at first start; on Redis the gate then serves unsigned (warned), since
-    /// every replica must sign with the same key: give them all this file.
-    #[arg(long, env = "ONCEGATE_SIGNING_KEY")]
-    pub signing_key: Option<PathBuf>,
-
-    /// Retired signing keys, comma-separated PEM files (private or public): still published and
-    /// still verifying what they signed, never signing. Remove one once its last grant expired
-    /// (the longest lease) and no auditor needs it: statements it signed are then refused.
-    #[arg(long, env = "ONCEGATE_RETIRED_SIGNING_KEYS", value_delimiter = ',')]
-    pub retired_signing_keys: Vec<PathBuf>,
-
-    /// The issuer (`iss`) every statement names.
-    #[arg(long, env = "ONCEGATE_SIGNING_ISSUER", default_value = defaults::SIGNING_ISSUER)]
-    pub signing_issuer: String,
-
-    /// Serve without signing: no grant statements, no receipt chains.
-    #[arg(long, env = "ONCEGATE_UNSIGNED", conflicts_with = "signing_key")]
-    pub unsigned: bool,
-
-    /// Log format.
-    #[arg(long, env = "ONCEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
-    pub log_format: LogFormat,
-
-    /// Deadline of one store call in milliseconds; past it the call fails closed with UNAVAILABLE.
-    #[arg(long, env = "ONCEGATE_STORE_TIMEOUT_MS", default_value_t = defaults::STORE_TIMEOUT_MS,
-          value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    pub store_timeout_ms: u64,
-
-    /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
-    #[arg(long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = defaults::DRAIN_SECONDS)]
-    pub drain_seconds: u64,
-
-    /// Largest accepted gRPC request message, in bytes.
-    #[arg(long, env = "ONCEGATE_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES,
-          value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
-    pub max_message_bytes: u64,
-
     /// PEM certificate chain of the listener: serve TLS (with --tls-key).
-    #[arg(long, env = "ONCEGATE_TLS_CERT", requires = "tls_key")]
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_TLS_CERT", requires = "tls_key")]
     pub tls_cert: Option<PathBuf>,
 
     /// PEM private key of --tls-cert.
-    #[arg(long, env = "ONCEGATE_TLS_KEY", requires = "tls_cert")]
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
 
     /// PEM CA bundle for client certificates: mutual TLS (needs --tls-cert). Principals with a
     /// cert_identity authenticate with such a certificate; without principals, every caller must
     /// present one.
-    #[arg(long, env = "ONCEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
-
-    /// A second, plaintext listener serving only gRPC health, for probes that cannot speak TLS
-    /// (Kubernetes gRPC probes) when the main listener uses it. Off when unset.
-    #[arg(long, env = "ONCEGATE_HEALTH_LISTEN")]
-    pub health_listen: Option<SocketAddr>,
 
     /// Serve a non-loopback address without principals or client certificates, open to anyone
     /// who can reach it. Without it such a start is refused (exit 64).
-    #[arg(long, env = "ONCEGATE_INSECURE")]
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_INSECURE")]
     pub insecure: bool,
+
+    /// Ed25519 private key (PKCS#8 PEM: `oncegate keys generate`, or `openssl genpkey -algorithm
+    /// ed25519`) that signs grant and receipt statements. Without it the embedded store generates
+    /// one into --data-dir at first start; on Redis the gate then serves unsigned (warned), since
+    /// every replica must sign with the same key: give them all this file.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+
+    /// Retired signing keys, comma-separated PEM files (private or public): still published and
+    /// still verifying what they signed, never signing. Remove one once its last grant expired
+    /// (the longest lease) and no auditor needs it: statements it signed are then refused.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_RETIRED_SIGNING_KEYS", value_delimiter = ',')]
+    pub retired_signing_keys: Vec<PathBuf>,
+
+    /// The issuer (`iss`) every statement names.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_SIGNING_ISSUER", default_value = defaults::SIGNING_ISSUER)]
+    pub signing_issuer: String,
+
+    /// Serve without signing: no grant statements, no receipt chains.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_UNSIGNED", conflicts_with = "signing_key")]
+    pub unsigned: bool,
+
+    /// Log format.
+    #[arg(help_heading = OBSERVABILITY, long, env = "ONCEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
 
     /// Address of the Prometheus endpoint (`GET /metrics`, plain HTTP), e.g. 0.0.0.0:9464. Off
     /// when unset. Keep it off the public network: the series name the configured actions.
-    #[arg(long, env = "ONCEGATE_METRICS_LISTEN")]
+    #[arg(help_heading = OBSERVABILITY, long, env = "ONCEGATE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 
     /// The `action` metric label of every action that no policy names, so that agents inventing
     /// action names cannot grow the number of series. Must not be a policy's name.
-    #[arg(long, env = "ONCEGATE_METRICS_OTHER_ACTION_LABEL", default_value = defaults::OTHER_ACTION_LABEL)]
+    #[arg(help_heading = OBSERVABILITY, long, env = "ONCEGATE_METRICS_OTHER_ACTION_LABEL", default_value = defaults::OTHER_ACTION_LABEL)]
     pub metrics_other_action_label: String,
 
     /// OTLP/gRPC endpoint for trace export, e.g. http://otel-collector:4317 (builds with the `otel`
     /// feature only). Off when unset.
     #[cfg(feature = "otel")]
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    #[arg(help_heading = OBSERVABILITY, long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+
+    /// Largest accepted gRPC request message, in bytes.
+    #[arg(help_heading = LIMITS, long, env = "ONCEGATE_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES,
+          value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
+    pub max_message_bytes: u64,
 }
 
 impl ServeArgs {

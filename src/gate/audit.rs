@@ -1,43 +1,101 @@
-//! The audit trail: one event per decision on the `oncegate::audit` target, in the span of the
-//! call that names its principal, and the decision recorded on the RPC span. Names only: never
-//! params, receipts or tokens.
+//! The audit trail: one event per decision on the `oncegate::audit` target, and the decision
+//! recorded on the RPC span. Names only: never params, receipts or tokens.
+//!
+//! Inside an RPC, the events run in the RPC's span, which already names the principal, the RPC,
+//! the agent, run, action and key: an event adds only what the decision says (its fencing
+//! number, the differing fields of a reused key...), so a log line says each thing once. Outside
+//! one (the MCP gateway's in-process gate, or an RPC span a filter left out) the event names the
+//! action itself ([`audit!`]).
 
 use crate::{
     domain::{
         ActionKey,
         ledger::{GrantKind, Refusal, TokenOutcome},
     },
-    observe::{
-        metrics::Decision,
-        telemetry::{self, AUDIT},
-    },
+    observe::{metrics::Decision, telemetry},
 };
 
-/// The audit event of a RequestToken.
+/// An audit event about the action `key`: `audit!(info, key, field = value, ..., "message")`. In
+/// an RPC span it carries the given fields; elsewhere the action's agent, run and key as well.
+macro_rules! audit {
+    ($level:ident, $key:expr, $($fields:tt)*) => {{
+        let key: &$crate::domain::ActionKey = $key;
+        if $crate::observe::telemetry::in_rpc_span() {
+            tracing::$level!(target: $crate::observe::telemetry::AUDIT, $($fields)*)
+        } else {
+            tracing::$level!(target: $crate::observe::telemetry::AUDIT, agent_id = %key.agent_id,
+                run_id = %key.run_id, key = %key.key, $($fields)*)
+        }
+    }};
+}
+pub(crate) use audit;
+
+/// The audit event of a RequestToken: the decision and, where there is one, the fencing number of
+/// the grant or completion it names; a reused key names the differing fields, an attempt in
+/// progress the time left on its lease.
 pub(super) fn token(key: &ActionKey, action: &str, result: &Result<TokenOutcome, Refusal>) {
     let (decision, fencing) = match result {
-        Ok(TokenOutcome::Granted(grant, GrantKind::New)) => ("granted", grant.fencing),
-        Ok(TokenOutcome::Granted(grant, GrantKind::Redelivered)) => ("redelivered", grant.fencing),
-        Ok(TokenOutcome::Granted(grant, GrantKind::Regranted)) => ("regranted", grant.fencing),
-        Ok(TokenOutcome::AlreadyCompleted(done)) => ("replayed", done.fencing),
-        Err(refusal) => (refusal_name(refusal), 0),
+        Ok(TokenOutcome::Granted(grant, GrantKind::New)) => ("granted", Some(grant.fencing)),
+        Ok(TokenOutcome::Granted(grant, GrantKind::Redelivered)) => {
+            ("redelivered", Some(grant.fencing))
+        }
+        Ok(TokenOutcome::Granted(grant, GrantKind::Regranted)) => {
+            ("regranted", Some(grant.fencing))
+        }
+        Ok(TokenOutcome::AlreadyCompleted(done)) => ("replayed", Some(done.fencing)),
+        Err(Refusal::LeaseExpired { fencing, .. }) => ("lease_expired", Some(*fencing)),
+        Err(refusal) => (refusal_name(refusal), None),
     };
     telemetry::record_decision(decision);
-    tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, action, key = %key.key,
-        decision, fencing, "request_token");
+    let in_rpc = telemetry::in_rpc_span();
+    match (result, fencing) {
+        (Err(Refusal::KeyReused { differing }), _) => {
+            let differing = differing.join(",");
+            audit!(info, key, action = (!in_rpc).then_some(action), decision, %differing,
+                "request_token")
+        }
+        (Err(Refusal::InProgress { retry_after }), _) => {
+            audit!(
+                info,
+                key,
+                action = (!in_rpc).then_some(action),
+                decision,
+                retry_after_ms = retry_after,
+                "request_token"
+            )
+        }
+        (_, Some(fencing)) => {
+            audit!(
+                info,
+                key,
+                action = (!in_rpc).then_some(action),
+                decision,
+                fencing,
+                "request_token"
+            )
+        }
+        (_, None) => {
+            audit!(
+                info,
+                key,
+                action = (!in_rpc).then_some(action),
+                decision,
+                "request_token"
+            )
+        }
+    }
 }
 
 /// The audit event of a refused call.
 pub(super) fn refused(rpc: &str, key: &ActionKey, refusal: &Refusal) {
-    telemetry::record_decision(refusal_name(refusal));
-    tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
-        decision = refusal_name(refusal), rpc, "refused");
+    let decision = refusal_name(refusal);
+    telemetry::record_decision(decision);
+    audit!(info, key, decision, rpc, "refused");
 }
 
 /// The event of a possible double execution (a warning: someone should look).
 pub(super) fn double_execution(key: &ActionKey, fencing: u64, what: &str) {
-    tracing::warn!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
-        fencing, "double execution: {what}");
+    audit!(warn, key, fencing, "double execution: {what}");
 }
 
 /// The metrics decision of a RequestToken reply (`None` for refusals RequestToken never gives).

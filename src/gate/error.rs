@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use crate::{domain::ledger::Refusal, store::StoreError};
+use crate::{
+    domain::{ActionKey, ledger::Refusal},
+    store::StoreError,
+};
 
 /// Why the gate did not do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -11,6 +14,11 @@ pub enum GateError {
     /// The state machine refused (conflict, in progress, wrong token...).
     #[error("refused: {0:?}")]
     Refused(Refusal),
+    /// A RequestToken met an action whose outcome is unknown (`LEASE_EXPIRED_UNRESOLVED`): the
+    /// refusal with the action it names, so that the answer carries everything settling it needs
+    /// (the action reference and its provider key, besides the token and fencing number).
+    #[error("refused: {refusal:?} for {key:?}")]
+    Unresolved { key: ActionKey, refusal: Refusal },
     /// The request is malformed; `field` is the proto field path.
     #[error("invalid {field}: {description}")]
     Invalid { field: String, description: String },
@@ -29,6 +37,14 @@ pub enum GateError {
 }
 
 impl GateError {
+    /// The state machine's refusal, if that is what this error is.
+    pub fn refusal(&self) -> Option<&Refusal> {
+        match self {
+            Self::Refused(refusal) | Self::Unresolved { refusal, .. } => Some(refusal),
+            _ => None,
+        }
+    }
+
     /// A malformed-request error.
     pub fn invalid(field: impl Into<String>, description: impl Into<String>) -> Self {
         Self::Invalid {

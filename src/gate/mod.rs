@@ -28,7 +28,7 @@ use crate::{
     },
     observe::{
         metrics::{Decision, DoubleExecution, Metrics},
-        telemetry::{self, AUDIT},
+        telemetry,
     },
     store::{Receipts, Store, StoreError},
 };
@@ -131,7 +131,13 @@ impl Gate {
             self.metrics.attempt(policy_name(policy), decision);
         }
         audit::token(&key, &action, &reply.result);
-        let outcome = reply.result.map_err(GateError::Refused)?;
+        let outcome = reply.result.map_err(|refusal| match refusal {
+            Refusal::LeaseExpired { .. } => GateError::Unresolved {
+                key: key.clone(),
+                refusal,
+            },
+            refusal => GateError::Refused(refusal),
+        })?;
         let provider_key = key.provider_key();
         let statement = match (&self.signer, &outcome) {
             (Some(signer), TokenOutcome::Granted(grant, _)) => {
@@ -238,8 +244,13 @@ impl Gate {
                     "complete_repeated"
                 };
                 telemetry::record_decision(decision);
-                tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
-                    decision, fencing = done.completion.fencing, "complete");
+                audit::audit!(
+                    info,
+                    key,
+                    decision,
+                    fencing = done.completion.fencing,
+                    "complete"
+                );
             }
             Err(refusal @ Refusal::CompletedByOther { fencing, .. }) => {
                 // The holder ran an action someone else (a newer token or an operator) completed.
@@ -276,8 +287,7 @@ impl Gate {
             Ok(fencing) => {
                 self.metrics.release(reason);
                 telemetry::record_decision("released");
-                tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id,
-                key = %key.key, decision = "released", reason, fencing, "release")
+                audit::audit!(info, key, decision = "released", reason, fencing, "release")
             }
             Err(refusal) => audit::refused("release", key, refusal),
         }

@@ -84,8 +84,7 @@ impl Gate {
             Err(refusal) => (audit::refusal_name(refusal), 0),
         };
         telemetry::record_decision(decision);
-        tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
-            decision, fencing, note = %ext.note, "record_external_completion");
+        audit::audit!(info, key, decision, fencing, note = %ext.note, "record_external_completion");
         let done = reply.result.map_err(GateError::Refused)?;
         if done.recorded {
             self.metrics.completion(Source::Operator);
@@ -124,8 +123,7 @@ impl Gate {
             Err(refusal) => (audit::refusal_name(refusal), 0),
         };
         telemetry::record_decision(decision);
-        tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
-            decision, fencing, note, "resolve_expired");
+        audit::audit!(info, key, decision, fencing, note, "resolve_expired");
         let resolved = reply.result.map_err(GateError::Refused)?;
         match &resolved {
             Resolved::Completed(_) => self.metrics.completion(Source::Operator),

@@ -8,16 +8,15 @@
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
-use tracing::Instrument as _;
 
 use super::{
     auth::{self, Principal},
     convert::{action_key, action_ref, completion, receipt_entry, timestamp},
-    service::audit_span,
 };
 use crate::{
     domain::ledger::{Resolution, Resolved},
     gate::{ExternalCall, Gate, GateError},
+    observe::telemetry,
     pb::{self, gate_admin_service_server::GateAdminService},
 };
 
@@ -36,6 +35,7 @@ impl AdminService {
 
 /// The operator check: an operator principal acting within its agents.
 fn operator(principal: &Arc<Principal>, agent_id: &str) -> Result<(), GateError> {
+    telemetry::record_principal(&principal.name);
     principal.authorize(agent_id, true)
 }
 
@@ -58,11 +58,7 @@ impl GateAdminService for AdminService {
             params_json: req.params_json,
             intent_id: req.intent_id,
         };
-        let done = self
-            .gate
-            .record_external(call)
-            .instrument(audit_span(&principal))
-            .await?;
+        let done = self.gate.record_external(call).await?;
         Ok(Response::new(pb::RecordExternalCompletionResponse {
             completion: Some(completion(done.completion)),
             recorded: done.recorded,
@@ -102,7 +98,6 @@ impl GateAdminService for AdminService {
         let resolved = self
             .gate
             .resolve_expired(&key, resolution, &req.note)
-            .instrument(audit_span(&principal))
             .await?;
         let response = match resolved {
             Resolved::Completed(done) => pb::ResolveExpiredResponse {
@@ -124,6 +119,7 @@ impl GateAdminService for AdminService {
         let principal = auth::principal(&request)?;
         let req = request.into_inner();
         let agent = (!req.agent_id.is_empty()).then_some(req.agent_id.as_str());
+        telemetry::record_principal(&principal.name);
         match agent {
             Some(agent) => operator(&principal, agent)?,
             None if principal.role == auth::Role::Operator && principal.acts_for_all() => {}
@@ -132,7 +128,6 @@ impl GateAdminService for AdminService {
         let page = self
             .gate
             .list_unresolved(agent, &req.page_token, req.page_size)
-            .instrument(audit_span(&principal))
             .await?;
         Ok(Response::new(pb::ListUnresolvedResponse {
             actions: page
@@ -144,6 +139,8 @@ impl GateAdminService for AdminService {
                     lease_expired_at: u.view.lease_expires_at.map(timestamp),
                     holder: u.view.holder,
                     fingerprint: u.view.fingerprint,
+                    token: u.view.token,
+                    provider_key: u.key.provider_key(),
                 })
                 .collect(),
             next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
@@ -160,7 +157,6 @@ impl GateAdminService for AdminService {
         let page = self
             .gate
             .receipt_chain(&req.agent_id, req.after_seq, req.page_size)
-            .instrument(audit_span(&principal))
             .await?;
         Ok(Response::new(pb::ExportReceiptsResponse {
             next_after_seq: page.next_after,

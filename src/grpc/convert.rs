@@ -91,8 +91,9 @@ pub fn receipt_entry(entry: ChainEntry) -> pb::ReceiptEntry {
     }
 }
 
-/// A record view on the wire.
-pub fn action_view(view: ledger::ActionView) -> pb::GetActionResponse {
+/// A record view of the action `key` on the wire (every field; the caller blanks what its
+/// principal may not see).
+pub fn action_view(key: &ActionKey, view: ledger::ActionView) -> pb::GetActionResponse {
     let state = match view.state {
         ledger::State::Absent => pb::ActionState::Absent,
         ledger::State::Authorized => pb::ActionState::Authorized,
@@ -106,5 +107,7 @@ pub fn action_view(view: ledger::ActionView) -> pb::GetActionResponse {
         lease_expires_at: view.lease_expires_at.map(timestamp),
         completion: view.completion.map(completion),
         holder: view.holder,
+        token: view.token,
+        provider_key: key.provider_key(),
     }
 }

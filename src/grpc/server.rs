@@ -1,6 +1,6 @@
 //! Runs the gRPC server on a listener it is given: the gate service and the operator API behind
 //! the authenticator, gRPC health (overall and per service, the latter following the store) and
-//! reflection (v1 and v1alpha) without credentials, TLS when configured, bounded messages, and a
+//! reflection (v1 and v1alpha, describing the error details too) without credentials, TLS when configured, bounded messages, and a
 //! graceful drain with a deadline when `shutdown` resolves.
 
 use std::{future::Future, time::Duration};
@@ -91,13 +91,18 @@ pub async fn run(
         None => None,
     };
 
+    // The error details too (google/rpc/error_details.proto): every error carries an ErrorInfo
+    // (and RetryInfo or BadRequest) in an Any, which a reflection client such as grpcurl can only
+    // decode when the server describes its type.
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_file_descriptor_set(error_details())
         .build_v1()?;
     let reflection_v1alpha = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(pb::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .register_file_descriptor_set(error_details())
         .build_v1alpha()?;
 
     let rpc_layer = RpcLayer::new(gate.metrics().clone());
@@ -156,6 +161,24 @@ pub async fn run(
         task.abort();
     }
     result
+}
+
+/// The descriptors of `google/rpc/error_details.proto` and `google/rpc/status.proto` (with the
+/// well-known types they import), as clients know them: tonic-types names them without their
+/// directory, and a client resolving an import by its usual name would not find them.
+fn error_details() -> prost_types::FileDescriptorSet {
+    let mut set = <prost_types::FileDescriptorSet as prost::Message>::decode(
+        tonic_types::pb::FILE_DESCRIPTOR_SET,
+    )
+    .unwrap_or_default();
+    for file in &mut set.file {
+        for name in file.name.iter_mut().chain(file.dependency.iter_mut()) {
+            if !name.contains('/') {
+                *name = format!("google/rpc/{name}");
+            }
+        }
+    }
+    set
 }
 
 /// The most unresolved actions one count looks for (the gauge says "at least this many" beyond).

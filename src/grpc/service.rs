@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use tonic::{Request, Response, Status};
-use tracing::Instrument as _;
 
 use super::{
     auth::{self, Principal},
@@ -13,7 +12,7 @@ use super::{
 use crate::{
     domain::ledger::{self, TokenOutcome},
     gate::{Gate, GateError, TokenCall},
-    observe::telemetry::AUDIT,
+    observe::telemetry,
     pb::{self, action_gate_service_server::ActionGateService},
 };
 
@@ -30,14 +29,9 @@ impl GateService {
     }
 }
 
-/// The span every audit event of one call runs in: it names the principal, on the audit target so
-/// that routing `oncegate::audit` alone keeps it.
-pub fn audit_span(principal: &Principal) -> tracing::Span {
-    tracing::info_span!(target: AUDIT, "call", principal = %principal.name)
-}
-
 /// The caller, and the check that it may act for `agent_id` (before any store call).
 fn authorized(principal: &Arc<Principal>, agent_id: &str) -> Result<(), GateError> {
+    telemetry::record_principal(&principal.name);
     principal.authorize(agent_id, false)
 }
 
@@ -67,11 +61,7 @@ impl ActionGateService for GateService {
             lease,
             principal: principal.name.clone(),
         };
-        let answer = self
-            .gate
-            .request_token(call)
-            .instrument(audit_span(&principal))
-            .await?;
+        let answer = self.gate.request_token(call).await?;
         let mut response = pb::RequestTokenResponse {
             action: Some(action_ref(&answer.key)),
             fingerprint: answer.fingerprint,
@@ -106,11 +96,7 @@ impl ActionGateService for GateService {
         let req = request.into_inner();
         let key = action_key(req.action)?;
         authorized(&principal, &key.agent_id)?;
-        let done = self
-            .gate
-            .complete(&key, &req.token, &req.receipt)
-            .instrument(audit_span(&principal))
-            .await?;
+        let done = self.gate.complete(&key, &req.token, &req.receipt).await?;
         Ok(Response::new(pb::CompleteResponse {
             completion: Some(completion(done.completion)),
         }))
@@ -135,11 +121,7 @@ impl ActionGateService for GateService {
                 .into());
             }
         };
-        let fencing = self
-            .gate
-            .release(&key, &req.token, reason)
-            .instrument(audit_span(&principal))
-            .await?;
+        let fencing = self.gate.release(&key, &req.token, reason).await?;
         Ok(Response::new(pb::ReleaseResponse { fencing }))
     }
 
@@ -152,11 +134,7 @@ impl ActionGateService for GateService {
         let key = action_key(req.action)?;
         authorized(&principal, &key.agent_id)?;
         let ttl = duration_ms("ttl", req.ttl)?;
-        let at = self
-            .gate
-            .extend_lease(&key, &req.token, ttl)
-            .instrument(audit_span(&principal))
-            .await?;
+        let at = self.gate.extend_lease(&key, &req.token, ttl).await?;
         Ok(Response::new(pb::ExtendLeaseResponse {
             lease_expires_at: Some(timestamp(at)),
         }))
@@ -171,9 +149,13 @@ impl ActionGateService for GateService {
         authorized(&principal, &key.agent_id)?;
         let mut view = self.gate.get(&key).await?;
         if principal.role != auth::Role::Operator {
-            // The holder names who may have a live token redelivered: operators' business only.
+            // The holder names who may have a live token redelivered, and the token itself would
+            // let any caller in scope complete or release someone else's live attempt: operators'
+            // business only. (An agent that asks again for an expired action hears its token in
+            // LEASE_EXPIRED_UNRESOLVED, as the one who may reconcile it.)
             view.holder.clear();
+            view.token.clear();
         }
-        Ok(Response::new(action_view(view)))
+        Ok(Response::new(action_view(&key, view)))
     }
 }

@@ -12,7 +12,10 @@ use tonic_types::{ErrorDetails, StatusExt};
 
 use super::convert::timestamp;
 use crate::{
-    domain::ledger::{Millis, Refusal, State},
+    domain::{
+        ActionKey,
+        ledger::{Millis, Refusal, State},
+    },
     gate::GateError,
     pb::ErrorReason,
     store::StoreError,
@@ -24,7 +27,7 @@ pub const DOMAIN: &str = "oncegate";
 /// The ErrorInfo reason `error` carries.
 pub fn reason(error: &GateError) -> ErrorReason {
     match error {
-        GateError::Refused(refusal) => match refusal {
+        GateError::Refused(refusal) | GateError::Unresolved { refusal, .. } => match refusal {
             Refusal::KeyReused { .. } => ErrorReason::IdempotencyKeyReused,
             Refusal::InProgress { .. } => ErrorReason::IdempotencyInProgress,
             Refusal::LeaseExpired { .. } => ErrorReason::LeaseExpiredUnresolved,
@@ -91,6 +94,7 @@ impl From<GateError> for Status {
         let reason = reason(&err);
         let wire = match err {
             GateError::Refused(refusal) => refused(refusal),
+            GateError::Unresolved { key, refusal } => unresolved(&key, refusal),
             GateError::Invalid { field, description } => Wire::invalid(&field, &description),
             GateError::Store(e) => store(e),
             GateError::Unauthenticated => Wire::new(
@@ -170,6 +174,21 @@ fn refused(refusal: Refusal) -> Wire {
         ),
         Refusal::NotExpired { state } => not_expired(state),
     }
+}
+
+/// A refusal about an unsettled action, naming the action and its provider key: everything
+/// settling it needs is in the metadata (and the message says where to ask).
+fn unresolved(key: &ActionKey, refusal: Refusal) -> Wire {
+    let provider_key = key.provider_key();
+    let mut wire = refused(refusal);
+    wire.message = format!(
+        "{}; ask the provider with provider key {provider_key}",
+        wire.message
+    );
+    wire.meta("agent_id", &key.agent_id)
+        .meta("run_id", &key.run_id)
+        .meta("key", &key.key)
+        .meta("provider_key", provider_key)
 }
 
 fn key_reused(differing: &[String]) -> Wire {

@@ -1,7 +1,7 @@
 //! The command line: `oncegate serve` (its flags are [`crate::config::ServeArgs`]),
-//! `oncegate fingerprint`, `oncegate hash-key`, `oncegate admin …` ([`super::admin_cli`]) and
-//! `oncegate bench` ([`super::bench`]), `oncegate mcp` ([`super::mcp`]), `oncegate keys` and
-//! `oncegate verify` ([`super::keys`]). `--help` is the
+//! `oncegate fingerprint`, `oncegate hash-key`, `oncegate call …` ([`super::call_cli`]),
+//! `oncegate admin …` ([`super::admin_cli`]), `oncegate bench` ([`super::bench`]), `oncegate mcp`
+//! ([`super::mcp`]), `oncegate keys` and `oncegate verify` ([`super::keys`]). `--help` is the
 //! reference.
 
 use std::path::PathBuf;
@@ -31,6 +31,8 @@ pub enum Command {
     Fingerprint(FingerprintArgs),
     /// Read an API key on standard input and print its SHA-256 (for `api_key_sha256`).
     HashKey,
+    /// The worker API against a running gate: request-token, complete, release, extend, get.
+    Call(Box<super::call_cli::CallArgs>),
     /// The operator API against a running gate: get, complete, resolve, list-unresolved.
     Admin(Box<super::admin_cli::AdminArgs>),
     /// Load a running gate on this machine and report throughput, latency and correctness.

@@ -1,5 +1,6 @@
-//! The connection to a gate over gRPC, shared by `oncegate admin` and `oncegate mcp --gate`: the
-//! TLS and API-key flags ([`GateAccess`]) and the channel they open ([`connect`]). Owns no RPC.
+//! The connection to a gate over gRPC, shared by `oncegate call`, `oncegate admin` and `oncegate
+//! mcp --gate`: the TLS and API-key flags ([`GateAccess`]) and the channel they open
+//! ([`connect`]), whose failure names its cause. Owns no RPC.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -63,8 +64,26 @@ pub async fn connect(
             .tls_config(config)
             .map_err(|e| usage(format!("TLS configuration: {e}")))?;
     }
-    endpoint
-        .connect()
-        .await
-        .map_err(|e| (EX_UNAVAILABLE, format!("cannot reach {url}: {e}")))
+    endpoint.connect().await.map_err(|e| {
+        let why = with_causes(e.to_string(), std::error::Error::source(&e));
+        (EX_UNAVAILABLE, format!("cannot reach {url}: {why}"))
+    })
+}
+
+/// `message` followed by each error of the `source` chain, joined by ": ", skipping a cause the
+/// text already says: `transport error: tcp connect error: Connection refused (os error 111)`, not
+/// tonic's bare `transport error`.
+pub fn with_causes(
+    mut message: String,
+    mut source: Option<&(dyn std::error::Error + 'static)>,
+) -> String {
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
 }

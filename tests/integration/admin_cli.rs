@@ -159,20 +159,54 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
             String::from_utf8(out.stderr).unwrap(),
         )
     };
-    // The operator's client certificate is its credential.
+    // The operator's client certificate is its credential. The listing names what settling each
+    // action needs: its reference, token, fencing, provider key and since when (`--json` is
+    // accepted after the subcommand too).
     let (code, stdout, stderr) =
-        admin(&["--json", "list-unresolved", "--agent", "billing-9"], None);
+        admin(&["list-unresolved", "--agent", "billing-9", "--json"], None);
     assert_eq!(code, Some(0), "{stderr}");
     let listed: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    assert_eq!(listed["actions"][0]["key"], action.key.as_str());
-    assert_eq!(listed["actions"][0]["fencing"], grant.fencing);
+    let entry = &listed["actions"][0];
+    assert_eq!(entry["key"], action.key.as_str());
+    assert_eq!(entry["fencing"], grant.fencing);
+    assert_eq!(entry["token"], token.as_str());
+    assert_eq!(entry["provider_key"], grant.provider_key.as_str());
+    assert_eq!(
+        entry["lease_expired_at"],
+        grant.lease_expires_at.unwrap().to_string()
+    );
     let (code, stdout, _) = admin(&["list-unresolved"], None);
     assert_eq!(code, Some(0));
-    assert!(
-        stdout.contains("billing-9 / run-1 /")
-            && stdout.contains(&format!("fencing {}", grant.fencing)),
-        "{stdout}"
+    for line in [
+        format!(
+            "billing-9 / run-1 / {}  unresolved since {}",
+            action.key,
+            grant.lease_expires_at.unwrap()
+        ),
+        format!("  token         {token}"),
+        format!("  fencing       {}", grant.fencing),
+        format!("  provider_key  {}", grant.provider_key),
+    ] {
+        assert!(stdout.lines().any(|l| l == line), "{line:?} in\n{stdout}");
+    }
+    let (code, stdout, _) = admin(
+        &[
+            "get",
+            "--agent",
+            "billing-9",
+            "--run",
+            "run-1",
+            "--key",
+            &action.key,
+            "--json",
+        ],
+        None,
     );
+    assert_eq!(code, Some(0));
+    let view: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(view["state"], "ACTION_STATE_EXPIRED");
+    assert_eq!(view["token"], token.as_str(), "operators see the token");
+    assert_eq!(view["provider_key"], grant.provider_key.as_str());
 
     let (code, stdout, stderr) = admin(
         &[

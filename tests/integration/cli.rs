@@ -1,4 +1,5 @@
-//! The command line as a user meets it: `oncegate fingerprint`, `--help`, exit codes.
+//! The command line as a user meets it: `oncegate fingerprint`, `--help` (grouped and wrapped),
+//! configuration errors, exit codes, and the Makefile's `run` and `clean-data`.
 
 use std::process::Command;
 
@@ -195,4 +196,102 @@ fn help_documents_the_topology_and_durability_flags() {
     ] {
         assert!(help.contains(flag), "{flag} missing from --help");
     }
+}
+
+#[test]
+fn serve_help_is_grouped_and_wrapped() {
+    let out = oncegate(&["serve", "--help"]);
+    let help = String::from_utf8(out.stdout).unwrap();
+    let headings: Vec<&str> = help
+        .lines()
+        .filter(|l| !l.starts_with(' ') && l.ends_with(':'))
+        .collect();
+    assert_eq!(
+        headings,
+        [
+            "Options:",
+            "Listener:",
+            "Store:",
+            "Redis topologies (set one; none: the embedded store):",
+            "Durability:",
+            "Security:",
+            "Observability:",
+            "Limits (more in the config file's [limits]):",
+        ],
+        "{help}"
+    );
+    let widest = help.lines().map(|l| l.chars().count()).max().unwrap();
+    assert!(widest <= 100, "a help line of {widest} columns:\n{help}");
+}
+
+#[test]
+fn a_quoted_number_of_seconds_says_what_is_expected() {
+    let dir = TempDir::new().unwrap();
+    let config = write_file(
+        dir.path(),
+        "p.toml",
+        "[defaults]\nlease_ttl_seconds = \"5\"\n",
+    );
+    let out = oncegate(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("lease_ttl_seconds") && stderr.contains("expected a number of seconds"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_port_in_use_exits_69() {
+    let dir = TempDir::new().unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let out = oncegate(&[
+        "serve",
+        "--listen",
+        &addr,
+        "--data-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(69));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}
+
+/// What `make <args>` would run (`make -n`), from the repository root.
+fn make_dry_run(args: &[&str]) -> String {
+    let out = Command::new("make")
+        .args(["-n", "--no-print-directory"])
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        // Run from `make test`, the outer make's settings would leak in.
+        .env_remove("MAKEFLAGS")
+        .env_remove("MFLAGS")
+        .env_remove("MAKELEVEL")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn make_run_passes_flags_and_clean_data_keeps_the_build() {
+    let run = make_dry_run(&["run", "ARGS=--config policies.toml --log-format json"]);
+    assert!(
+        run.contains("-- serve --config policies.toml --log-format json"),
+        "{run}"
+    );
+    let clean = make_dry_run(&["clean-data"]);
+    assert_eq!(clean.trim(), "rm -rf oncegate-data");
 }

@@ -109,7 +109,9 @@ async fn the_guard_waits_for_an_attempt_in_progress_and_gets_its_receipt() {
     let gate = TestGate::start(Kind::Embedded).await;
     let mut raw = gate_client(&gate).await;
     let spec = ActionSpec::new("agent", "run", "email.send", r#"{"to":"x"}"#);
-    let TokenReply::Granted(first) = raw.request_token(&spec).await.unwrap() else {
+    // The first attempt's lease (5 s) ends within the waiter's max_wait (10 s): it is waited for.
+    let leased = spec.clone().lease(Duration::from_secs(5));
+    let TokenReply::Granted(first) = raw.request_token(&leased).await.unwrap() else {
         panic!("expected a grant");
     };
     let finisher = {
@@ -121,8 +123,8 @@ async fn the_guard_waits_for_an_attempt_in_progress_and_gets_its_receipt() {
                 .unwrap();
         })
     };
-    // The first attempt's lease is 300 s, so RetryInfo says "up to 300 s"; the guard polls every
-    // poll_interval within its bound and gets the receipt as soon as the first attempt completes.
+    // RetryInfo says "up to 5 s"; the guard polls every poll_interval within its bound and gets
+    // the receipt as soon as the first attempt completes.
     let options = GuardOptions {
         max_wait: Duration::from_secs(10),
         poll_interval: Duration::from_millis(100),
@@ -140,7 +142,8 @@ async fn the_guard_waits_for_an_attempt_in_progress_and_gets_its_receipt() {
     };
     assert_eq!(done.receipt, b"sent once");
 
-    // With a bound shorter than the other attempt, the guard gives up with IN_PROGRESS.
+    // A lease (300 s) beyond the bound is not waited for: the guard stops at once and says the
+    // lease may be the caller's own earlier attempt.
     let other = ActionSpec::new("agent", "run", "email.send", r#"{"to":"y"}"#);
     raw.request_token(&other).await.unwrap();
     let short = GuardOptions {
@@ -153,9 +156,18 @@ async fn the_guard_waits_for_an_attempt_in_progress_and_gets_its_receipt() {
         })
         .await
         .unwrap_err();
+    let GuardError::InProgressBeyondWait {
+        retry_after,
+        max_wait,
+    } = &err
+    else {
+        panic!("expected InProgressBeyondWait, got {err:?}");
+    };
+    assert!(*retry_after > Duration::from_secs(200) && *max_wait == short.max_wait);
     assert!(
-        matches!(err, GuardError::Gate(ClientError::InProgress { .. })),
-        "{err:?}"
+        err.to_string()
+            .contains("may be this caller's own earlier attempt"),
+        "{err}"
     );
 }
 

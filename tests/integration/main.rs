@@ -3,6 +3,7 @@
 
 mod admin_cli;
 mod bench;
+mod call_cli;
 mod cli;
 mod client;
 mod conformance;
@@ -20,7 +21,9 @@ mod operator;
 mod promise;
 mod properties;
 mod races;
+mod readme;
 mod receipts;
+mod reflection;
 mod rows;
 mod security;
 mod services;

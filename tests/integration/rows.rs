@@ -139,6 +139,17 @@ async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
     assert_eq!(meta["token"], g.token);
     assert_eq!(meta["fencing"], g.fencing.to_string());
     assert!(meta.contains_key("lease_expired_at"));
+    // ...and the action it names, with the key to ask the provider with.
+    assert_eq!(
+        (&meta["agent_id"], &meta["run_id"], &meta["key"]),
+        (&"agent".to_owned(), &"run-3".to_owned(), &action.key)
+    );
+    assert_eq!(meta["provider_key"], g.provider_key);
+    assert!(status.message().contains(&g.provider_key), "{status:?}");
+    // GetAction shows the provider key to the agent, never the token (operators only).
+    let view = state(client, &action).await;
+    assert_eq!(view.provider_key, g.provider_key);
+    assert!(view.token.is_empty());
     // The effect happened after all: a late Complete with that token is accepted.
     let done = complete(client, &action, &g.token, b"late").await.unwrap();
     assert_eq!(done.receipt, b"late");

@@ -125,7 +125,8 @@ def test_a_second_task_waits_on_the_same_loop_then_replays(fake_target: str, run
             return "first"
 
         async with Gate(fake_target) as gate:
-            first = asyncio.create_task(gate.run("pay", {"a": 1}, slow, **scope_kwargs(run_id)))
+            # Its lease (2 s) ends within the second task's max_wait (10 s): the second waits.
+            first = asyncio.create_task(gate.run("pay", {"a": 1}, slow, lease_ttl=2, **scope_kwargs(run_id)))
             await asyncio.sleep(0.1)
             second = await gate.run(
                 "pay", {"a": 1}, slow, max_wait=10, poll_interval=0.05, **scope_kwargs(run_id)
@@ -317,8 +318,8 @@ def test_real_gate_guard_end_to_end(gate_target: str, run_id: str) -> None:
 
         async with Gate(gate_target) as gate:
             concurrent = await asyncio.gather(
-                gate.run("pay", {"n": 1}, pay, poll_interval=0.05, **scope_kwargs(run_id)),
-                gate.run("pay", {"n": 1}, pay, poll_interval=0.05, **scope_kwargs(run_id)),
+                gate.run("pay", {"n": 1}, pay, lease_ttl=5, poll_interval=0.05, **scope_kwargs(run_id)),
+                gate.run("pay", {"n": 1}, pay, lease_ttl=5, poll_interval=0.05, **scope_kwargs(run_id)),
             )
             # Fencing numbers come from the store clock (issue 11): compare with the one granted.
             assert len(runs) == 1 and concurrent == [f"tr-{runs[0]}"] * 2

@@ -120,7 +120,8 @@ def test_guard_waits_for_the_first_caller_and_replays(gate: Gate, run_id: str) -
         time.sleep(1.0)
         return "first"
 
-    worker = threading.Thread(target=lambda: gate.run("pay", {"b": 2}, slow, **scope_kwargs(run_id)))
+    # Its lease (5 s) ends within the waiter's max_wait (20 s): the waiter waits for it.
+    worker = threading.Thread(target=lambda: gate.run("pay", {"b": 2}, slow, lease_ttl=5, **scope_kwargs(run_id)))
     worker.start()
     assert started.wait(10)
     ran: list[Grant] = []

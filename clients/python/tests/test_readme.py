@@ -1,5 +1,7 @@
-"""The README's snippets for ``oncegate.aio`` and the framework adapters run as written, against the
-real gate, and print what their comments say (``print(...)  # expected output``)."""
+"""The README's snippets run as written, against the real gate, and print what their comments say
+(``print(...)  # expected output``): this client's README (the decorator, reconciling an unknown
+outcome, ``oncegate.aio`` and each framework adapter) and the Python snippet of the repository's
+README."""
 
 from __future__ import annotations
 
@@ -12,9 +14,16 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
-RUNNABLE = [block for block in BLOCKS if "ONCEGATE_TARGET" in block]
-NAMES = ["aio", "openai_agents", "langgraph", "pydantic_ai"]
+ROOT_README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def python_blocks(readme: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", readme.read_text(encoding="utf-8"), flags=re.DOTALL)
+
+
+RUNNABLE = [block for block in python_blocks(README) if "ONCEGATE_TARGET" in block]
+NAMES = ["decorator", "reconcile", "aio", "openai_agents", "langgraph", "pydantic_ai"]
+ROOT_BLOCKS = python_blocks(ROOT_README)
 
 
 def expected_output(block: str) -> str:
@@ -26,10 +35,19 @@ def expected_output(block: str) -> str:
 def test_every_adapter_has_a_snippet() -> None:
     assert len(RUNNABLE) == len(NAMES)
     for name, block in zip(NAMES, RUNNABLE, strict=True):
-        assert name == "aio" or f"oncegate.integrations.{name}" in block
+        assert name in ("decorator", "reconcile", "aio") or f"oncegate.integrations.{name}" in block
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=NAMES)
+def test_every_python_snippet_runs() -> None:
+    # A snippet that cannot run against the gate (no ONCEGATE_TARGET) is one that was not tested.
+    untested = [b for b in python_blocks(README) if "ONCEGATE_TARGET" not in b and "fingerprint(" not in b]
+    assert not untested, untested
+    assert ROOT_BLOCKS and all("ONCEGATE_TARGET" in b for b in ROOT_BLOCKS)
+
+
+@pytest.mark.parametrize(
+    "block", RUNNABLE + ROOT_BLOCKS, ids=NAMES + [f"root_{n}" for n in range(len(ROOT_BLOCKS))]
+)
 def test_snippet_runs_and_prints_what_it_says(block: str, gate_target: str, tmp_path: Path) -> None:
     script = tmp_path / "snippet.py"
     script.write_text(block, encoding="utf-8")

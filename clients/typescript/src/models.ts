@@ -78,6 +78,10 @@ export interface ActionRecord {
   readonly leaseExpiresAt: Date | undefined;
   readonly completion: Completion | undefined;
   readonly holder: string;
+  /** The token of an unsettled (AUTHORIZED or EXPIRED) action: operators only, empty for agents. */
+  readonly token: string;
+  /** The action's provider key: ask the provider with it when reconciling. */
+  readonly providerKey: string;
 }
 
 function time(stamp: Timestamp | undefined): Date | undefined {
@@ -136,5 +140,7 @@ export function actionRecordFrom(message: GetActionResponse): ActionRecord {
     leaseExpiresAt: time(message.leaseExpiresAt),
     completion: message.completion === undefined ? undefined : completionFrom(message.completion),
     holder: message.holder,
+    token: message.token,
+    providerKey: message.providerKey,
   };
 }

@@ -83,10 +83,16 @@ describe("fromCallError", () => {
         token: "abc",
         fencing: "3",
         lease_expired_at: "2026-11-30T12:00:00.123456789Z",
+        agent_id: "billing-agent",
+        run_id: "run-7",
+        key: "invoice-1001",
+        provider_key: "og-123",
       }),
     );
     assert.ok(error instanceof LeaseExpiredUnresolvedError);
     assert.equal(error.token, "abc");
+    assert.equal(error.providerKey, "og-123");
+    assert.deepEqual(error.action, { scope: { agentId: "billing-agent", runId: "run-7" }, key: "invoice-1001" });
     assert.equal(error.fencing, 3);
     assert.equal(error.leaseExpiredAt?.toISOString(), "2026-11-30T12:00:00.123Z");
   });

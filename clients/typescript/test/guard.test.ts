@@ -138,7 +138,8 @@ describe("runOnce", () => {
     const runId = freshRunId();
     let started!: () => void;
     const startedPromise = new Promise<void>((resolve) => (started = resolve));
-    const first = gate.runOnce(spec(runId), async () => {
+    // Its lease (5 s) ends within the waiter's maxWait (20 s): the waiter waits for it.
+    const first = gate.runOnce(spec(runId, { leaseTtlMs: 5_000 }), async () => {
       started();
       await sleep(1_000);
       return "first";
@@ -157,14 +158,28 @@ describe("runOnce", () => {
 
   it("gives up waiting after maxWait with the gate's InProgressError", async () => {
     const runId = freshRunId();
-    await gate.requestToken({ ...spec(runId), holder: "someone-else" });
-    const started = Date.now();
+    // The other lease (1.5 s) ends within maxWait at first; the wait then runs out before it does.
+    await gate.requestToken({ ...spec(runId), holder: "someone-else", leaseTtlMs: 1_500 });
     const error = await gate
       .runOnce(spec(runId), () => assert.fail("must not run"), { maxWait: 600, pollInterval: 100 })
       .catch((e: unknown) => e);
     assert.ok(error instanceof InProgressError);
-    const waited = Date.now() - started;
-    assert.ok(waited >= 500 && waited < 5_000, `waited ${waited} ms`);
+  });
+
+  it("fails at once when the live lease outlasts maxWait, saying it may be the caller's own", async () => {
+    const runId = freshRunId();
+    const unknown = await gate
+      .runOnce(spec(runId), () => {
+        throw new Error("timeout");
+      })
+      .catch((e: unknown) => e);
+    assert.ok(unknown instanceof OutcomeUnknownError);
+    const error = await gate.runOnce(spec(runId), () => assert.fail("must not run")).catch((e: unknown) => e);
+    assert.ok(error instanceof InProgressError);
+    assert.ok((error.retryAfterMs ?? 0) > 30_000, String(error.retryAfterMs));
+    assert.match(error.message, /beyond what is left of maxWait \(30 s\)/);
+    assert.match(error.message, /may be this caller's own earlier attempt/);
+    await gate.release(unknown.action, unknown.token);
   });
 
   it("stops at a reused key, without running and without a new key", async () => {

@@ -132,6 +132,12 @@ describe("the RPCs", () => {
     assert.equal(expired.token, first.grant!.token);
     assert.equal(expired.fencing, first.grant!.fencing);
     assert.ok(expired.leaseExpiredAt instanceof Date);
+    // What settling it needs, from the gate: the action and the provider key.
+    assert.deepEqual(expired.action, first.action);
+    assert.equal(expired.providerKey, first.grant!.providerKey);
+    const record = await gate.getAction(first.action);
+    assert.equal(record.providerKey, first.grant!.providerKey);
+    assert.equal(record.token, "", "an agent's GetAction never shows a token");
     const late = await gate.complete(first.action, first.grant!.token, encoder.encode("late but real"));
     assert.equal(new TextDecoder().decode(late.receipt), "late but real");
   });

@@ -221,6 +221,11 @@ pub struct ActionView {
     pub lease_expires_at: Option<Millis>,
     pub completion: Option<Completion>,
     pub holder: String,
+    /// The token whose outcome is unknown, while the action is unsettled (AUTHORIZED or EXPIRED:
+    /// the live or expired grant, or the newest superseded grant still out); empty otherwise. It
+    /// is what settling the action needs; who may see it is the caller's business (the gRPC
+    /// layer shows it to operators only).
+    pub token: String,
 }
 
 /// A request the state machine refuses; each maps to one ErrorInfo reason.

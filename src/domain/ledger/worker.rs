@@ -308,11 +308,13 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
             lease_expires_at: None,
             completion: None,
             holder: String::new(),
+            token: String::new(),
         };
     };
     let mut fencing = rec.fencing;
-    let (state, lease_expires_at, completion, holder) = match &rec.phase {
+    let (state, lease_expires_at, completion, holder, token) = match &rec.phase {
         Phase::Authorized {
+            token,
             holder,
             lease_expires_at,
             ..
@@ -322,15 +324,33 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
             } else {
                 State::Expired
             };
-            (state, Some(*lease_expires_at), None, holder.clone())
+            (
+                state,
+                Some(*lease_expires_at),
+                None,
+                holder.clone(),
+                token.clone(),
+            )
         }
-        Phase::Completed(done) => (State::Completed, None, Some(done.clone()), String::new()),
+        Phase::Completed(done) => (
+            State::Completed,
+            None,
+            Some(done.clone()),
+            String::new(),
+            String::new(),
+        ),
         Phase::Released { at, .. } => match rec.pending_superseded() {
             Some(pending) => {
                 fencing = pending.fencing;
-                (State::Expired, Some(*at), None, String::new())
+                (
+                    State::Expired,
+                    Some(*at),
+                    None,
+                    String::new(),
+                    pending.token.clone(),
+                )
             }
-            None => (State::Absent, None, None, String::new()),
+            None => (State::Absent, None, None, String::new(), String::new()),
         },
     };
     ActionView {
@@ -340,5 +360,6 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
         lease_expires_at,
         completion,
         holder,
+        token,
     }
 }

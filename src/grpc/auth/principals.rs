@@ -118,6 +118,11 @@ impl Principals {
         self.entries.is_empty()
     }
 
+    /// How many are configured.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
     /// The principal whose key hash matches `key`. Every entry is compared, in constant time, so
     /// timing tells nothing about which (or whether a) principal matched.
     pub fn by_api_key(&self, key: &str) -> Option<Arc<Principal>> {

@@ -19,7 +19,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 use tracing::{Span, field::Empty};
 
-use super::{RPC_SPAN, TraceParent};
+use super::{AUDIT, RPC_END, RPC_SPAN, TraceParent};
 use crate::observe::metrics::{Metrics, code_name};
 
 /// The package whose calls are traced and timed.
@@ -66,9 +66,11 @@ fn rpc_span<B>(rpc: &str, req: &Request<B>) -> Span {
     macro_rules! span {
         ($($otel:tt)*) => {
             tracing::info_span!(
+                target: AUDIT,
                 RPC_SPAN,
                 $($otel)*
-                rpc,
+                rpc = %rpc,
+                principal = Empty,
                 trace_id = Empty,
                 parent_span_id = Empty,
                 agent_id = Empty,
@@ -179,12 +181,15 @@ where
         };
         if let Some(observed) = this.observed.take() {
             observed.span.record("grpc.code", code_name(code));
+            let elapsed = observed.start.elapsed();
+            // The span's last event: logs show its fields only with an event, and the code is
+            // known only now.
+            tracing::info!(target: RPC_END, parent: &observed.span,
+                elapsed_ms = elapsed.as_micros() as f64 / 1000.0, "finished");
             // UNIMPLEMENTED is what tonic answers for a method no service has: the path came from
             // the client, so it must not become a label value.
             if code != tonic::Code::Unimplemented {
-                observed
-                    .metrics
-                    .rpc(&observed.rpc, code, observed.start.elapsed());
+                observed.metrics.rpc(&observed.rpc, code, elapsed);
             }
         }
         Poll::Ready(result)

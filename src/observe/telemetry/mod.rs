@@ -2,7 +2,9 @@
 //! W3C `traceparent` ([`TraceParent`]), the audit target ([`AUDIT`]), and the helpers the gate uses
 //! to put what it decided on the current span.
 //!
-//! A span carries the RPC, scope, action, key and decision, and the caller's trace and span ids.
+//! A span carries the RPC, principal, scope, action, key, decision and status code, and the
+//! caller's trace and span ids; its last event ([`RPC_END`]) logs the status and latency, so that
+//! the span's fields reach the logs complete (text and JSON alike).
 //! Never params, receipts or tokens: they are secrets the gate holds for its callers. OpenTelemetry
 //! OTLP export lives in [`otel`], behind the cargo feature `otel` (off by default): without it no
 //! OpenTelemetry crate is compiled in.
@@ -26,8 +28,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// Name of the per-RPC span.
+/// Name of the per-RPC span (on the [`AUDIT`] target, so that routing the audit trail alone keeps
+/// the principal and the action its events belong to).
 pub const RPC_SPAN: &str = "rpc";
+
+/// Target of the one event that ends each RPC: its status code (`grpc.code`, on the span) and
+/// latency. `RUST_LOG=info,oncegate::rpc=warn` leaves it out.
+pub const RPC_END: &str = "oncegate::rpc";
 
 /// The fields of an incoming W3C Trace Context `traceparent` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,20 +93,34 @@ fn is_lower_hex(s: &str) -> bool {
 
 /// Puts what the gate knows about the action on the current RPC span (a no-op outside one).
 pub fn record_action(agent_id: &str, run_id: &str, action: Option<&str>, key: &str) {
+    use tracing::field::display;
     let span = rpc_span();
-    span.record("agent_id", agent_id);
-    span.record("run_id", run_id);
+    span.record("agent_id", display(agent_id));
+    span.record("run_id", display(run_id));
     if let Some(action) = action {
-        span.record("action", action);
+        span.record("action", display(action));
     }
     if !key.is_empty() {
-        span.record("key", key);
+        span.record("key", display(key));
     }
 }
 
 /// Puts the gate's decision on the current RPC span (a no-op outside one).
 pub fn record_decision(decision: &str) {
-    rpc_span().record("decision", decision);
+    rpc_span().record("decision", tracing::field::display(decision));
+}
+
+/// Puts the authenticated caller on the current RPC span (a no-op outside one).
+pub fn record_principal(principal: &str) {
+    rpc_span().record("principal", tracing::field::display(principal));
+}
+
+/// Whether an RPC span that logs is current: then it names the principal, the RPC and the action,
+/// and an audit event need not repeat them.
+pub fn in_rpc_span() -> bool {
+    CURRENT_RPC
+        .try_with(|span| !span.is_disabled())
+        .unwrap_or(false)
 }
 
 tokio::task_local! {

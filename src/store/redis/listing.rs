@@ -31,8 +31,8 @@ pub(super) enum Checked {
     Stale,
     /// The lease is live: this member and every later one of the agent are not unresolved.
     Live,
-    /// The lease ended unresolved.
-    Unresolved(ActionView),
+    /// The lease ended unresolved (boxed: a view is large beside the other variants).
+    Unresolved(Box<ActionView>),
 }
 
 /// An agent's member of the agents index: its id's length (fixed width) then the id, so that the
@@ -309,7 +309,7 @@ impl Walk<'_> {
                 self.budget = self.budget.saturating_sub(1);
                 self.last = Some(ListCursor::after(&key, score));
                 if let Checked::Unresolved(view) = checked {
-                    self.page.items.push(Unresolved { key, view });
+                    self.page.items.push(Unresolved { key, view: *view });
                 }
                 from = Some((score, member));
             }

@@ -97,6 +97,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             let holder = fields.string()?;
             let has_completion = fields.int()? == 1;
             let completion = fields.completion()?;
+            let token = fields.string()?;
             Decoded::View(ActionView {
                 state,
                 fencing,
@@ -105,6 +106,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                     .then_some(lease),
                 completion: has_completion.then_some(completion),
                 holder,
+                token,
             })
         }
         "in_progress" => Decoded::Refused(Refusal::InProgress {
@@ -139,16 +141,18 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                 let fingerprint = fields.string()?;
                 let lease_expires_at = fields.int()?;
                 let holder = fields.string()?;
+                let token = fields.string()?;
                 checked.push(match status {
                     0 => listing::Checked::Stale,
-                    1 => listing::Checked::Unresolved(ActionView {
+                    1 => listing::Checked::Unresolved(Box::new(ActionView {
                         state: State::Expired,
                         fencing,
                         fingerprint,
                         lease_expires_at: Some(lease_expires_at),
                         completion: None,
                         holder,
-                    }),
+                        token,
+                    })),
                     2 => listing::Checked::Live,
                     n => return Err(StoreError::Corrupt(format!("unknown list status {n}"))),
                 });

@@ -3,7 +3,8 @@
 -- KEYS[1]: the agent's lease index
 -- KEYS[2..n+1]: the record keys of the members, in the same order as ARGV
 -- ARGV[1..n]: the members (encoded action keys), in index order
--- Returns: { now, 'unresolved', n, then per member: status, fencing, fingerprint, lease_expires_at, holder }
+-- Returns: { now, 'unresolved', n, then per member: status, fencing, fingerprint, lease_expires_at, holder,
+--            token }
 --          status 1: unresolved (lease ended, neither completed nor released; or released with
 --                    superseded grants still out, named by the newest of them)
 --                 2: lease still live (this and every later member of the index: stop here)
@@ -18,6 +19,7 @@ for i, member in ipairs(ARGV) do
     table.insert(out, rec[FINGERPRINT])
     table.insert(out, rec[LEASE_END])
     table.insert(out, rec[HOLDER])
+    table.insert(out, rec[TOKEN])
   elseif rec and rec[STATE] == RELEASED and #rec[OLDER] > 0 then
     -- superseded grants still out: unresolved, named by the newest of them
     table.insert(out, 1)
@@ -25,11 +27,13 @@ for i, member in ipairs(ARGV) do
     table.insert(out, rec[FINGERPRINT])
     table.insert(out, rec[LEASE_END])
     table.insert(out, '')
+    table.insert(out, rec[OLDER][#rec[OLDER]][G_TOKEN])
   elseif rec and rec[STATE] == AUTHORIZED then
     table.insert(out, 2)
     table.insert(out, rec[FENCING])
     table.insert(out, '')
     table.insert(out, rec[LEASE_END])
+    table.insert(out, '')
     table.insert(out, '')
   else
     redis.call('ZREM', KEYS[1], member)
@@ -37,6 +41,7 @@ for i, member in ipairs(ARGV) do
     table.insert(out, 0)
     table.insert(out, '')
     table.insert(out, 0)
+    table.insert(out, '')
     table.insert(out, '')
   end
 end

@@ -8,7 +8,9 @@
 //! 5. [`Failure::Definite`] → Release (the action had no effect), then return the error.
 //! 6. [`Failure::Ambiguous`] (timeouts, anything unmarked) → never Release: return
 //!    [`GuardError::OutcomeUnknown`], to be reconciled with the provider via the provider key.
-//! 7. In progress elsewhere → wait as RetryInfo says, within [`GuardOptions::max_wait`].
+//! 7. In progress elsewhere → wait as RetryInfo says, within [`GuardOptions::max_wait`]; a live
+//!    lease that outlasts what is left of it fails at once ([`GuardError::InProgressBeyondWait`]:
+//!    it may be the caller's own earlier attempt).
 //! 8. Key reused → stop with that error; never retry with a new key.
 
 use std::{
@@ -90,6 +92,23 @@ pub enum GuardError<E: std::fmt::Debug> {
         /// The grant to Complete or Release once reconciled.
         grant: Grant,
     },
+    /// Another attempt holds a live lease that outlasts what is left of `max_wait` (the gate's
+    /// RetryInfo says so), so the guard did not wait: waiting could only end in the same refusal.
+    /// The lease may be this caller's own earlier attempt (an [`GuardError::OutcomeUnknown`], a
+    /// crash): reconcile it with the provider using its provider key, then Complete or Release its
+    /// token. Otherwise another worker runs it: retry later, or raise `max_wait` above the lease.
+    #[error(
+        "another attempt holds a live lease for {retry_after:?} more, beyond what is left of \
+         max_wait ({max_wait:?}), so the guard did not wait; the lease may be this caller's own \
+         earlier attempt (an unknown outcome, a crash): reconcile it with the provider using its \
+         provider key, then Complete or Release its token; otherwise retry later"
+    )]
+    InProgressBeyondWait {
+        /// The time left on the live lease.
+        retry_after: Duration,
+        /// The guard's `max_wait`.
+        max_wait: Duration,
+    },
     /// The action ran and succeeded, but Complete was not acknowledged within the deadline.
     /// Retry Complete with `grant.token` and `receipt`; never run the action again.
     #[error("the action succeeded but Complete was not acknowledged: {error}")]
@@ -107,7 +126,8 @@ pub enum GuardError<E: std::fmt::Debug> {
 #[derive(Debug, Clone)]
 pub struct GuardOptions {
     /// How long to wait, in total, for an attempt in progress elsewhere (or a briefly unavailable
-    /// gate) before giving up with the gate's error.
+    /// gate) before giving up with the gate's error. A live lease that outlasts what is left of
+    /// it is not waited for ([`GuardError::InProgressBeyondWait`]).
     pub max_wait: Duration,
     /// How long to keep retrying an unacknowledged Complete.
     pub complete_deadline: Duration,
@@ -192,7 +212,14 @@ impl GateClient {
                 Ok(reply) => return Ok(reply),
                 Err(err) => err,
             };
+            let left = deadline.saturating_duration_since(Instant::now());
             let delay = match &err {
+                ClientError::InProgress { retry_after } if *retry_after > left => {
+                    return Err(GuardError::InProgressBeyondWait {
+                        retry_after: *retry_after,
+                        max_wait: options.max_wait,
+                    });
+                }
                 ClientError::InProgress { retry_after } => {
                     (*retry_after).min(options.poll_interval)
                 }
@@ -203,7 +230,6 @@ impl GateClient {
                 }
                 _ => return Err(GuardError::Gate(err)),
             };
-            let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(GuardError::Gate(err));
             }

@@ -41,14 +41,21 @@ pub enum ClientError {
         /// The time left on the other attempt's lease.
         retry_after: Duration,
     },
-    /// The lease ended without Complete or Release: reconcile with the provider, then Complete or
-    /// Release with `token`.
-    #[error("lease of fencing {fencing} expired unresolved; reconcile first")]
+    /// The lease ended without Complete or Release: reconcile with the provider (ask it with
+    /// `provider_key`), then Complete or Release `action` with `token`.
+    #[error(
+        "lease of fencing {fencing} expired unresolved; reconcile with the provider (provider key \
+         {provider_key}) first"
+    )]
     LeaseExpired {
         /// The expired attempt's token, to Complete or Release with after reconciling.
         token: String,
         /// The expired attempt's fencing number.
         fencing: u64,
+        /// The action, as the gate names it (boxed: it would make every error large).
+        action: Box<pb::ActionRef>,
+        /// The key the provider was given.
+        provider_key: String,
     },
     /// The token was not granted for this action (or was released).
     #[error("token mismatch")]
@@ -122,6 +129,14 @@ impl ClientError {
             Some("LEASE_EXPIRED_UNRESOLVED") => Self::LeaseExpired {
                 token: get("token"),
                 fencing: get("fencing").parse().unwrap_or(0),
+                action: Box::new(pb::ActionRef {
+                    scope: Some(pb::Scope {
+                        agent_id: get("agent_id"),
+                        run_id: get("run_id"),
+                    }),
+                    key: get("key"),
+                }),
+                provider_key: get("provider_key"),
             },
             Some("TOKEN_MISMATCH") => Self::TokenMismatch,
             Some("TOKEN_UNKNOWN") => Self::TokenUnknown,

@@ -223,7 +223,7 @@ fn action_ref(key: &ActionKey) -> pb::ActionRef {
 
 fn local_refusal(error: GateError) -> Refused {
     match error {
-        GateError::Refused(refusal) => match refusal {
+        GateError::Refused(refusal) | GateError::Unresolved { refusal, .. } => match refusal {
             Refusal::KeyReused { differing } => Refused::KeyReused(differing),
             Refusal::InProgress { retry_after } => {
                 Refused::InProgress(Duration::from_millis(retry_after.max(0) as u64))

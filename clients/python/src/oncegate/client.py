@@ -98,7 +98,10 @@ class Gate(GateRpc):
         The function's arguments (by name, defaults included) are the params, except
         ``agent_id``, ``run_id``, ``idempotency_key`` and ``intent_id``, which the caller may pass
         as keywords (or take from :meth:`scope`). A parameter named ``grant`` receives the
-        :class:`~oncegate.models.Grant`. See :func:`oncegate.guard.action` for details.
+        :class:`~oncegate.models.Grant`. Every argument is part of the action's identity unless
+        the gate's policy names ``key_fields`` (see :func:`oncegate.guard.action`, which also
+        details ``options``: ``max_wait``, ``poll_interval``, ``retry_timeout``, ``lease_ttl``,
+        ``heartbeat``, ``holder``, ``definite``, ``encode``, ``decode``).
         """
         return guard.action(
             self, name, key_fields_hint=key_fields_hint, options=guard.GuardOptions(**options)

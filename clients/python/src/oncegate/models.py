@@ -1,10 +1,13 @@
-"""Plain values returned by the client, converted from the generated protobuf messages."""
+"""Plain values returned by the client, converted from the generated protobuf messages, and the
+default receipt codec (JSON) that turns results into receipts and back."""
 
 from __future__ import annotations
 
 import enum
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import Any
 
 from google.protobuf import timestamp_pb2
 
@@ -21,10 +24,33 @@ __all__ = [
     "ReleaseReason",
     "RequestTokenResult",
     "Scope",
+    "json_decode",
+    "json_encode",
 ]
 
 
-class Decision(enum.IntEnum):
+def json_encode(result: Any) -> bytes:
+    """The default receipt encoder: compact JSON with sorted keys."""
+    return json.dumps(result, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+def json_decode(receipt: bytes) -> Any:
+    """The default receipt decoder; an empty receipt decodes to ``None``."""
+    return json.loads(receipt) if receipt else None
+
+
+class _NamedEnum(enum.IntEnum):
+    """An ``IntEnum`` that prints as its name (``GRANTED``), not its number: since Python 3.11
+    ``str()`` and f-strings of an ``IntEnum`` give the number."""
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __format__(self, spec: str) -> str:
+        return format(self.name, spec)
+
+
+class Decision(_NamedEnum):
     """What the gate decided for a RequestToken that was not refused."""
 
     GRANTED = pb.DECISION_GRANTED
@@ -33,7 +59,7 @@ class Decision(enum.IntEnum):
     """The action already completed: do not execute; the completion holds the receipt."""
 
 
-class CompletionSource(enum.IntEnum):
+class CompletionSource(_NamedEnum):
     """Who recorded a completion."""
 
     UNSPECIFIED = pb.COMPLETION_SOURCE_UNSPECIFIED
@@ -41,7 +67,7 @@ class CompletionSource(enum.IntEnum):
     OPERATOR = pb.COMPLETION_SOURCE_OPERATOR
 
 
-class ReleaseReason(enum.IntEnum):
+class ReleaseReason(_NamedEnum):
     """Why a token is given back."""
 
     DEFINITE_FAILURE = pb.RELEASE_REASON_DEFINITE_FAILURE
@@ -50,7 +76,7 @@ class ReleaseReason(enum.IntEnum):
     """The action was not attempted at all."""
 
 
-class ActionState(enum.IntEnum):
+class ActionState(_NamedEnum):
     """The state of one action key."""
 
     UNSPECIFIED = pb.ACTION_STATE_UNSPECIFIED
@@ -176,6 +202,11 @@ class ActionRecord:
     lease_expires_at: datetime | None
     completion: Completion | None
     holder: str
+    token: str = ""
+    """The token of an unsettled (AUTHORIZED or EXPIRED) action; the gate shows it to operators
+    only, so it is empty for an agent's credential."""
+    provider_key: str = ""
+    """The action's provider key: ask the provider with it when reconciling."""
 
     @classmethod
     def from_proto(cls, message: pb.GetActionResponse) -> ActionRecord:
@@ -187,6 +218,8 @@ class ActionRecord:
             lease_expires_at=_time(message, "lease_expires_at"),
             completion=Completion.from_proto(message.completion) if message.HasField("completion") else None,
             holder=message.holder,
+            token=message.token,
+            provider_key=message.provider_key,
         )
 
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf import duration_pb2
 
-from oncegate.errors import from_rpc_error
+from oncegate.errors import UnsettledGrant, from_rpc_error
 from oncegate.fingerprints import encode_params
 from oncegate.models import (
     ActionRecord,
@@ -92,7 +92,11 @@ class GateRpc:
         try:
             return method(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from err
+            error = from_rpc_error(err)
+            if isinstance(error, UnsettledGrant):
+                # It settles its grant itself (err.complete / err.release), through this client.
+                error.bind(self)
+            raise error from err
 
     def request_token(
         self,

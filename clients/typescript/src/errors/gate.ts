@@ -10,6 +10,7 @@
 import { Code } from "@connectrpc/connect";
 
 import { ErrorReason, ErrorReasonSchema } from "../gen/oncegate/v1/oncegate_pb.js";
+import type { ActionRef } from "../models.js";
 
 /** The `ErrorInfo.domain` of every gate error. */
 export const DOMAIN = "oncegate";
@@ -110,9 +111,21 @@ export class LeaseExpiredUnresolvedError extends OncegateError {
   static override readonly REASON = reasonName(ErrorReason.LEASE_EXPIRED_UNRESOLVED);
   override name = "LeaseExpiredUnresolvedError";
 
+  /** The action, as the gate names it (to Complete or Release with); `undefined` from a gate too old to say. */
+  get action(): ActionRef | undefined {
+    const key = this.metadata["key"];
+    if (!key) return undefined;
+    return { scope: { agentId: this.metadata["agent_id"] ?? "", runId: this.metadata["run_id"] ?? "" }, key };
+  }
+
   /** The token of the unresolved grant. */
   get token(): string {
     return this.metadata["token"] ?? "";
+  }
+
+  /** The key the provider was given: ask it whether the action happened. */
+  get providerKey(): string {
+    return this.metadata["provider_key"] ?? "";
   }
 
   /** The fencing number of the unresolved grant. */

@@ -8,7 +8,8 @@
 export interface GuardOptions {
   /**
    * How long to wait in total, in ms, for an attempt in progress elsewhere (or a briefly
-   * unavailable gate) before giving up with the gate's error. 30 s.
+   * unavailable gate) before giving up with the gate's error. 30 s. A live lease that outlasts
+   * what is left of it (`RetryInfo`) fails at once: it may be the caller's own earlier attempt.
    */
   maxWait?: number;
   /** How long to keep retrying an unacknowledged Complete (and a Release), in ms. 30 s. */

@@ -12,7 +12,8 @@
  *    (`ReleaseFailedError` when the release is not acknowledged).
  * 6. Anything else thrown (a timeout, `Failure.ambiguous`): never Release; `OutcomeUnknownError`,
  *    to be reconciled with the provider through the provider key.
- * 7. In progress elsewhere: wait as `RetryInfo` says, within `maxWait`, then the gate's error.
+ * 7. In progress elsewhere: wait as `RetryInfo` says, within `maxWait`, then the gate's error; a
+ *    lease that outlasts what is left of `maxWait` fails at once (it may be the caller's own).
  * 8. Key reused (and every other refusal): thrown as it is; never retried under a new key.
  */
 
@@ -97,7 +98,10 @@ export async function runOnce<T>(
   return finish(rpc, spec, action, grant, result, options);
 }
 
-/** RequestToken, waiting out IN_PROGRESS and brief unavailability within `maxWait`. */
+/**
+ * RequestToken, waiting out IN_PROGRESS and brief unavailability within `maxWait`. A live lease
+ * that outlasts what is left of the wait fails at once: waiting could only end in the same error.
+ */
 async function acquire(rpc: GateRpc, spec: ActionSpec, options: ResolvedGuardOptions): Promise<RequestTokenResult> {
   const backoff = new Backoff(Date.now() + options.maxWait);
   for (;;) {
@@ -105,6 +109,9 @@ async function acquire(rpc: GateRpc, spec: ActionSpec, options: ResolvedGuardOpt
       return await rpc.requestToken(spec);
     } catch (error) {
       if (!(error instanceof OncegateError) || !error.retryable) throw error;
+      if (error instanceof InProgressError && error.retryAfterMs !== undefined && error.retryAfterMs > backoff.left()) {
+        throw beyondWait(spec, error, options.maxWait);
+      }
       const hint =
         error instanceof InProgressError
           ? Math.min(options.pollInterval, error.retryAfterMs ?? options.pollInterval)
@@ -220,6 +227,26 @@ function startHeartbeat(
   const lease = Math.max(spec.leaseTtlMs ?? granted, 1_000);
   const period = options.heartbeat ?? Math.max(lease / 3, 1_000);
   return new Heartbeat(rpc, action, grant.token, lease, period);
+}
+
+/** The error when the live lease outlasts the wait, saying why it may be the caller's own doing. */
+function beyondWait(spec: ActionSpec, error: InProgressError, maxWait: number): InProgressError {
+  const left = Math.round((error.retryAfterMs ?? 0) / 1000);
+  return new InProgressError(
+    `${spec.action}: another attempt holds a live lease for ${left} s more, beyond what is left of maxWait ` +
+      `(${maxWait / 1000} s), so the guard did not wait. The live lease may be this caller's own earlier attempt ` +
+      "(one that threw OutcomeUnknownError, timed out or crashed): reconcile it with the provider using its " +
+      "provider key, then complete or release its token (operators: `oncegate admin get` shows it). Otherwise " +
+      "another worker is running it: retry later, or raise maxWait above the lease to wait for it.",
+    {
+      reason: error.reason,
+      code: error.code,
+      metadata: error.metadata,
+      retryAfterMs: error.retryAfterMs,
+      fieldViolations: error.fieldViolations,
+      cause: error,
+    },
+  );
 }
 
 function reconcileHint(grant: Grant): string {

@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from oncegate.aio.heartbeat import Heartbeat
-from oncegate.errors import InProgressError, OncegateError
+from oncegate.errors import InProgressError, LeaseExpiredUnresolvedError, OncegateError, OutcomeUnknownError
 from oncegate.guard import protocol
 from oncegate.guard.backoff import Backoff
 from oncegate.guard.hint import check_key_fields_hint
@@ -88,7 +88,9 @@ class Attempt:
         if answer.decision is Decision.ALREADY_COMPLETED:
             assert answer.completion is not None
             self.completion = answer.completion
-            self.result = self._options.decode(answer.completion.receipt)
+            self.result = protocol.decode_replay(
+                self._options, self._request, answer.action, answer.completion
+            )
             self._settled = True
             return self
         assert answer.grant is not None
@@ -112,7 +114,7 @@ class Attempt:
         action, grant = self._granted()
         settled = protocol.settlement(exc, self._options.definite)
         if settled == "no_result":
-            raise protocol.no_result(self._request, action, grant)
+            raise self._bound(protocol.no_result(self._request, action, grant))
         assert exc is not None
         if settled == "interrupted":
             protocol.log_interrupted(self._request, action, grant, exc)
@@ -123,7 +125,7 @@ class Attempt:
             except OncegateError as err:
                 protocol.log_release_failed(action, err)
             return
-        raise protocol.unknown_outcome(self._request, action, grant, exc) from exc
+        raise self._bound(protocol.unknown_outcome(self._request, action, grant, exc)) from exc
 
     async def complete(self, result: T) -> T:
         """Records the action's result as its receipt and returns ``result``; retries transient
@@ -135,7 +137,7 @@ class Attempt:
         try:
             receipt = self._options.encode(result)
         except Exception as err:
-            raise protocol.encode_failed(self._request, action, grant, result, err) from err
+            raise self._bound(protocol.encode_failed(self._request, action, grant, result, err)) from err
         backoff = Backoff(self._options.retry_timeout)
         while True:
             try:
@@ -146,8 +148,8 @@ class Attempt:
                     raise
                 delay = backoff.next_delay(err.retry_after)
                 if delay is None:
-                    raise protocol.not_acknowledged(
-                        self._request, action, grant, result, receipt, err
+                    raise self._bound(
+                        protocol.not_acknowledged(self._request, action, grant, result, receipt, err)
                     ) from err
                 await asyncio.sleep(delay)
         self.result = result
@@ -191,7 +193,13 @@ class Attempt:
                 remaining = wait_deadline - time.monotonic()
                 if remaining <= 0:
                     raise
+                if err.retry_after is not None and err.retry_after > remaining:
+                    # The lease outlasts the wait: fail now rather than at the end of it.
+                    raise protocol.in_progress_beyond_wait(request, err, self._options.max_wait) from err
                 await asyncio.sleep(protocol.in_progress_pause(self._options, err, remaining))
+            except LeaseExpiredUnresolvedError as err:
+                err.bind(self._gate, self._options.encode)
+                raise
             except OncegateError as err:
                 delay = backoff.next_delay(err.retry_after) if err.retryable else None
                 if delay is None:
@@ -210,6 +218,11 @@ class Attempt:
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
+
+    def _bound(self, err: OutcomeUnknownError) -> OutcomeUnknownError:
+        """``err``, able to settle its grant through this attempt's gate and encoder."""
+        err.bind(self._gate, self._options.encode)
+        return err
 
     def _granted(self) -> tuple[ActionRef, Grant]:
         if self.action is None or self.grant is None:

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from oncegate.errors import from_rpc_error
+from oncegate.errors import UnsettledGrant, from_rpc_error
 from oncegate.models import ActionRecord, ActionRef, Completion, ReleaseReason, RequestTokenResult
 from oncegate.rpc import (
     Seconds,
@@ -103,7 +103,11 @@ class GateRpc:
         try:
             return await method(self._open())(request, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as err:
-            raise from_rpc_error(err) from err
+            error = from_rpc_error(err)
+            if isinstance(error, UnsettledGrant):
+                # It settles its grant itself (err.complete / err.release), through this client.
+                error.bind(self)
+            raise error from err
 
     async def request_token(
         self,

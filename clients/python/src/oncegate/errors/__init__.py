@@ -16,7 +16,12 @@
     ├── TransportError                  no oncegate ErrorInfo: the gate was not reached
     ├── OutcomeUnknownError             the guard kept the token: reconcile
     │   └── CompleteUnacknowledgedError the action ran; its Complete was not acknowledged
+    ├── ReceiptDecodeError              a replayed receipt the guard's decoder cannot read
     └── DefiniteFailureError            raised by a guarded function: release the token
+
+``LeaseExpiredUnresolvedError`` and ``OutcomeUnknownError`` carry a grant whose outcome is unknown
+(:class:`~oncegate.errors.gate.UnsettledGrant`): after reconciling, ``err.complete(result)`` or
+``err.release()`` settles it.
 
 ``LEASE_NOT_EXPIRED`` (an answer to an operator RPC) and ``INTERNAL`` (a server fault) come as
 :class:`OncegateError` itself, with ``reason`` set. :mod:`oncegate.errors.gate` owns the gate's
@@ -42,8 +47,14 @@ from oncegate.errors.gate import (
     TokenUnknownError,
     TransportError,
     UnauthenticatedError,
+    UnsettledGrant,
 )
-from oncegate.errors.outcome import CompleteUnacknowledgedError, DefiniteFailureError, OutcomeUnknownError
+from oncegate.errors.outcome import (
+    CompleteUnacknowledgedError,
+    DefiniteFailureError,
+    OutcomeUnknownError,
+    ReceiptDecodeError,
+)
 from oncegate.errors.status import from_rpc_error
 
 # Deprecated: the names before the Error suffix, each the very class it names (so `except KeyReused`
@@ -79,11 +90,13 @@ __all__ = [
     "OncegateError",
     "OutcomeUnknownError",
     "RateLimitedError",
+    "ReceiptDecodeError",
     "StoreUnavailableError",
     "TokenMismatchError",
     "TokenUnknownError",
     "TransportError",
     "UnauthenticatedError",
+    "UnsettledGrant",
     "from_rpc_error",
 ]
 # The deprecated aliases, for one release.

@@ -8,14 +8,15 @@ errors (:mod:`oncegate.errors.outcome`) or the public names (:mod:`oncegate.erro
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import grpc
 from google.protobuf import timestamp_pb2
 
+from oncegate.models import ActionRef, ReleaseReason, Scope, json_encode
 from oncegate.v1.oncegate_pb2 import ErrorReason
 
 __all__ = [
@@ -30,11 +31,13 @@ __all__ = [
     "LeaseExpiredUnresolvedError",
     "OncegateError",
     "RateLimitedError",
+    "Settler",
     "StoreUnavailableError",
     "TokenMismatchError",
     "TokenUnknownError",
     "TransportError",
     "UnauthenticatedError",
+    "UnsettledGrant",
 ]
 
 DOMAIN = "oncegate"
@@ -113,16 +116,82 @@ class InProgressError(OncegateError):
     _RETRYABLE = True
 
 
-class LeaseExpiredUnresolvedError(OncegateError):
-    """A grant's lease ended without Complete or Release. Reconcile with the provider (using the
-    provider key), then Complete or Release with the old token."""
+class Settler(Protocol):
+    """What settles a grant: a client's ``complete`` and ``release`` (``Gate``, or ``oncegate.aio``'s,
+    whose methods return awaitables)."""
+
+    def complete(self, action: ActionRef, token: str, receipt: bytes) -> Any: ...
+
+    def release(self, action: ActionRef, token: str, reason: ReleaseReason = ...) -> Any: ...
+
+
+class UnsettledGrant:
+    """Mixed into the errors that carry a grant whose outcome is unknown: they settle it.
+
+    After reconciling with the provider (ask it with ``provider_key``): :meth:`complete` with the
+    result if the action happened, :meth:`release` if it did not. The client or guard that raised
+    the error is bound to it, with the guard's own receipt encoder, so the receipt is stored
+    exactly as a guarded call would have stored it and a later replay decodes it. With
+    ``oncegate.aio`` both return awaitables: ``await err.complete(result)``.
+    """
+
+    action: ActionRef | None
+    token: str
+    _settler: Settler | None = None
+    _encode: Callable[[Any], bytes] = staticmethod(json_encode)
+
+    def bind(self, settler: Settler, encode: Callable[[Any], bytes] = json_encode) -> None:
+        """Lets :meth:`complete` and :meth:`release` settle through ``settler``, encoding results
+        with ``encode``. The client and the guard call it when they raise the error."""
+        self._settler = settler
+        self._encode = encode
+
+    def complete(self, result: Any) -> Any:
+        """Records ``result`` as the action's receipt, encoded as the guard encodes results (JSON
+        by default). Returns the stored completion (an awaitable with ``oncegate.aio``)."""
+        settler, action = self._settled_by()
+        return settler.complete(action, self.token, self._encode(result))
+
+    def release(self, reason: ReleaseReason = ReleaseReason.DEFINITE_FAILURE) -> Any:
+        """Gives the token back: the provider says the action did not happen
+        (``DEFINITE_FAILURE``), or it was never attempted (``NOT_ATTEMPTED``). Returns the fencing
+        number (an awaitable with ``oncegate.aio``)."""
+        settler, action = self._settled_by()
+        return settler.release(action, self.token, reason)
+
+    def _settled_by(self) -> tuple[Settler, ActionRef]:
+        if self._settler is None or self.action is None or not self.token:
+            raise RuntimeError(
+                "this error is not bound to a gate (it was not raised by a client or a guard); "
+                "call gate.complete(err.action, err.token, receipt) or gate.release(...) instead"
+            )
+        return self._settler, self.action
+
+
+class LeaseExpiredUnresolvedError(UnsettledGrant, OncegateError):
+    """A grant's lease ended without Complete or Release: its outcome is unknown. Reconcile with
+    the provider (ask it with :attr:`provider_key`), then :meth:`complete` (it happened) or
+    :meth:`release` (it did not) the old token: the error settles it itself."""
 
     REASON = ErrorReason.Name(ErrorReason.LEASE_EXPIRED_UNRESOLVED)
 
     @property
-    def token(self) -> str:
+    def action(self) -> ActionRef | None:  # type: ignore[override]
+        """The action, as the gate names it (to Complete or Release with)."""
+        key = self.metadata.get("key")
+        if not key:
+            return None
+        return ActionRef(Scope(self.metadata.get("agent_id", ""), self.metadata.get("run_id", "")), key)
+
+    @property
+    def token(self) -> str:  # type: ignore[override]
         """The token of the unresolved grant."""
         return self.metadata.get("token", "")
+
+    @property
+    def provider_key(self) -> str:
+        """The key the provider was given: ask it whether the action happened."""
+        return self.metadata.get("provider_key", "")
 
     @property
     def fencing(self) -> int | None:

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from oncegate.errors.gate import OncegateError
+from oncegate.errors.gate import OncegateError, UnsettledGrant
 
 if TYPE_CHECKING:
-    from oncegate.models import ActionRef, Grant
+    from oncegate.models import ActionRef, Completion, Grant
 
-__all__ = ["CompleteUnacknowledgedError", "DefiniteFailureError", "OutcomeUnknownError"]
+__all__ = [
+    "CompleteUnacknowledgedError",
+    "DefiniteFailureError",
+    "OutcomeUnknownError",
+    "ReceiptDecodeError",
+]
 
 
 class DefiniteFailureError(OncegateError):
@@ -35,13 +40,14 @@ class DefiniteFailureError(OncegateError):
         return Exception.__str__(self)
 
 
-class OutcomeUnknownError(OncegateError):
+class OutcomeUnknownError(UnsettledGrant, OncegateError):
     """The guarded action may or may not have taken effect, so the guard did not release its token.
 
-    Reconcile: ask the provider with ``grant.provider_key`` whether the action happened, then call
-    ``gate.complete(action, grant.token, receipt)`` if it did or ``gate.release(action,
-    grant.token)`` if it did not. Until then the action stays authorized (and later expired), and
-    the gate refuses to run it again. The cause is chained as ``__cause__``.
+    Reconcile: ask the provider with :attr:`provider_key` whether the action happened, then
+    ``err.complete(result)`` if it did (the receipt is encoded by the guard's own encoder, so the
+    next guarded call replays it) or ``err.release()`` if it did not. Until then the action stays
+    authorized (and later expired), and the gate refuses to run it again. The cause is chained as
+    ``__cause__``.
     """
 
     def __init__(self, message: str, *, action: ActionRef, grant: Grant) -> None:
@@ -83,3 +89,28 @@ class CompleteUnacknowledgedError(OutcomeUnknownError):
         super().__init__(message, action=action, grant=grant)
         self.result = result
         self.receipt = receipt
+
+
+class ReceiptDecodeError(OncegateError):
+    """A replayed receipt that the guard's decoder cannot read.
+
+    The action completed and its receipt was stored, but not in the form this guard's ``decode``
+    reads (JSON by default): usually it was completed by hand with raw bytes
+    (``gate.complete(action, token, b"msg-42")``; ``err.complete(result)`` encodes as the guard
+    does), by an operator, or by a guard with another ``encode``. The action is *not* run again.
+    ``receipt`` and ``completion`` hold what is stored; pass a ``decode=`` that reads it. The
+    decoder's error is chained as ``__cause__``.
+    """
+
+    def __init__(self, message: str, *, action: ActionRef, completion: Completion) -> None:
+        super().__init__(message)
+        self.action = action
+        self.completion = completion
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+    @property
+    def receipt(self) -> bytes:
+        """The stored receipt, as the gate returned it."""
+        return self.completion.receipt

@@ -44,6 +44,14 @@ def action(
     schema from it never offer ``grant`` to the model. It returns the function's result, or on a
     replay the decoded stored receipt; it raises as :class:`Attempt` describes.
 
+    Every parameter is part of the action's identity: keyword or positional, defaults included,
+    each is a param, and unless the gate's policy for the action names ``key_fields``, every param
+    counts. Without an idempotency key two calls that differ in any argument (a memo, a timestamp)
+    are two actions; with one, the second is refused with ``KeyReusedError``. To leave an argument
+    out, list the arguments that count in the gate's policy (``key_fields = ["/amount", "/to"]``,
+    JSON Pointers into the params), so that every client fingerprints alike; an argument that must
+    not reach the gate at all does not belong in the signature.
+
     ``key_fields_hint`` (the key fields you expect the gate's policy to use) makes the wrapper log
     a warning when the gate's fingerprint differs from the one computed locally with it.
     """

@@ -8,7 +8,6 @@ guard's behaviour lives in :mod:`oncegate.guard.attempt`.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -16,22 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from oncegate.models import Scope
+from oncegate.models import Scope, json_decode, json_encode
 
 __all__ = ["DEFAULT_MAX_WAIT", "GuardOptions", "Request", "json_decode", "json_encode"]
 
 DEFAULT_MAX_WAIT = 30.0
 """Seconds a guarded attempt waits, by default, while another holder's attempt is in progress."""
-
-
-def json_encode(result: Any) -> bytes:
-    """The default receipt encoder: compact JSON with sorted keys."""
-    return json.dumps(result, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
-
-
-def json_decode(receipt: bytes) -> Any:
-    """The default receipt decoder; an empty receipt decodes to ``None``."""
-    return json.loads(receipt) if receipt else None
 
 
 @dataclass(frozen=True, init=False)

@@ -22,14 +22,17 @@ from oncegate.errors import (
     InProgressError,
     OncegateError,
     OutcomeUnknownError,
+    ReceiptDecodeError,
 )
 from oncegate.guard.options import GuardOptions, Request
-from oncegate.models import ActionRef, Grant
+from oncegate.models import ActionRef, Completion, Grant
 
 __all__ = [
     "Settlement",
+    "decode_replay",
     "default_holder",
     "encode_failed",
+    "in_progress_beyond_wait",
     "in_progress_pause",
     "is_definite",
     "lease_seconds",
@@ -68,6 +71,46 @@ def in_progress_pause(options: GuardOptions, err: InProgressError, remaining: fl
     if err.retry_after is not None:
         pause = min(pause, err.retry_after)
     return max(0.01, min(pause, remaining))
+
+
+def in_progress_beyond_wait(request: Request, err: InProgressError, max_wait: float) -> InProgressError:
+    """The error when the live lease outlasts what is left of the wait: waiting would only end in
+    the same error, so the guard says so at once, and why it may be the caller's own doing."""
+    left = f"{err.retry_after:.0f} s" if err.retry_after is not None else "longer"
+    return InProgressError(
+        f"{request.action}: another attempt holds a live lease for {left} more, beyond what is "
+        f"left of max_wait ({max_wait:g} s), so the guard did not wait. The live lease may be this "
+        "caller's own earlier attempt (one that raised OutcomeUnknownError, timed out or crashed): "
+        "reconcile it with the provider using its provider key, then settle it (err.complete(result) "
+        "or err.release() on that OutcomeUnknownError; operators: `oncegate admin get` shows its "
+        "token). Otherwise another worker is running it: retry later, or raise max_wait above the "
+        "lease to wait for it.",
+        reason=err.reason,
+        code=err.code,
+        metadata=err.metadata,
+        retry_after=err.retry_after,
+        field_violations=err.field_violations,
+    )
+
+
+def decode_replay(options: GuardOptions, request: Request, action: ActionRef, completion: Completion) -> Any:
+    """The stored receipt of a replay, decoded by the guard's decoder; a receipt it cannot read is
+    a :class:`~oncegate.errors.ReceiptDecodeError` saying what happened (never the decoder's bare
+    error, and never a reason to run the action again)."""
+    try:
+        return options.decode(completion.receipt)
+    except Exception as err:
+        raise ReceiptDecodeError(
+            f"{request.action} ({action.key}) already completed, but its stored receipt "
+            f"({len(completion.receipt)} bytes, recorded by {completion.source}, fencing "
+            f"{completion.fencing}) cannot be decoded by this guard's decoder: "
+            f"{type(err).__name__}: {err}. It was probably completed with raw bytes "
+            "(gate.complete(action, token, b'...')) rather than through the guard or "
+            "err.complete(result), which encode as the guard does; the action was not run again. "
+            "Pass a decode= that reads this receipt (err.receipt holds it).",
+            action=action,
+            completion=completion,
+        ) from err
 
 
 def is_definite(exc: Exception, definite: tuple[type[BaseException], ...]) -> bool:

@@ -236,20 +236,24 @@ class GetActionRequest(_message.Message):
     def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ...) -> None: ...
 
 class GetActionResponse(_message.Message):
-    __slots__ = ("state", "fencing", "fingerprint", "lease_expires_at", "completion", "holder")
+    __slots__ = ("state", "fencing", "fingerprint", "lease_expires_at", "completion", "holder", "token", "provider_key")
     STATE_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_KEY_FIELD_NUMBER: _ClassVar[int]
     state: ActionState
     fencing: int
     fingerprint: str
     lease_expires_at: _timestamp_pb2.Timestamp
     completion: Completion
     holder: str
-    def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ...) -> None: ...
+    token: str
+    provider_key: str
+    def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
 
 class RecordExternalCompletionRequest(_message.Message):
     __slots__ = ("action", "receipt", "note", "action_name", "params_json", "intent_id")
@@ -306,18 +310,22 @@ class ListUnresolvedRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class UnresolvedAction(_message.Message):
-    __slots__ = ("action", "fencing", "lease_expired_at", "holder", "fingerprint")
+    __slots__ = ("action", "fencing", "lease_expired_at", "holder", "fingerprint", "token", "provider_key")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRED_AT_FIELD_NUMBER: _ClassVar[int]
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PROVIDER_KEY_FIELD_NUMBER: _ClassVar[int]
     action: ActionRef
     fencing: int
     lease_expired_at: _timestamp_pb2.Timestamp
     holder: str
     fingerprint: str
-    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., fencing: _Optional[int] = ..., lease_expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., fingerprint: _Optional[str] = ...) -> None: ...
+    token: str
+    provider_key: str
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., fencing: _Optional[int] = ..., lease_expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., fingerprint: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
 
 class ListUnresolvedResponse(_message.Message):
     __slots__ = ("actions", "next_page_token")

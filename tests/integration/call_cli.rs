@@ -1,0 +1,312 @@
+//! The command line against a real `oncegate serve` process, as a newcomer and an operator meet
+//! it: `oncegate call` (every worker RPC, text and JSON, exit codes), options after the
+//! subcommand, an unreachable gate's cause, `admin complete`'s flags in its errors, what the
+//! start-up log says, and the log lines (text and JSON) of a few decisions.
+
+use std::process::Output;
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use crate::support::{
+    LoggedGate, OPS_KEY, WORKER_KEY, oncegate_command, principals_toml, write_file,
+};
+
+const PARAMS: &str = r#"{"amount":100,"currency":"EUR","to":"DE89"}"#;
+
+/// `oncegate <args>` against `addr`, with `key` as the API key.
+fn run(addr: &str, key: Option<&str>, args: &[&str]) -> Output {
+    let mut command = oncegate_command();
+    command
+        .args(args)
+        .env("ONCEGATE_SERVER", format!("http://{addr}"))
+        .env_remove("ONCEGATE_API_KEY");
+    if let Some(key) = key {
+        command.env("ONCEGATE_API_KEY", key);
+    }
+    command.output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}{}", text(&out.stdout), text(&out.stderr)))
+}
+
+/// The value of `name` in `name  value` text output.
+fn field(stdout: &str, name: &str) -> String {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix(name).filter(|rest| rest.starts_with(' ')))
+        .unwrap_or_else(|| panic!("no {name} in\n{stdout}"))
+        .trim()
+        .to_owned()
+}
+
+fn request_token<'a>(run: &'a str, key: &'a str, params: &'a str) -> Vec<&'a str> {
+    vec![
+        "call",
+        "request-token",
+        "--agent",
+        "billing-agent",
+        "--run",
+        run,
+        "--action",
+        "payments.transfer",
+        "--params",
+        params,
+        "--idempotency-key",
+        key,
+    ]
+}
+
+#[test]
+fn call_makes_every_worker_rpc_with_text_json_and_exit_codes() {
+    let dir = TempDir::new().unwrap();
+    let gate = LoggedGate::start(&dir, &["--listen", "127.0.0.1:0"]);
+    let addr = gate.addr.as_str();
+
+    // Granted: text, with the token, fencing and provider key.
+    let out = run(addr, None, &request_token("r1", "inv-1", PARAMS));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let granted = text(&out.stdout);
+    assert_eq!(field(&granted, "decision"), "DECISION_GRANTED");
+    let token = field(&granted, "grant.token");
+    let fencing = field(&granted, "grant.fencing");
+    let provider_key = field(&granted, "grant.provider_key");
+    assert!(provider_key.starts_with("og-"));
+
+    // The options go after the subcommand too.
+    let mut ask = request_token("r1", "inv-1", PARAMS);
+    ask.push("--json");
+    let again = run(addr, None, &ask);
+    assert_eq!(again.status.code(), Some(1), "in progress is a refusal");
+    let refusal = json(&again);
+    assert_eq!(refusal["error"]["reason"], "IDEMPOTENCY_IN_PROGRESS");
+    assert_eq!(refusal["error"]["code"], "ABORTED");
+    assert!(refusal["error"]["retry_after_ms"].as_u64().unwrap() > 0);
+
+    // Extend, get (the provider key; the token is operators' only), complete, replay.
+    let action = ["--agent", "billing-agent", "--run", "r1", "--key", "inv-1"];
+    let mut extend = vec!["call", "extend", "--token", &token, "--ttl-seconds", "60"];
+    extend.extend(action);
+    let out = run(addr, None, &extend);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("lease_expires_at"));
+    let mut get = vec!["call", "get", "--json"];
+    get.extend(action);
+    let view = json(&run(addr, None, &get));
+    assert_eq!(view["state"], "ACTION_STATE_AUTHORIZED");
+    assert_eq!(view["provider_key"], provider_key.as_str());
+    assert_eq!(view["token"], "", "an agent never sees the token");
+    let mut complete = vec!["call", "complete", "--token", &token, "--receipt", "tx_1"];
+    complete.extend(action);
+    let out = run(addr, None, &complete);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(field(&text(&out.stdout), "completion.receipt_text"), "tx_1");
+    let replay = json(&run(addr, None, &ask));
+    assert_eq!(replay["decision"], "DECISION_ALREADY_COMPLETED");
+    assert_eq!(replay["completion"]["receipt_text"], "tx_1");
+    assert_eq!(replay["completion"]["fencing"].to_string(), fencing);
+
+    // A reused key: exit 1, the reason and the differing field on standard error.
+    let out = run(
+        addr,
+        None,
+        &request_token(
+            "r1",
+            "inv-1",
+            r#"{"amount":900,"currency":"EUR","to":"DE89"}"#,
+        ),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.starts_with("oncegate call: IDEMPOTENCY_KEY_REUSED (FAILED_PRECONDITION): "),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("\n  differing_fields  /amount\n"),
+        "{stderr}"
+    );
+
+    // Release after a definite failure; the next grant has a higher fencing number.
+    let granted = text(&run(addr, None, &request_token("r2", "inv-2", PARAMS)).stdout);
+    let token = field(&granted, "grant.token");
+    let release = [
+        "call",
+        "release",
+        "--agent",
+        "billing-agent",
+        "--run",
+        "r2",
+        "--key",
+        "inv-2",
+        "--token",
+        &token,
+        "--reason",
+        "definite-failure",
+    ];
+    let out = run(addr, None, &release);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(field(&text(&out.stdout), "released"), "true");
+    let regranted = text(&run(addr, None, &request_token("r2", "inv-2", PARAMS)).stdout);
+    assert!(
+        field(&regranted, "grant.fencing").parse::<u64>().unwrap()
+            > field(&granted, "grant.fencing").parse::<u64>().unwrap()
+    );
+
+    // Bad flags are usage errors (64), before any call.
+    let mut bad = request_token("r3", "inv-3", PARAMS);
+    bad.extend(["--lease-seconds", "0"]);
+    let out = run(addr, None, &bad);
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("positive number of seconds"));
+}
+
+#[test]
+fn an_unreachable_gate_prints_the_cause_and_exits_69() {
+    let dir = TempDir::new().unwrap();
+    // A port nothing listens on: bind one, note it, close it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    for args in [
+        vec!["call", "get", "--agent", "a", "--run", "r", "--key", "k"],
+        vec!["admin", "list-unresolved"],
+    ] {
+        let out = run(&addr, None, &args);
+        assert_eq!(out.status.code(), Some(69), "{args:?}");
+        let stderr = text(&out.stderr);
+        assert!(
+            stderr.contains(&format!("cannot reach http://{addr}: "))
+                && stderr.contains("Connection refused"),
+            "{stderr}"
+        );
+    }
+    let out = oncegate_command()
+        .args([
+            "call", "get", "--agent", "a", "--run", "r", "--key", "k", "--server",
+        ])
+        .arg("http://gate.invalid:1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(69));
+    assert!(
+        text(&out.stderr).contains("dns error"),
+        "{}",
+        text(&out.stderr)
+    );
+    drop(dir);
+}
+
+#[test]
+fn admin_names_its_own_flags_and_the_start_up_log_names_the_config() {
+    let dir = TempDir::new().unwrap();
+    let config = write_file(
+        dir.path(),
+        "p.toml",
+        &format!(
+            "strict = true\n[actions.\"payments.transfer\"]\n[actions.\"email.*\"]\n{}",
+            principals_toml("")
+        ),
+    );
+    let config = config.to_str().unwrap();
+    let gate = LoggedGate::start(&dir, &["--listen", "127.0.0.1:0", "--config", config]);
+    let log = gate.log();
+    assert!(
+        log.contains(&format!(
+            "config={config} policies=2 strict=true principals=2"
+        )),
+        "{log}"
+    );
+
+    // An action the gate never saw: the message names the flags, not the proto fields.
+    let out = run(
+        &gate.addr,
+        Some(OPS_KEY),
+        &[
+            "admin",
+            "complete",
+            "--agent",
+            "billing-1",
+            "--run",
+            "r",
+            "--key",
+            "k",
+            "--receipt",
+            "manual",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("give --action-name and --params") && !stderr.contains("params_json:"),
+        "{stderr}"
+    );
+    // An agent's key may not call the operator API; `--json` after the subcommand works.
+    let out = run(
+        &gate.addr,
+        Some(WORKER_KEY),
+        &["admin", "list-unresolved", "--json"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(json(&out)["error"]["reason"], "FORBIDDEN_SCOPE");
+}
+
+#[test]
+fn audit_lines_say_each_thing_once_and_json_logs_carry_the_rpc_span() {
+    for format in ["text", "json"] {
+        let dir = TempDir::new().unwrap();
+        let gate = LoggedGate::start(&dir, &["--listen", "127.0.0.1:0", "--log-format", format]);
+        let out = run(&gate.addr, None, &request_token("r1", "inv-1", PARAMS));
+        assert_eq!(out.status.code(), Some(0));
+        let out = run(
+            &gate.addr,
+            None,
+            &request_token(
+                "r1",
+                "inv-1",
+                r#"{"amount":900,"currency":"EUR","to":"DE89"}"#,
+            ),
+        );
+        assert_eq!(out.status.code(), Some(1));
+        let log = gate.log();
+        let reused = log
+            .lines()
+            .find(|l| l.contains("oncegate::audit") && l.contains("key_reused"))
+            .unwrap_or_else(|| panic!("no key_reused audit line in\n{log}"));
+        assert!(!reused.contains("fencing"), "{reused}");
+        if format == "text" {
+            assert_eq!(reused.matches("billing-agent").count(), 1, "{reused}");
+            assert_eq!(reused.matches("inv-1").count(), 1, "{reused}");
+            assert!(reused.contains("differing=/amount"), "{reused}");
+            assert!(log.contains("grpc.code=\"FAILED_PRECONDITION\""), "{log}");
+        } else {
+            let event: Value = serde_json::from_str(reused).unwrap();
+            assert_eq!(event["differing"], "/amount");
+            assert_eq!(event.get("agent_id"), None, "said once, on the span");
+            let span = &event["span"];
+            assert_eq!(span["rpc"], "oncegate.v1.ActionGateService/RequestToken");
+            assert_eq!(span["agent_id"], "billing-agent");
+            assert_eq!(span["principal"], "anonymous");
+            let finished: Vec<Value> = log
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|e| e["target"] == "oncegate::rpc")
+                .collect();
+            let codes: Vec<&str> = finished
+                .iter()
+                .map(|e| e["span"]["grpc.code"].as_str().unwrap())
+                .collect();
+            assert_eq!(codes, ["OK", "FAILED_PRECONDITION"], "{log}");
+            assert!(finished.iter().all(|e| e["elapsed_ms"].is_number()));
+        }
+    }
+}
