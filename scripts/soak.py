@@ -122,10 +122,14 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         nemesis = Nemesis(deployment, clients, provider, operator, history, rng, LEASE_SECONDS)
         print(f"[{kind}] running {args.duration:.0f}s, seed {seed}, {len(gates)} gate(s), "
               f"{args.clients}x{args.threads} clients", flush=True)
-        while time.time() < deadline:
-            time.sleep(min(rng.uniform(0.5, 3.0), max(0.0, deadline - time.time())))
-            if time.time() < deadline:
+        closing = deadline - 3.0
+        while time.time() < closing:
+            time.sleep(min(rng.uniform(0.5, 3.0), max(0.0, closing - time.time())))
+            if time.time() < closing:
                 nemesis.step()
+        # The run ends in an ambiguous window, so outcomes are unknown at the end and the final
+        # listing has actions it must find.
+        nemesis.step("ambiguous")
         nemesis.heal()
         for client in clients:
             try:

@@ -197,7 +197,7 @@ class Sentinel(Deployment):
             try:
                 reply = redis_cmd(s.port, "SENTINEL", "GET-MASTER-ADDR-BY-NAME", MASTER_NAME, timeout=1.0)
                 return int(reply[1])
-            except (OSError, Exception):  # noqa: BLE001 - any sentinel that answers will do
+            except Exception:  # noqa: BLE001 - any sentinel that answers will do
                 continue
         return None
 

@@ -51,9 +51,9 @@ class Nemesis:
             self.kinds += ["pause-redis", "restart-node"]
         self.counts: dict[str, int] = {}
 
-    def step(self) -> None:
-        """One fault: chosen, applied, healed, recorded."""
-        kind = self.rng.choice(self.kinds)
+    def step(self, kind: str | None = None) -> None:
+        """One fault (``kind``, else a random one): applied, healed, recorded."""
+        kind = kind or self.rng.choice(self.kinds)
         start = time.time()
         target, detail = getattr(self, "_" + kind.replace("-", "_"))()
         self._wait_whole()

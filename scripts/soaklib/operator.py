@@ -33,7 +33,9 @@ class Operator:
         self.stubs = []
         self.channels = []
         for name, target in gates:
-            channel = intercepted(grpc.insecure_channel(target), Recorder(history, "operator", name))
+            options = [("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                       ("grpc.max_reconnect_backoff_ms", 1000)]
+            channel = intercepted(grpc.insecure_channel(target, options=options), Recorder(history, "operator", name))
             self.channels.append(channel)
             self.stubs.append(GateAdminServiceStub(channel))  # type: ignore[no-untyped-call]
         self.provider = ProviderClient(provider_port)
