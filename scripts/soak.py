@@ -120,6 +120,7 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
             clients.append(spawn([sys.executable, "-m", "soaklib.client", json.dumps(settings)], env=env))
         operator = Operator(history, gates, ops_key, provider.port)
         nemesis = Nemesis(deployment, clients, provider, operator, history, rng, LEASE_SECONDS)
+        nemesis.kinds = [k for k in nemesis.kinds if k not in args.skip_faults]
         print(f"[{kind}] running {args.duration:.0f}s, seed {seed}, {len(gates)} gate(s), "
               f"{args.clients}x{args.threads} clients", flush=True)
         closing = deadline - 3.0
@@ -150,6 +151,8 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         deployment.stop()
         provider.stop()
         history.close()
+        for log in work.glob("gate-*.log"):  # the gates' own logs stay beside the history
+            shutil.copy(log, out / log.name)
         shutil.rmtree(work, ignore_errors=True)
     total = merge(sorted(out.glob("history-*.jsonl")), out / "history.jsonl")
     events = checker.load(out / "history.jsonl")
@@ -167,6 +170,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=3, help="client processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per client process")
     parser.add_argument("--out", type=Path, default=ROOT / "target" / "soak", help="where histories go")
+    parser.add_argument("--skip-faults", default="", type=lambda v: {k for k in v.split(",") if k},
+                        help="comma-separated fault kinds the nemesis must not use")
     parser.add_argument("--binary", type=Path, default=ROOT / "target" / "release" / "oncegate")
     args = parser.parse_args()
     if args.seed is None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from oncegate import Gate
 from oncegate.errors import DefiniteFailureError, OncegateError
+from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
 
 from soaklib.history import History, Recorder, intercepted
 from soaklib.provider import ProviderClient
@@ -48,8 +49,6 @@ def recorded_gate(history: History, who: str, name: str, target: str, api_key: s
     # The client builds its channel itself; the soak wraps it so the client library stays as
     # shipped (and its guard unaware of the recording).
     gate._channel = intercepted(gate._channel, Recorder(history, who, name))  # noqa: SLF001
-    from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
-
     gate._stub = ActionGateServiceStub(gate._channel)  # type: ignore[no-untyped-call]  # noqa: SLF001
     return gate
 

@@ -48,7 +48,8 @@ class RedisNode:
                 "--dir", str(self.dir), *self.extra, *(extra or [])]
         self.proc = spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.paused = False
-        if not wait_until(f"{self.name} answers", 15, lambda: redis_cmd(self.port, "PING") == "PONG"):
+        # Loading a large AOF on a busy machine takes a while (it answers LOADING meanwhile).
+        if not wait_until(f"{self.name} answers", 60, lambda: redis_cmd(self.port, "PING") == "PONG"):
             raise RuntimeError(f"{self.name} on port {self.port} did not start")
 
     def kill(self) -> None:

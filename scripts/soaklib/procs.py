@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -22,6 +23,7 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True)
 _CHILDREN: list[subprocess.Popen[Any]] = []
 _LOCK = threading.Lock()
+_PORTS = random.SystemRandom()  # not the soak's seed: ports must differ between concurrent runs
 
 
 def _die_with_parent() -> None:
@@ -68,10 +70,26 @@ def kill_all() -> None:
 
 
 def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bound and released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A free TCP port on 127.0.0.1 below the kernel's ephemeral range.
+
+    Servers here are restarted on the same port; a port from the ephemeral range (what binding
+    port 0 gives) can meanwhile become the local port of some outgoing connection, and the restart
+    would then fail to bind.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = _PORTS.randrange(min(10000, low - 1000), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 class RespError(Exception):
