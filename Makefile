@@ -87,9 +87,9 @@ test-mcp: $(MCP_VENV)/.installed
 ## `make soak` runs all three for 5 minutes each on the release build (SOAK_ARGS passes options,
 ## e.g. --duration 1800 --seed 42); histories land in target/soak/. `make test-soak` (in `make
 ## test`): the checker's unit tests, then two minutes each on the embedded store and on Sentinel,
-## without `pause-redis`: a Sentinel master paused past down-after-milliseconds with writes in
-## flight loses acknowledged Completes (found by `make soak`, README "Reliability"), which would
-## fail `make test` at random until the gate fails such in-flight writes closed. `make soak` keeps it.
+## there at durability level 2 (both replicas): at level 1 two failovers a few seconds apart lose
+## acknowledged writes (found by `make soak`, README "Reliability"), which would fail `make test`
+## at random. `make soak` keeps level 1.
 SOAK_ARGS ?=
 
 soak: deps $(VENV)/.installed
@@ -104,7 +104,7 @@ test-soak: deps $(VENV)/.installed
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	cd scripts && $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider soaklib
 	$(VENV)/bin/python scripts/soak.py --deployments embedded,sentinel --duration 120 \
-	  --skip-faults pause-redis --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test
+	  --durability 2 --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test
 
 ## The seeds' scenarios as a story: a Python agent, a fake bank, a real gate.
 example-python: $(VENV)/.installed

@@ -98,11 +98,13 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
     worker_key, ops_key = secrets.token_hex(16), secrets.token_hex(16)
     config = work / "oncegate.toml"
     config.write_text(config_toml(args.binary, worker_key, ops_key))
-    deployment: Deployment = DEPLOYMENTS[kind](args.binary, work, config)
+    durability = min(args.durability, 1) if kind == "cluster" else args.durability  # one replica per shard
+    deployment: Deployment = DEPLOYMENTS[kind](args.binary, work, config, durability)
     history = History(out / "history-soak.jsonl")
     provider = Provider(history, seed)
     clients: list[subprocess.Popen[bytes]] = []
     operator = None
+    finished = False
     try:
         deployment.start()
         provider.start()
@@ -110,7 +112,7 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         started = time.time()
         deadline = started + args.duration
         history.write(t="run", time=started, deployment=kind, seed=seed, duration=args.duration,
-                      gates=gates, lease_seconds=LEASE_SECONDS,
+                      gates=gates, lease_seconds=LEASE_SECONDS, durability=durability,
                       regrant_actions=["soak.regrant"])
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent))
         for i in range(args.clients):
@@ -143,6 +145,7 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         for gate in deployment.gates:
             history.write(t="metrics", time=time.time(), gate=gate.name, incarnation=gate.incarnation,
                           double_executions=scrape_double_executions(gate.metrics_port))
+        finished = True
     finally:
         if operator is not None:
             operator.close()
@@ -153,7 +156,8 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         history.close()
         for log in work.glob("gate-*.log"):  # the gates' own logs stay beside the history
             shutil.copy(log, out / log.name)
-        shutil.rmtree(work, ignore_errors=True)
+        if finished:  # a run that broke keeps its processes' data and logs for a look
+            shutil.rmtree(work, ignore_errors=True)
     total = merge(sorted(out.glob("history-*.jsonl")), out / "history.jsonl")
     events = checker.load(out / "history.jsonl")
     report = checker.check(events)
@@ -170,6 +174,9 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=3, help="client processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per client process")
     parser.add_argument("--out", type=Path, default=ROOT / "target" / "soak", help="where histories go")
+    parser.add_argument("--durability", type=int, default=1,
+                        help="the gates' --durability-replicas on Sentinel (2 replicas; default 1); "
+                             "the Cluster (1 replica per master) takes at most 1")
     parser.add_argument("--skip-faults", default="", type=lambda v: {k for k in v.split(",") if k},
                         help="comma-separated fault kinds the nemesis must not use")
     parser.add_argument("--binary", type=Path, default=ROOT / "target" / "release" / "oncegate")

@@ -1,7 +1,8 @@
 """The deployments the soak runs on, on 127.0.0.1 only: Redis nodes, Sentinel, Cluster, gates.
 
 * ``embedded``: one gate on the embedded store (its data directory survives SIGKILL + restart).
-* ``sentinel``: a master with two replicas and three sentinels; three gates at durability level 1.
+* ``sentinel``: a master with two replicas and three sentinels; three gates at durability level 1
+  (``--durability``).
 * ``cluster``: three masters with one replica each; three gates at durability level 1.
 
 Redis runs as the README recommends for payments ("Durability levels"): ``appendonly yes``,
@@ -46,11 +47,14 @@ class RedisNode:
     def start(self, extra: list[str] | None = None) -> None:
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
                 "--dir", str(self.dir), *self.extra, *(extra or [])]
-        self.proc = spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        log = self.dir / "redis.log"
+        with open(log, "a") as out:
+            self.proc = spawn(args, stdout=out, stderr=subprocess.STDOUT)
         self.paused = False
         # Loading a large AOF on a busy machine takes a while (it answers LOADING meanwhile).
         if not wait_until(f"{self.name} answers", 60, lambda: redis_cmd(self.port, "PING") == "PONG"):
-            raise RuntimeError(f"{self.name} on port {self.port} did not start")
+            tail = log.read_text(errors="replace").splitlines()[-8:]
+            raise RuntimeError(f"{self.name} on port {self.port} did not start: " + " | ".join(tail))
 
     def kill(self) -> None:
         kill(self.proc)
@@ -128,10 +132,11 @@ class Deployment:
 
     name = ""
 
-    def __init__(self, binary: Path, root: Path, config: Path) -> None:
+    def __init__(self, binary: Path, root: Path, config: Path, durability: int = 1) -> None:
         self.binary = binary
         self.root = root
         self.config = config
+        self.durability = durability
         self.nodes: list[RedisNode] = []
         self.gates: list[Gate] = []
         self.sentinels: list[RedisNode] = []
@@ -180,7 +185,7 @@ class Sentinel(Deployment):
         if not wait_until("the sentinels see everything", 30, self._sentinels_ready):
             raise RuntimeError("the sentinels did not see the deployment")
         store = ["--redis-sentinels", ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels),
-                 "--redis-sentinel-master", MASTER_NAME, "--durability-replicas", "1"]
+                 "--redis-sentinel-master", MASTER_NAME, "--durability-replicas", str(self.durability)]
         self.gates = [Gate(self.binary, self.root, f"gate-{i}", store, self.config) for i in range(3)]
         for gate in self.gates:
             gate.start()
@@ -234,7 +239,7 @@ class Cluster(Deployment):
         if not wait_until("the cluster is formed", 30, self.healthy):
             raise RuntimeError("the cluster did not form")
         store = ["--redis-cluster-nodes", ",".join(f"127.0.0.1:{n.port}" for n in self.nodes),
-                 "--durability-replicas", "1"]
+                 "--durability-replicas", str(self.durability)]
         self.gates = [Gate(self.binary, self.root, f"gate-{i}", store, self.config) for i in range(3)]
         for gate in self.gates:
             gate.start()

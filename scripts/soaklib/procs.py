@@ -1,15 +1,16 @@
 """Processes the soak starts, and the one way it starts them: every child dies with the soak.
 
-Each child is started with ``PR_SET_PDEATHSIG = SIGKILL`` (it is killed by the kernel if the soak
-dies, even by SIGKILL) and registered, so that :func:`kill_all` (run on every exit path) kills what
-is left. Children are only ever started from the main thread: the death signal follows the
-thread that forked, and the main thread lives as long as the soak. Also here: a free loopback
+Each child is started through ``setpriv --pdeathsig KILL`` (util-linux: it sets
+``PR_SET_PDEATHSIG`` and execs the command, so the kernel kills the child if the soak dies, even by
+SIGKILL) and registered, so that :func:`kill_all` (run on every exit path) kills what is left. Not
+``preexec_fn``: Python code between fork and exec can deadlock in a process with threads (gRPC's
+among them), and did. Children are only ever started from the main thread: the death signal
+follows the thread that forked, and the main thread lives as long as the soak. Also here: a free loopback
 port, and a minimal RESP client for asking Redis and Sentinel nodes questions.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import random
 import signal
@@ -19,22 +20,16 @@ import threading
 import time
 from typing import Any
 
-_PR_SET_PDEATHSIG = 1
-_LIBC = ctypes.CDLL(None, use_errno=True)
 _CHILDREN: list[subprocess.Popen[Any]] = []
 _LOCK = threading.Lock()
 _PORTS = random.SystemRandom()  # not the soak's seed: ports must differ between concurrent runs
-
-
-def _die_with_parent() -> None:
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def spawn(args: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
     """Starts a child that dies with the soak (main thread only, see the module doc)."""
     assert threading.current_thread() is threading.main_thread(), "spawn from the main thread"
     kwargs.setdefault("stdin", subprocess.DEVNULL)
-    proc = subprocess.Popen(args, preexec_fn=_die_with_parent, **kwargs)
+    proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *args], **kwargs)
     with _LOCK:
         _CHILDREN.append(proc)
     return proc
