@@ -275,8 +275,9 @@ fn unavailable(e: redis::RedisError) -> StoreError {
 
 /// Server errors that waiting cures: out of memory under `noeviction` (`OOM`), a busy script
 /// (`BUSY`), too few replicas for `min-replicas-to-write` (`NOREPLICAS`), a failing snapshot that
-/// stops writes (`MISCONF`).
-const TRANSIENT_CODES: [&str; 4] = ["OOM", "BUSY", "NOREPLICAS", "MISCONF"];
+/// stops writes (`MISCONF`), a `WAIT` released because its master became a replica during a
+/// failover (`UNBLOCKED`: its write's fate is unknown; found by `make soak` on a Cluster).
+const TRANSIENT_CODES: [&str; 5] = ["OOM", "BUSY", "NOREPLICAS", "MISCONF", "UNBLOCKED"];
 
 /// Connection trouble, failover, overload and the server errors a retry can cure fail closed as
 /// UNAVAILABLE (retryable: a guard keeps retrying its Complete); anything else Redis says (a
@@ -301,5 +302,30 @@ pub(super) fn classify(e: redis::RedisError) -> StoreError {
         StoreError::Unavailable(e.to_string())
     } else {
         StoreError::Corrupt(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod classify_tests {
+    use super::*;
+
+    fn server_error(reply: &[u8]) -> redis::RedisError {
+        redis::parse_redis_value(reply)
+            .and_then(Value::extract_error)
+            .expect_err("an error reply")
+    }
+
+    #[test]
+    fn a_wait_unblocked_by_a_failover_fails_closed() {
+        let e = server_error(
+            b"-UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)\r\n",
+        );
+        assert!(matches!(classify(e), StoreError::Unavailable(_)));
+    }
+
+    #[test]
+    fn a_script_error_is_not_retried() {
+        let e = server_error(b"-ERR user_script:1: Script attempted to access nonexistent global\r\n");
+        assert!(matches!(classify(e), StoreError::Corrupt(_)));
     }
 }

@@ -197,14 +197,33 @@ impl Shared {
         Ok(state.master.clone())
     }
 
-    /// Drops `master` when `result` says it cannot be trusted any more.
+    /// Drops `master` when `result` says it cannot be trusted any more; and fails closed a call
+    /// that `master` answered after it stopped being trusted. A master stalled (paused, cut off)
+    /// past `down-after-milliseconds` answers the calls queued on it when it resumes, and a replica
+    /// Sentinel has not reconfigured yet can still confirm their `WAIT`; once the failover that
+    /// began meanwhile is done, both resynchronise from the new master and drop those writes. So
+    /// such an answer is an unknown outcome, never an acknowledgement (found by `make soak`).
     fn after<T>(&self, master: &Master, result: RedisResult<T>) -> RedisResult<T> {
-        if let Err(e) = &result
-            && must_reresolve(e)
-        {
-            self.forget(master.generation, &e.to_string());
+        match &result {
+            Err(e) if must_reresolve(e) => self.forget(master.generation, &e.to_string()),
+            Ok(_) if !self.trusts(master.generation) => {
+                return Err(unavailable(
+                    "the master was being failed over or replaced while this call ran; its outcome is unknown",
+                ));
+            }
+            _ => {}
         }
         result
+    }
+
+    /// Whether the master of `generation` is still the one calls go to, with no failover started.
+    fn trusts(&self, generation: u64) -> bool {
+        let state = self.state();
+        state.paused_until.is_none()
+            && state
+                .master
+                .as_ref()
+                .is_some_and(|m| m.generation == generation)
     }
 
     fn forget(&self, generation: u64, why: &str) {
@@ -453,6 +472,19 @@ mod tests {
             matches!(s.current(), Ok(None)),
             "resolve again after the switch"
         );
+    }
+
+    #[test]
+    fn an_answer_from_a_master_no_longer_trusted_fails_closed() {
+        let s = shared();
+        assert!(!s.trusts(0), "no master resolved: nothing is trusted");
+        s.on_event("+try-failover", "master gate 127.0.0.1 6379");
+        assert!(
+            !s.trusts(0),
+            "a failover started: the old master's answers are not trusted"
+        );
+        s.on_event("+switch-master", "gate 127.0.0.1 6379 127.0.0.1 6380");
+        assert!(!s.trusts(0), "the master was switched");
     }
 
     #[test]

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""`make soak`: the gate under a nemesis, checked from the recorded history (Jepsen-style).
+
+For each deployment asked for (``embedded``, ``sentinel``, ``cluster``; see
+``soaklib/deploy.py``), on 127.0.0.1 only: start it, start the fake provider and client processes
+that run the real Python guard, let the seeded nemesis inject faults until the duration has passed,
+heal everything, wait for every lease to end, take the operator's final ``ListUnresolved``, scrape
+each gate's double-execution counter, stop every process, merge the history (JSON lines, in
+``--out``) and run the checker (``soaklib/checker.py``) on it. Prints one summary per deployment
+and exits 1 when any rule was broken. Every process it starts dies with it, interrupted or not.
+
+Needs the Python client (``clients/python``) importable: run it with the venv ``make`` builds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from soaklib import checker  # noqa: E402
+from soaklib.summary import summary  # noqa: E402
+from soaklib.deploy import DEPLOYMENTS, Deployment  # noqa: E402
+from soaklib.history import History, merge  # noqa: E402
+from soaklib.nemesis import Nemesis  # noqa: E402
+from soaklib.operator import Operator  # noqa: E402
+from soaklib.procs import kill, kill_all, spawn  # noqa: E402
+from soaklib.provider import Provider  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+LEASE_SECONDS = 2.0
+
+
+def hash_key(binary: Path, key: str) -> str:
+    out = subprocess.run([str(binary), "hash-key"], input=key, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def config_toml(binary: Path, worker_key: str, ops_key: str) -> str:
+    return f"""
+[defaults]
+lease_ttl_seconds = {LEASE_SECONDS}
+
+[actions."soak.reconcile"]
+on_expiry = "reconcile"
+
+[actions."soak.regrant"]
+on_expiry = "regrant"
+
+[[principals]]
+name = "soak-worker"
+role = "agent"
+agents = ["soak-agent-*"]
+api_key_sha256 = "{hash_key(binary, worker_key)}"
+
+[[principals]]
+name = "soak-operator"
+role = "operator"
+api_key_sha256 = "{hash_key(binary, ops_key)}"
+"""
+
+
+def scrape_double_executions(port: int) -> dict[str, float] | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+    except OSError:
+        return None
+    series = {}
+    for line in text.splitlines():
+        if line.startswith("oncegate_double_executions_total"):
+            name, value = line.rsplit(" ", 1)
+            series[name] = float(value)
+    return series
+
+
+def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
+    """Runs one deployment's soak; returns the number of violations."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.jsonl"):
+        old.unlink()
+    work = out / "work"  # data of the run's processes; under --out, so a killed run's is removed next time
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    seed = args.seed
+    rng = random.Random(f"{seed}-{kind}")
+    worker_key, ops_key = secrets.token_hex(16), secrets.token_hex(16)
+    config = work / "oncegate.toml"
+    config.write_text(config_toml(args.binary, worker_key, ops_key))
+    durability = min(args.durability, 1) if kind == "cluster" else args.durability  # one replica per shard
+    deployment: Deployment = DEPLOYMENTS[kind](args.binary, work, config, durability)
+    history = History(out / "history-soak.jsonl")
+    provider = Provider(history, seed)
+    clients: list[subprocess.Popen[bytes]] = []
+    operator = None
+    finished = False
+    try:
+        deployment.start()
+        provider.start()
+        gates = [(g.name, g.target) for g in deployment.gates]
+        started = time.time()
+        deadline = started + args.duration
+        history.write(t="run", time=started, deployment=kind, seed=seed, duration=args.duration,
+                      gates=gates, lease_seconds=LEASE_SECONDS, durability=durability,
+                      regrant_actions=["soak.regrant"])
+        env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent))
+        for i in range(args.clients):
+            settings = {"client": i, "seed": seed, "gates": gates, "api_key": worker_key,
+                        "provider_port": provider.port, "deadline": deadline, "started": started,
+                        "threads": args.threads, "history": str(out / f"history-client-{i}.jsonl")}
+            clients.append(spawn([sys.executable, "-m", "soaklib.client", json.dumps(settings)], env=env))
+        operator = Operator(history, gates, ops_key, provider.port)
+        nemesis = Nemesis(deployment, clients, provider, operator, history, rng, LEASE_SECONDS)
+        nemesis.kinds = [k for k in nemesis.kinds if k not in args.skip_faults]
+        print(f"[{kind}] running {args.duration:.0f}s, seed {seed}, {len(gates)} gate(s), "
+              f"{args.clients}x{args.threads} clients", flush=True)
+        closing = deadline - 3.0
+        while time.time() < closing:
+            time.sleep(min(rng.uniform(0.5, 3.0), max(0.0, closing - time.time())))
+            if time.time() < closing:
+                nemesis.step()
+        # The run ends in an ambiguous window, so outcomes are unknown at the end and the final
+        # listing has actions it must find.
+        nemesis.step("ambiguous")
+        nemesis.heal()
+        for client in clients:
+            try:
+                client.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                kill(client)
+        # Every lease ends (no heartbeat is left), then the operator lists what is unresolved.
+        time.sleep(LEASE_SECONDS + 1.0)
+        operator.final_listing(time.time() + 60)
+        for gate in deployment.gates:
+            history.write(t="metrics", time=time.time(), gate=gate.name, incarnation=gate.incarnation,
+                          double_executions=scrape_double_executions(gate.metrics_port))
+        finished = True
+    finally:
+        if operator is not None:
+            operator.close()
+        for client in clients:
+            kill(client)
+        deployment.stop()
+        provider.stop()
+        history.close()
+        for log in work.glob("gate-*.log"):  # the gates' own logs stay beside the history
+            shutil.copy(log, out / log.name)
+        if finished:  # a run that broke keeps its processes' data and logs for a look
+            shutil.rmtree(work, ignore_errors=True)
+    total = merge(sorted(out.glob("history-*.jsonl")), out / "history.jsonl")
+    events = checker.load(out / "history.jsonl")
+    report = checker.check(events)
+    print(summary(events, report, title=f"{kind}: {total} events, history {out / 'history.jsonl'}"))
+    return len(report.violations)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--deployments", default="embedded,sentinel,cluster",
+                        help="comma-separated: embedded, sentinel, cluster")
+    parser.add_argument("--duration", type=float, default=300.0, help="seconds per deployment (default 300)")
+    parser.add_argument("--seed", type=int, default=None, help="nemesis and workload seed (default: random)")
+    parser.add_argument("--clients", type=int, default=3, help="client processes")
+    parser.add_argument("--threads", type=int, default=4, help="threads per client process")
+    parser.add_argument("--out", type=Path, default=ROOT / "target" / "soak", help="where histories go")
+    parser.add_argument("--durability", type=int, default=1,
+                        help="the gates' --durability-replicas on Sentinel (2 replicas; default 1); "
+                             "the Cluster (1 replica per master) takes at most 1")
+    parser.add_argument("--skip-faults", default="", type=lambda v: {k for k in v.split(",") if k},
+                        help="comma-separated fault kinds the nemesis must not use")
+    parser.add_argument("--binary", type=Path, default=ROOT / "target" / "release" / "oncegate")
+    args = parser.parse_args()
+    if args.seed is None:
+        args.seed = secrets.randbelow(2**31)
+    if not args.binary.exists():
+        parser.error(f"{args.binary} does not exist: cargo build --release --bin oncegate")
+    kinds = [k.strip() for k in args.deployments.split(",") if k.strip()]
+    for kind in kinds:
+        if kind not in DEPLOYMENTS:
+            parser.error(f"unknown deployment {kind!r}")
+
+    def interrupted(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupted)
+    violations = 0
+    try:
+        for kind in kinds:
+            violations += run_deployment(kind, args, args.out / kind)
+    except KeyboardInterrupt as interruption:
+        print(f"soak: interrupted ({interruption}); every process it started is stopped", file=sys.stderr)
+        return 130
+    finally:
+        kill_all()
+    print(f"soak: seed {args.seed}, {args.duration:.0f}s per deployment, {violations} violation(s)")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The soak (scripts/soak.py): deployments, clients, provider, nemesis, operator, history, checker."""
