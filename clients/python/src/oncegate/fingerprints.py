@@ -281,13 +281,7 @@ def encode_params(params: Mapping[str, Any]) -> str:
         TypeError: for values JSON cannot hold.
     """
     try:
-        return json.dumps(
-            dict(params),
-            ensure_ascii=False,
-            allow_nan=False,
-            separators=(",", ":"),
-            default=_decimal_as_double,
-        )
+        return _PARAMS_ENCODER.encode(dict(params))
     except ParamsError:
         raise
     except ValueError as err:
@@ -399,3 +393,9 @@ def fingerprint(
     """
     canonical = canonical_form(action, params, intent, key_fields)
     return f"{VERSION_TAG}-{hashlib.sha256(canonical.encode('utf-8')).hexdigest()}"
+
+
+# One encoder for every call (json.dumps with options builds a new one each time).
+_PARAMS_ENCODER = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_decimal_as_double
+)

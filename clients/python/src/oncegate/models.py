@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from google.protobuf import timestamp_pb2
@@ -31,7 +31,11 @@ __all__ = [
 
 def json_encode(result: Any) -> bytes:
     """The default receipt encoder: compact JSON with sorted keys."""
-    return json.dumps(result, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode("utf-8")
+    return _RECEIPT_ENCODER.encode(result).encode("utf-8")
+
+
+# One encoder for every receipt (json.dumps with options builds a new one each time).
+_RECEIPT_ENCODER = json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 
 def json_decode(receipt: bytes) -> Any:
@@ -228,4 +232,8 @@ def _time(message: object, field: str) -> datetime | None:
     if not message.HasField(field):  # type: ignore[attr-defined]
         return None
     stamp: timestamp_pb2.Timestamp = getattr(message, field)
-    return stamp.ToDatetime(tzinfo=timezone.utc)
+    # What Timestamp.ToDatetime(tzinfo=timezone.utc) returns, at a fraction of its cost.
+    return _EPOCH + timedelta(seconds=stamp.seconds, microseconds=stamp.nanos // 1000)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

@@ -37,6 +37,11 @@ class BoundCall:
     def invoke(self, grant: Grant) -> Any:
         """Calls the function with the bound arguments and ``grant`` (when it takes one); returns
         what it returns (a coroutine, for a coroutine function)."""
+        if self._binding.plain:
+            # Every parameter can be passed by name: the common case, without walking the signature.
+            if self._binding.takes_grant:
+                return self._binding.fn(**self._arguments, grant=grant)
+            return self._binding.fn(**self._arguments)
         positional: list[Any] = []
         keywords: dict[str, Any] = {}
         for parameter in self._binding.parameters.values():
@@ -79,6 +84,20 @@ class Binding:
             parameters=[p for p in self.parameters.values() if p.name not in hidden]
         )
         self.annotations = {k: v for k, v in fn.__annotations__.items() if k not in hidden}
+        self.takes_grant = "grant" in self.parameters
+        self.plain = all(
+            p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+            for p in self.parameters.values()
+        )
+        """Every parameter can be passed by name (no positional-only ones, no ``**kwargs``): calls
+        are bound without :meth:`inspect.Signature.bind`."""
+        visible = [p for p in self.parameters.values() if p.name not in hidden]
+        self._positional = tuple(
+            p.name for p in visible if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+        )
+        self._defaults = {p.name: p.default for p in visible if p.default is not inspect.Parameter.empty}
+        self._order = tuple(p.name for p in visible)
+        self._names = frozenset(self._order)
 
     def bind(
         self,
@@ -94,10 +113,13 @@ class Binding:
         control = {
             key: kwargs.pop(key) for key in CONTROL_ARGUMENTS if key in kwargs and key not in self.parameters
         }
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
+        bound = self._bind_plain(args, kwargs)
+        if bound is None:
+            signature_bound = self.signature.bind(*args, **kwargs)
+            signature_bound.apply_defaults()
+            bound = signature_bound.arguments
         params: dict[str, Any] = {}
-        for param_name, value in bound.arguments.items():
+        for param_name, value in bound.items():
             pairs = (
                 value.items()
                 if self.parameters[param_name].kind is inspect.Parameter.VAR_KEYWORD
@@ -114,6 +136,23 @@ class Binding:
             control.get("intent_id"),
             control.get("idempotency_key"),
         )
-        arguments = dict(bound.arguments)
+        arguments = dict(bound)
         arguments.update((name, (injected or {})[name]) for name in self.injected)
         return BoundCall(self, request, arguments)
+
+    def _bind_plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """The arguments of a call of a plain signature, defaults applied, as
+        :meth:`inspect.Signature.bind` would bind them; ``None`` when the signature is not plain or
+        the call does not fit it (the signature then binds it, or says why it does not)."""
+        if not self.plain or len(args) > len(self._positional):
+            return None
+        bound = dict(zip(self._positional, args))
+        for name, value in kwargs.items():
+            if name in bound or name not in self._names:
+                return None
+            bound[name] = value
+        for name, default in self._defaults.items():
+            bound.setdefault(name, default)
+        if len(bound) != len(self._names):
+            return None
+        return {name: bound[name] for name in self._order}

@@ -9,10 +9,12 @@ sleeping and threads are the business of :mod:`oncegate.guard.attempt` and
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -52,8 +54,22 @@ Settlement = Literal["no_result", "interrupted", "release", "unknown"]
 
 
 def default_holder() -> str:
-    """A holder name unique to one attempt, so a lost grant reply is re-delivered to it alone."""
-    return f"py:{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex}"
+    """A holder name unique to one attempt, so a lost grant reply is re-delivered to it alone:
+    host, process, a random id drawn once per process, and a per-process counter (no system call
+    per attempt)."""
+    prefix, counter = _holder_prefix()
+    return f"{prefix}{next(counter)}"
+
+
+_holder: tuple[int, str, Iterator[int]] | None = None
+
+
+def _holder_prefix() -> tuple[str, Iterator[int]]:
+    global _holder
+    pid = os.getpid()
+    if _holder is None or _holder[0] != pid:  # first use, or a forked child
+        _holder = (pid, f"py:{socket.gethostname()[:64]}:{pid}:{uuid.uuid4().hex}:", itertools.count(1))
+    return _holder[1], _holder[2]
 
 
 def lease_seconds(options: GuardOptions, grant: Grant) -> float | None:
