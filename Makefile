@@ -4,6 +4,7 @@
 CARGO ?= cargo
 PYTHON ?= python3
 VENV := .venv
+BENCH_VENV := .venv-bench
 BUF := npx --yes @bufbuild/buf@1.75.0
 
 .PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-soak soak example-python example-typescript bench clean fuzz
@@ -172,13 +173,24 @@ fuzz:
 	done
 
 ## The gate against the limit on this machine: release build, its own redis-server on a free
-## loopback port, redis-benchmark, then the gate on Redis and on the embedded store; prints one
-## table and writes it into BENCHMARKS.md (BENCH_ARGS passes options, e.g. --runs 5).
-bench:
+## loopback port, redis-benchmark, then the gate on Redis and on the embedded store (signed and
+## unsigned), this disk's fdatasync, and the Python side beside Powertools (in .venv-bench); prints
+## one table with every target and writes it into BENCHMARKS.md (BENCH_ARGS passes options, e.g.
+## --runs 5).
+bench: deps $(BENCH_VENV)/.installed
 	$(CARGO) build --release --locked --bin oncegate
-	$(PYTHON) scripts/bench.py $(BENCH_ARGS)
+	rm -rf clients/python/build
+	$(BENCH_VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
+	$(PYTHON) scripts/bench.py --python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
+
+## The bench's own virtualenv: Powertools and redis-py for the Python comparison.
+$(BENCH_VENV)/.installed: scripts/bench-requirements.txt clients/python/pyproject.toml
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/pip install -q -r scripts/bench-requirements.txt ./clients/python
+	touch $@
 
 clean:
 	$(CARGO) clean
-	rm -rf $(VENV) $(DEPLOY_VENV) $(MCP_VENV) oncegate-data
+	rm -rf $(VENV) $(DEPLOY_VENV) $(MCP_VENV) $(BENCH_VENV) oncegate-data
 	rm -rf $(TS_CLIENT)/node_modules $(TS_CLIENT)/dist $(TS_EXAMPLES)/node_modules $(TS_EXAMPLES)/dist

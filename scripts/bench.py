@@ -4,12 +4,15 @@
 Starts its own redis-server on a free loopback port (never the one on 6379), measures the limit
 with redis-benchmark (an EVALSHA of scripts/bench_limit.lua, equivalent to one grant, and a plain
 SET NX EX) at the same concurrency as the gate's callers, then loads the gate on Redis and the
-gate on the embedded store with `oncegate bench` for every scenario, several short runs each, and
-measures Redis memory per completed action. Prints one table of medians with the ratios to the
-EVALSHA limit of the same run, and writes it, with the exact command, the machine and the
-versions, into the generated block of BENCHMARKS.md.
+gate on the embedded store with `oncegate bench` for every scenario (and grant-complete with
+signing the other way round), several short runs each; measures this disk's fdatasync (the
+embedded store's floor), the Python side beside Powertools (scripts/bench_python.py, in the
+bench's own virtualenv) and Redis memory per completed action. Prints one table of medians with
+the ratios to the EVALSHA limit of the same run and every target of issue 14, and writes it, with
+the exact command, the machine and the versions, into the generated block of BENCHMARKS.md.
 
-Python standard library only. Every process it starts is its own and is killed at the end.
+Python standard library only (the Python comparison runs in its own virtualenv). Every process it
+starts is its own and is killed at the end.
 """
 
 import argparse
@@ -81,9 +84,10 @@ class Redis:
 class Gate:
     """`oncegate serve` on 127.0.0.1:0, on Redis or on the embedded store in a fresh directory."""
 
-    def __init__(self, redis_url=None, data_dir=None, rust_log="info"):
+    def __init__(self, redis_url=None, data_dir=None, rust_log="info", extra=()):
         args = [str(BIN), "serve", "--listen", "127.0.0.1:0"]
         args += ["--redis-url", redis_url] if redis_url else ["--data-dir", data_dir]
+        args += list(extra)
         env = dict(os.environ, RUST_LOG=rust_log)
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, env=env)
@@ -159,28 +163,65 @@ def bench(gate, redis, scenario, opts, extra=()):
     return report
 
 
-def rounds(redis, on_redis, on_embedded, opts):
+def rounds(redis, gates, opts):
     """Every measurement once per round, rounds repeated: the noise of a shared machine falls on
-    the limit and on the gate alike, instead of on whichever was measured at a bad moment."""
+    the limit and on the gate alike, instead of on whichever was measured at a bad moment.
+    `gates` maps a row name to (gate, scenarios)."""
     commands = limit_commands(redis)
     # Size each redis-benchmark run to about --duration seconds from a short calibration run.
     sizes = {name: max(20000, int(redis_benchmark(redis, opts.concurrency, 20000, c)["ops"]
                                   * opts.duration)) for name, c in commands.items()}
     lim = {name: [] for name in commands}
-    gates = {"Redis": (on_redis, {s: [] for s in SCENARIOS}),
-             "embedded": (on_embedded, {s: [] for s in SCENARIOS})}
+    results = {row: {s: [] for s in scenarios} for row, (_, scenarios) in gates.items()}
+    python = []
     for i in range(opts.runs):
         print(f"round {i + 1} of {opts.runs}", flush=True)
         for name, command in commands.items():
             lim[name].append(redis_benchmark(redis, opts.concurrency, sizes[name], command))
             print(f"  limit {name}: {lim[name][-1]['ops']:.0f} ops/s", flush=True)
         redis.cli("FLUSHALL")
-        for store, (gate, results) in gates.items():
-            for scenario in SCENARIOS:
-                results[scenario].append(bench(gate, redis, scenario, opts))
-                tok = results[scenario][-1]["throughput"]["request_token_per_s"]
-                print(f"  gate on {store}, {scenario}: {tok:.0f} RequestToken/s", flush=True)
-    return lim, gates["Redis"][1], gates["embedded"][1]
+        for row, (gate, scenarios) in gates.items():
+            for scenario in scenarios:
+                results[row][scenario].append(bench(gate, redis, scenario, opts))
+                tok = results[row][scenario][-1]["throughput"]["request_token_per_s"]
+                print(f"  {row}, {scenario}: {tok:.0f} RequestToken/s", flush=True)
+        if opts.python_seconds > 0 and Path(opts.python).exists():
+            redis.cli("FLUSHALL")
+            python.append(python_side(redis, gates["gate on Redis"][0], opts))
+            print("  Python: " + ", ".join(f"{c} {r['cycles_per_s']:.0f}/s"
+                                           for c, r in python[-1].items()), flush=True)
+    return lim, results, python
+
+
+def python_side(redis, gate, opts):
+    """scripts/bench_python.py in the bench's virtualenv: Powertools, the seeds' authorizer, the
+    oncegate decorator and the raw stubs, on this Redis and the gate on it."""
+    out = run([opts.python, str(ROOT / "scripts" / "bench_python.py"), "--redis-url", redis.url(),
+               "--gate", gate.addr, "--workers", str(opts.python_workers),
+               "--seconds", str(opts.python_seconds)], timeout=opts.python_seconds * 8 + 300)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def fsync_latency(directory, writes=300):
+    """Median seconds of one 600-byte write plus fdatasync in a preallocated file, in the directory
+    the embedded store writes to: what one group commit of its write-ahead log waits for."""
+    path = os.path.join(directory, "fsync-probe")
+    size = 1 << 20
+    with open(path, "wb") as f:
+        f.truncate(size)
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_WRONLY)
+    times = []
+    try:
+        for i in range(writes):
+            start = time.perf_counter()
+            os.pwrite(fd, b"x" * 600, (i * 600) % (size - 600))
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        os.remove(path)
+    return statistics.median(times)
 
 
 def memory(redis, opts, keyed, actions):
@@ -239,7 +280,7 @@ def cpu_cell(reports, names):
     return " / ".join(f"{statistics.median(r['cpu_us'][n] for r in reports):.0f}" for n in names)
 
 
-def table(lim, on_redis, on_embedded, mem, opts):
+def table(lim, results, python, mem, fsync, opts):
     limit = median(lim[LIMIT], "ops")
     out = ["| what | RequestToken/s | grant+complete pairs/s | RPCs/s | RequestToken p50 / p99 ms "
            "| RequestToken/s ÷ EVALSHA | RPCs/s ÷ EVALSHA | CPU µs per call: gate / load generator / Redis "
@@ -249,30 +290,47 @@ def table(lim, on_redis, on_embedded, mem, opts):
         out.append(f"| limit: redis-benchmark {name} | {median(rows, 'ops'):,.0f} | — | — | "
                    f"{median(rows, 'p50'):.3f} / {median(rows, 'p99'):.3f} | "
                    f"{median(rows, 'ops') / limit:.2f} | — | — / {cpu_cell(rows, ['client', 'redis'])} | — |")
-    for store, results in (("Redis", on_redis), ("embedded", on_embedded)):
-        names = ["gate", "client", "redis"] if store == "Redis" else ["gate", "client"]
-        for scenario, reports in results.items():
+    for row, scenarios in results.items():
+        on_redis = "Redis" in row
+        names = ["gate", "client", "redis"] if on_redis else ["gate", "client"]
+        for scenario, reports in scenarios.items():
             tok, pairs = median_of(reports, "request_token_per_s"), median_of(reports, "pairs_per_s")
             rpcs = median_of(reports, "rpcs_per_s")
             bad = sum(r["violations"] + r["checks"]["unexpected"] for r in reports)
             out.append(
-                f"| gate on {store}: {scenario} | {tok:,.0f} | {pairs:,.0f} | {rpcs:,.0f} | "
+                f"| {row}: {scenario} | {tok:,.0f} | {pairs:,.0f} | {rpcs:,.0f} | "
                 f"{median_latency(reports, 'request_token', 'p50'):.3f} / "
                 f"{median_latency(reports, 'request_token', 'p99'):.3f} | {tok / limit:.2f} | "
-                f"{rpcs / limit:.2f} | {cpu_cell(reports, names)}{'' if store == 'Redis' else ' / —'} | "
+                f"{rpcs / limit:.2f} | {cpu_cell(reports, names)}{'' if on_redis else ' / —'} | "
                 f"{'0 violations' if bad == 0 else f'{bad} FAILED'} |")
-    gc_redis, gc_emb = on_redis["grant-complete"], on_embedded["grant-complete"]
-    ratio = median_of(gc_redis, "request_token_per_s") / limit
+    gc_redis = results["gate on Redis"]["grant-complete"]
+    gc_emb = results["gate on embedded"]["grant-complete"]
+    cpu = lambda reports, name: statistics.median(r["cpu_us"][name] for r in reports)
+    ratio = median_of(gc_redis, "rpcs_per_s") / limit
+    gate_cpu, redis_cpu = cpu(gc_redis, "gate"), cpu(gc_redis, "redis")
+    limit_redis_cpu = statistics.median(r["cpu_us"]["redis"] for r in lim[LIMIT])
     p99 = median_latency(gc_redis, "request_token", "p99")
     pairs = median_of(gc_emb, "pairs_per_s")
+    bound = opts.concurrency / (2 * fsync)
     verdict = lambda ok: "met" if ok else "MISSED"
     lines = [
         "",
-        f"Targets at {opts.concurrency} concurrent callers:",
-        f"- grant-complete on Redis: RequestToken/s = {ratio:.2f}× the EVALSHA limit (target ≥ 0.45: "
-        f"{verdict(ratio >= 0.45)}); RequestToken p99 {p99:.2f} ms (target < 2 ms: {verdict(p99 < 2)})",
-        f"- embedded store: {pairs:,.0f} durable grant+complete pairs/s (target ≥ 10,000: "
-        f"{verdict(pairs >= 10000)})",
+        f"Targets at {opts.concurrency} concurrent callers (grant-complete, medians of this run):",
+        "",
+        "| target | measured | goal | |",
+        "| --- | ---: | ---: | --- |",
+        f"| gate on Redis: RPCs/s ÷ EVALSHA limit | {ratio:.2f} | ≥ 0.45 | {verdict(ratio >= 0.45)} |",
+        f"| gate CPU per call (gate on Redis) | {gate_cpu:.0f} µs | ≤ 30 µs | {verdict(gate_cpu <= 30)} |",
+        f"| Redis CPU per gate call (the limit's script: {limit_redis_cpu:.0f} µs) | {redis_cpu:.0f} µs "
+        f"| ≤ 22 µs | {verdict(redis_cpu <= 22)} |",
+        f"| RequestToken p99 (gate on Redis) | {p99:.2f} ms | < 3 ms | {verdict(p99 < 3)} |",
+        f"| embedded store: durable grant+complete pairs/s | {pairs:,.0f} | ≥ 10,000 | "
+        f"{verdict(pairs >= 10000)} |",
+        "",
+        f"- this disk: one 600-byte write + `fdatasync` takes {fsync * 1000:.2f} ms (median); every "
+        f"grant and every Complete waits for one (group commit), so {opts.concurrency} callers can make "
+        f"at most {opts.concurrency} / (2 × {fsync * 1000:.2f} ms) = {bound:,.0f} pairs/s on the embedded "
+        f"store however little CPU it takes ({pairs / bound:.0%} of that here)",
     ]
     for label, m in mem.items():
         lines.append(
@@ -281,7 +339,35 @@ def table(lim, on_redis, on_embedded, mem, opts):
             f"sampled keys (max {m['memory_usage_max']}), used_memory delta {m['used_memory_delta_per_key']:.0f} "
             f"B per key (target ≤ 400: {verdict(m['memory_usage_mean'] <= 400)}); "
             f"key layout `{m['key_example']}`")
+    lines += python_table(python, opts)
     return "\n".join(out + lines)
+
+
+PYTHON_ROWS = {
+    "powertools": "AWS Lambda Powertools `@idempotent_function`, Redis persistence",
+    "seed-authorizer": "the seeds' redis-py authorizer (check-then-set race included)",
+    "oncegate-decorator": "oncegate Python decorator, through the gate on Redis",
+    "oncegate-raw-stubs": "the generated stubs alone (RequestToken + Complete), through the gate",
+}
+
+
+def python_table(python, opts):
+    if not python:
+        return ["", f"Python comparison: skipped ({opts.python} not found; `make bench` creates it)."]
+    med = lambda c, f: statistics.median(run[c][f] for run in python)
+    lines = ["", f"Python, {opts.python_workers} worker processes, a full cycle around a no-op tool, "
+             f"every cycle a new action, same Redis, medians of {len(python)} runs of "
+             f"{opts.python_seconds:g} s:", "",
+             "| contender | cycles/s | client CPU µs per cycle |", "| --- | ---: | ---: |"]
+    for contender, label in PYTHON_ROWS.items():
+        lines.append(f"| {label} | {med(contender, 'cycles_per_s'):,.0f} | "
+                     f"{med(contender, 'client_cpu_us_per_cycle'):,.0f} |")
+    overhead = statistics.median(run["oncegate-decorator"]["client_cpu_us_per_cycle"]
+                                 / run["oncegate-raw-stubs"]["client_cpu_us_per_cycle"] - 1
+                                 for run in python)
+    lines += ["", f"- what the guard adds to the raw stubs, client CPU per cycle: {overhead:+.0%} "
+              f"(target < +10%: {'met' if overhead < 0.10 else 'MISSED'})"]
+    return lines
 
 
 def write_benchmarks(text, path):
@@ -308,6 +394,11 @@ def main():
     parser.add_argument("--memory-actions", type=int, default=100_000)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--note", default="", help="conditions to record (e.g. 'machine busy')")
+    parser.add_argument("--python", default=str(ROOT / ".venv-bench" / "bin" / "python"),
+                        help="the bench virtualenv's python (Powertools, redis-py, the oncegate client)")
+    parser.add_argument("--python-workers", type=int, default=8)
+    parser.add_argument("--python-seconds", type=float, default=4.0,
+                        help="seconds per contender per round; 0 skips the Python comparison")
     opts = parser.parse_args()
     for tool in ("redis-server", "redis-benchmark", "redis-cli"):
         if not shutil.which(tool):
@@ -319,23 +410,39 @@ def main():
     info = machine()
     with tempfile.TemporaryDirectory(prefix="oncegate-bench-") as tmp:
         redis = Redis(tmp)
-        on_redis = on_embedded = None
+        key = os.path.join(tmp, "signing-key.pem")
+        run([str(BIN), "keys", "generate", "--out", key])
+        started = []
         try:
-            on_redis = Gate(redis_url=redis.url())
-            on_embedded = Gate(data_dir=os.path.join(tmp, "embedded"))
-            lim, by_redis, by_embedded = rounds(redis, on_redis, on_embedded, opts)
-            on_redis.stop()
+            def gate(*args, **kwargs):
+                started.append(Gate(*args, **kwargs))
+                return started[-1]
+
+            # Rows: the default deployments (Redis unsigned, as without --signing-key; embedded
+            # signed, with the key it generates), then each with signing the other way round.
+            gates = {
+                "gate on Redis": (gate(redis_url=redis.url()), SCENARIOS),
+                "gate on embedded": (gate(data_dir=os.path.join(tmp, "embedded")), SCENARIOS),
+                "gate on Redis, signed": (gate(redis_url=redis.url(), extra=["--signing-key", key]),
+                                          ["grant-complete"]),
+                "gate on embedded, --unsigned": (gate(data_dir=os.path.join(tmp, "unsigned"),
+                                                      extra=["--unsigned"]), ["grant-complete"]),
+            }
+            fsync = fsync_latency(os.path.join(tmp, "embedded"))
+            lim, results, python = rounds(redis, gates, opts)
+            for g in started:
+                g.stop()
+            started.clear()
             print("Redis memory per completed action:", flush=True)
             mem = {"fingerprint-keyed": memory(redis, opts, False, opts.memory_actions),
                    "idempotency-keyed, 3 key fields": memory(redis, opts, True,
                                                              max(opts.memory_actions // 5, 1000))}
         finally:
-            for process in (on_redis, on_embedded, redis):
-                if process is not None:
-                    process.stop()
+            for process in (*started, redis):
+                process.stop()
     elapsed, load_after = time.time() - began, os.getloadavg()
 
-    result = table(lim, by_redis, by_embedded, mem, opts)
+    result = table(lim, results, python, mem, fsync, opts)
     command = "make bench  # = " + shlex.join(["python3", "scripts/bench.py", *sys.argv[1:]])
     header = "\n".join([
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))} in {elapsed:.0f} s with:",
@@ -348,7 +455,9 @@ def main():
         f"- {opts.concurrency} concurrent callers ({opts.connections} HTTP/2 connection(s)) and "
         f"redis-benchmark -c {opts.concurrency}; medians of {opts.runs} runs of {opts.duration:g} s "
         f"(gate runs after {opts.warmup:g} s warm-up); Redis without persistence (--save '' "
-        "--appendonly no); gate logging at its default (info, audit events on, stderr discarded)",
+        "--appendonly no); gate logging at its default (info, audit events on, stderr discarded); "
+        "the gate on Redis serves unsigned (no --signing-key), the gate on the embedded store signs "
+        "(the key it generates); one row each the other way round",
         "- CPU µs per call: CPU time each process used during a run (warm-up included) divided by "
         "the calls made in it; the load generator is `oncegate bench` (or redis-benchmark for the "
         "limit)",
