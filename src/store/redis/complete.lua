@@ -26,6 +26,7 @@ local function record(fencing, double)
   rec[STATE], rec[EXPIRES_AT], rec[TOKEN] = COMPLETED, NOW + rec[RETENTION], token
   rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING] = receipt, NOW, fencing
   rec[SOURCE], rec[NOTE], rec[OPERATOR] = BY_WORKER, '', ''
+  settled_grant(rec)
   local chained = chain(rec, ARGV[4])
   save(key, rec)
   return completion_reply('completed', rec, 1, double, chained)

@@ -99,6 +99,13 @@ local function save(key, rec)
   index(rec)
 end
 
+-- A completed record keeps no lease: who held it (HOLDER, PRINCIPAL) and until when (LEASE_END)
+-- only matter while a grant is live, and every byte of a completed record is kept for its whole
+-- retention.
+local function settled_grant(rec)
+  rec[HOLDER], rec[PRINCIPAL], rec[LEASE_END] = '', '', 0
+end
+
 -- An operator completion (ledger::operator_completion): the live token, if any, joins the older
 -- ones so that its holder hears COMPLETED_BY_OTHER.
 local function operator_complete(rec, receipt, note, operator)
@@ -108,6 +115,7 @@ local function operator_complete(rec, receipt, note, operator)
   rec[STATE], rec[EXPIRES_AT], rec[TOKEN] = COMPLETED, NOW + rec[RETENTION], ''
   rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING] = receipt, NOW, rec[FENCING]
   rec[SOURCE], rec[NOTE], rec[OPERATOR] = BY_OPERATOR, note, operator
+  settled_grant(rec)
 end
 
 -- A record with every slot set: the request's identity and state; no token, no completion yet.
