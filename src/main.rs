@@ -162,13 +162,22 @@ async fn serve(args: ServeArgs) -> ExitCode {
         config = %config_file, policies = config.policies.names().count(),
         strict = config.policies.strict, principals = config.server.principals.len(),
         "oncegate serving");
+    if let Some(rules) = &config.authorization.rules {
+        tracing::info!(
+            policies = rules.len(),
+            mode = config.authorization.mode.as_str(),
+            "authorization policies loaded (SIGHUP reloads them)"
+        );
+    }
     // Standard output carries this one line, the port-0 discovery contract (tests and clients
     // read it); every log line goes to standard error, the start-up line above before it.
     println!("listening on {addr}");
-    let mut gate = Gate::with_metrics(store, config.policies, metrics);
+    let mut gate = Gate::with_metrics(store, config.policies, metrics)
+        .with_authorization(config.authorization);
     if let Some(signer) = signer {
         gate = gate.with_signer(signer);
     }
+    reload_on_hangup(gate.clone());
     match server::run(listener, gate, config.server, shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
@@ -219,6 +228,31 @@ async fn serve_metrics(
             Err(ExitCode::from(exit::UNAVAILABLE))
         }
     }
+}
+
+/// On SIGHUP, reads the authorization policy files again: a valid set replaces the old one for
+/// every later request (calls in flight finish with the one they started with); a broken one is
+/// logged with Cedar's reason and the old set stays.
+fn reload_on_hangup(gate: Gate) {
+    #[cfg(unix)]
+    tokio::spawn(async move {
+        let Ok(mut hangups) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            tracing::warn!("cannot listen for SIGHUP; policies will not be reloaded");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            match gate.authorization().reload() {
+                Ok(count) => tracing::info!(policies = count, "authorization policies reloaded"),
+                Err(why) => tracing::error!(
+                    "authorization policies not reloaded, keeping the previous ones: {why}"
+                ),
+            }
+        }
+    });
+    #[cfg(not(unix))]
+    drop(gate);
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -1,19 +1,26 @@
 //! The configuration file (TOML, `--config`): `strict`, `[defaults]`, `[limits]`,
-//! `[actions."<name>"]`, `[[principals]]` and `[mcp]` ([`super::mcp`]), parsed and validated once
-//! into the gate's [`Policies`], the server's [`Principals`] and the MCP gateway's
+//! `[actions."<name>"]`, `[[principals]]`, `[mcp]` ([`super::mcp`]), `[authorization]` and
+//! `[[budgets]]` ([`super::authorization`]), parsed and validated once into the gate's
+//! [`Policies`] and authorization [`Settings`], the server's [`Principals`] and the MCP gateway's
 //! [`McpSettings`]. Every error names the setting.
 
 use std::{collections::HashMap, path::Path};
 
 use serde::Deserialize;
 
-use super::mcp::{McpSettings, McpTable};
+use super::{
+    authorization::{AuthorizationTable, BudgetTable},
+    mcp::{McpSettings, McpTable},
+};
 use crate::{
     domain::{
         fingerprint::KeyFields,
         ledger::{Millis, OnExpiry},
     },
-    gate::policy::{ActionPolicy, Limits, Policies, builtin_defaults},
+    gate::{
+        authorization::Settings,
+        policy::{ActionPolicy, Limits, Policies, builtin_defaults},
+    },
     grpc::auth::{PrincipalConfig, Principals},
 };
 
@@ -35,14 +42,17 @@ pub struct ConfigFile {
     pub policies: Policies,
     /// Who may call the gate (`[[principals]]`); empty means an open gate.
     pub principals: Principals,
+    /// Rules, budgets, approvals and shadow mode (`[authorization]`, `[[budgets]]`).
+    pub authorization: Settings,
 }
 
-/// Policies alone: an open gate (no principals).
+/// Policies alone: an open gate (no principals), no authorization.
 impl From<Policies> for ConfigFile {
     fn from(policies: Policies) -> Self {
         Self {
             policies,
             principals: Principals::default(),
+            authorization: Settings::default(),
         }
     }
 }
@@ -57,7 +67,8 @@ impl ConfigFile {
     pub fn load_with_mcp(path: &Path) -> Result<(Self, McpSettings), FileError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| FileError(format!("cannot read {}: {e}", path.display())))?;
-        Self::parse_with_mcp(&text)
+        let base = path.parent().unwrap_or(Path::new("."));
+        Self::parse_in(&text, base)
             .map_err(|FileError(e)| FileError(format!("{}: {e}", path.display())))
     }
 
@@ -69,6 +80,11 @@ impl ConfigFile {
     /// Parses and validates configuration TOML, with its `[mcp]` table. The tools it gates get
     /// action policies of their own (see [`super::mcp`]), for `oncegate serve` as well.
     pub fn parse_with_mcp(text: &str) -> Result<(Self, McpSettings), FileError> {
+        Self::parse_in(text, Path::new("."))
+    }
+
+    /// Parses configuration TOML whose relative paths (the policy files) start at `base`.
+    fn parse_in(text: &str, base: &Path) -> Result<(Self, McpSettings), FileError> {
         let mut file: File = toml::from_str(text).map_err(|e| FileError(e.to_string()))?;
         let mcp = std::mem::take(&mut file.mcp).resolve(&mut file.actions)?;
         let defaults = resolve(None, &file.defaults, &builtin_defaults())?;
@@ -85,9 +101,20 @@ impl ConfigFile {
             check_lease(&format!("actions.\"{name}\""), &policy, &limits)?;
             named.push(policy);
         }
+        let authorization = super::authorization::settings(
+            &file.authorization,
+            &file.budgets,
+            base,
+            seconds,
+            |at, pointer| {
+                validate_pointer(pointer)
+                    .map_err(|why| FileError(format!("{at}: {pointer:?} {why}")))
+            },
+        )?;
         let parsed = Self {
             policies: Policies::new(file.strict, limits, defaults, named),
             principals: Principals::from_config(&file.principals).map_err(FileError)?,
+            authorization,
         };
         Ok((parsed, mcp))
     }
@@ -145,6 +172,10 @@ struct File {
     principals: Vec<PrincipalConfig>,
     #[serde(default)]
     mcp: McpTable,
+    #[serde(default)]
+    authorization: AuthorizationTable,
+    #[serde(default)]
+    budgets: Vec<BudgetTable>,
 }
 
 /// `[defaults]` and each `[actions."<name>"]`; unset entries fall back to `[defaults]`, then to the
@@ -159,6 +190,8 @@ pub(super) struct PolicyTable {
     on_expiry: Option<OnExpiry>,
     durability_replicas: Option<u32>,
     audience: Option<String>,
+    /// Shadow mode for this action alone.
+    shadow: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -256,6 +289,7 @@ fn resolve(
             Some(a) => Some(a.clone()),
             None => base.audience.clone(),
         },
+        shadow: table.shadow.unwrap_or(base.shadow),
     })
 }
 

@@ -3,6 +3,7 @@
 //! start-up; nothing else reads flags or the file. Every command-line default is in [`defaults`],
 //! every exit code in [`exit`].
 
+pub mod authorization;
 pub mod defaults;
 pub mod file;
 pub mod flags;
@@ -102,6 +103,8 @@ pub struct Config {
     pub metrics_other_action_label: String,
     /// How the gate signs grants and receipts; `None`: it does not.
     pub signing: Option<SigningConfig>,
+    /// Rules, budgets, approvals and shadow mode.
+    pub authorization: crate::gate::authorization::Settings,
     /// What the operator should hear at start-up, in order.
     pub notices: Vec<Notice>,
 }
@@ -137,6 +140,7 @@ impl Config {
             metrics_listen: args.metrics_listen,
             metrics_other_action_label: args.metrics_other_action_label.clone(),
             signing,
+            authorization: file.authorization,
             notices,
         })
     }

@@ -7,6 +7,7 @@
 //! one (the MCP gateway's in-process gate, or an RPC span a filter left out) the event names the
 //! action itself ([`audit!`]).
 
+use super::authorization::Mode;
 use crate::{
     domain::{
         ActionKey,
@@ -32,8 +33,14 @@ pub(crate) use audit;
 
 /// The audit event of a RequestToken: the decision and, where there is one, the fencing number of
 /// the grant or completion it names; a reused key names the differing fields, an attempt in
-/// progress the time left on its lease.
-pub(super) fn token(key: &ActionKey, action: &str, result: &Result<TokenOutcome, Refusal>) {
+/// progress the time left on its lease, an exceeded budget its name. `mode` is `shadow` when the
+/// gate grants anyway.
+pub(super) fn token(
+    key: &ActionKey,
+    action: &str,
+    result: &Result<TokenOutcome, Refusal>,
+    mode: Mode,
+) {
     let (decision, fencing) = match result {
         Ok(TokenOutcome::Granted(grant, GrantKind::New)) => ("granted", Some(grant.fencing)),
         Ok(TokenOutcome::Granted(grant, GrantKind::Redelivered)) => {
@@ -43,47 +50,89 @@ pub(super) fn token(key: &ActionKey, action: &str, result: &Result<TokenOutcome,
             ("regranted", Some(grant.fencing))
         }
         Ok(TokenOutcome::AlreadyCompleted(done)) => ("replayed", Some(done.fencing)),
+        Ok(TokenOutcome::PendingApproval(pending)) => {
+            held(key, action, &pending.policy, &pending.id, mode);
+            return;
+        }
         Err(Refusal::LeaseExpired { fencing, .. }) => ("lease_expired", Some(*fencing)),
         Err(refusal) => (refusal_name(refusal), None),
     };
     telemetry::record_decision(decision);
-    let in_rpc = telemetry::in_rpc_span();
+    let action = (!telemetry::in_rpc_span()).then_some(action);
+    let mode = mode.as_str();
     match (result, fencing) {
         (Err(Refusal::KeyReused { differing }), _) => {
             let differing = differing.join(",");
-            audit!(info, key, action = (!in_rpc).then_some(action), decision, %differing,
-                "request_token")
+            audit!(info, key, action, decision, %differing, mode, "request_token")
         }
         (Err(Refusal::InProgress { retry_after }), _) => {
             audit!(
                 info,
                 key,
-                action = (!in_rpc).then_some(action),
+                action,
                 decision,
                 retry_after_ms = retry_after,
+                mode,
                 "request_token"
             )
         }
-        (_, Some(fencing)) => {
-            audit!(
-                info,
-                key,
-                action = (!in_rpc).then_some(action),
-                decision,
-                fencing,
-                "request_token"
-            )
+        (Err(Refusal::BudgetExceeded { budget, .. }), _) => {
+            audit!(info, key, action, decision, budget = %budget, mode, "request_token")
         }
-        (_, None) => {
-            audit!(
-                info,
-                key,
-                action = (!in_rpc).then_some(action),
-                decision,
-                "request_token"
-            )
-        }
+        (_, Some(fencing)) => audit!(info, key, action, decision, fencing, mode, "request_token"),
+        (_, None) => audit!(info, key, action, decision, mode, "request_token"),
     }
+}
+
+/// The audit event of a RequestToken an authorization rule denied.
+pub(super) fn policy_denied(key: &ActionKey, action: &str, policy: &str, mode: Mode) {
+    telemetry::record_decision("policy_denied");
+    let action = (!telemetry::in_rpc_span()).then_some(action);
+    audit!(
+        info,
+        key,
+        action,
+        decision = "policy_denied",
+        policy,
+        mode = mode.as_str(),
+        "request_token"
+    );
+}
+
+/// The audit event of a RequestToken a rule holds for approval (`approval_id` empty in shadow
+/// mode, where none is asked for).
+pub(super) fn held(key: &ActionKey, action: &str, policy: &str, approval_id: &str, mode: Mode) {
+    telemetry::record_decision("pending_approval");
+    let action = (!telemetry::in_rpc_span()).then_some(action);
+    audit!(
+        info,
+        key,
+        action,
+        decision = "pending_approval",
+        policy,
+        approval_id,
+        mode = mode.as_str(),
+        "request_token"
+    );
+}
+
+/// The audit event of a shadow grant (enforcement would have answered otherwise: the event
+/// before this one says how).
+pub(super) fn shadow_granted(key: &ActionKey, fencing: u64) {
+    telemetry::record_decision("shadow_granted");
+    audit!(
+        info,
+        key,
+        decision = "shadow_granted",
+        fencing,
+        "request_token"
+    );
+}
+
+/// The audit event of a Complete, Release or ExtendLease with a shadow token (nothing stored).
+pub(super) fn shadow_call(rpc: &str, key: &ActionKey, fencing: u64) {
+    telemetry::record_decision("shadow");
+    audit!(info, key, decision = "shadow", rpc, fencing, "shadow token");
 }
 
 /// The audit event of a refused call.
@@ -105,6 +154,9 @@ pub(super) fn token_decision(result: &Result<TokenOutcome, Refusal>) -> Option<D
         Ok(TokenOutcome::Granted(_, GrantKind::Redelivered)) => Decision::Redelivered,
         Ok(TokenOutcome::Granted(_, GrantKind::Regranted)) => Decision::Regranted,
         Ok(TokenOutcome::AlreadyCompleted(_)) => Decision::Replayed,
+        Ok(TokenOutcome::PendingApproval(_)) => Decision::PendingApproval,
+        Err(Refusal::BudgetExceeded { .. }) => Decision::BudgetExceeded,
+        Err(Refusal::ApprovalDenied { .. }) => Decision::PolicyDenied,
         Err(Refusal::InProgress { .. }) => Decision::InProgress,
         Err(Refusal::KeyReused { .. }) => Decision::KeyReused,
         Err(Refusal::LeaseExpired { .. }) => Decision::LeaseExpired,
@@ -114,7 +166,8 @@ pub(super) fn token_decision(result: &Result<TokenOutcome, Refusal>) -> Option<D
             | Refusal::CompletedByOther { .. }
             | Refusal::AlreadyCompleted
             | Refusal::RequestRequired
-            | Refusal::NotExpired { .. },
+            | Refusal::NotExpired { .. }
+            | Refusal::ApprovalNotPending { .. },
         ) => return None,
     })
 }
@@ -131,5 +184,8 @@ pub fn refusal_name(refusal: &Refusal) -> &'static str {
         Refusal::AlreadyCompleted => "already_completed",
         Refusal::RequestRequired => "request_required",
         Refusal::NotExpired { .. } => "not_expired",
+        Refusal::BudgetExceeded { .. } => "budget_exceeded",
+        Refusal::ApprovalDenied { .. } => "approval_denied",
+        Refusal::ApprovalNotPending { .. } => "approval_not_pending",
     }
 }

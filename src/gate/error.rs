@@ -34,6 +34,10 @@ pub enum GateError {
     /// The principal's rate limit is spent; it may call again after `retry_after`.
     #[error("rate limited for {retry_after:?}")]
     RateLimited { retry_after: Duration },
+    /// An authorization rule forbids the action (`policy`: the deciding policy's id; empty when
+    /// no policy permits it).
+    #[error("denied by authorization policy {policy:?}")]
+    PolicyDenied { policy: String },
 }
 
 impl GateError {

@@ -2,16 +2,23 @@
 //! call, each timed, counted and audited here and nowhere else.
 //!
 //! Owns: what a well-formed request is ([`request`]), which key identifies an action, minting
-//! tokens, the action policies ([`policy`]), the operator operations ([`operator`]) and the audit
-//! trail ([`audit`]). Knows no gRPC types (the `grpc` layer converts) and decides no state
-//! transition (the store applies the ledger).
+//! tokens, the action policies ([`policy`]), RequestToken with its rules, budgets and shadow mode
+//! (`token`, [`rules`], [`authorization`], `shadow`), signing grants and receipts ([`signing`]),
+//! the operator operations ([`operator`], [`approvals`]) and the audit trail ([`audit`]). Knows
+//! no gRPC types (the `grpc` layer converts) and decides no state transition (the store applies
+//! the ledger).
 
+pub mod approvals;
 pub mod audit;
+pub mod authorization;
 pub mod error;
 pub mod operator;
 pub mod policy;
 pub mod request;
+pub mod rules;
+mod shadow;
 pub mod signing;
+mod token;
 
 use std::{future::Future, sync::Arc, time::Instant};
 
@@ -24,7 +31,6 @@ use crate::{
     domain::{
         ActionKey,
         ledger::{ActionView, CompleteOutcome, Millis, Refusal, TokenOutcome},
-        statement::grant::GrantClaims,
     },
     observe::{
         metrics::{Decision, DoubleExecution, Metrics},
@@ -32,6 +38,7 @@ use crate::{
     },
     store::{Receipts, Store, StoreError},
 };
+use authorization::Authorization;
 use policy::{ActionPolicy, Policies};
 
 /// A RequestToken that was answered (granted or replayed).
@@ -46,6 +53,9 @@ pub struct TokenAnswer {
     pub replicas_acknowledged: u32,
     /// The signed grant statement (empty for a replay, or when the gate does not sign).
     pub statement: String,
+    /// True when the grant is shadow mode's: enforcement would have answered otherwise, and the
+    /// token is not recorded (Complete, Release and ExtendLease with it touch nothing).
+    pub shadow: bool,
 }
 
 /// The gate over one store. Cheap to clone.
@@ -56,6 +66,7 @@ pub struct Gate {
     metrics: Metrics,
     /// Signs grants and receipts; `None`: the gate hands out no statements and keeps no chains.
     signer: Option<Arc<Signer>>,
+    authz: Arc<Authorization>,
 }
 
 impl Gate {
@@ -72,6 +83,7 @@ impl Gate {
             policies: Arc::new(policies),
             metrics,
             signer: None,
+            authz: Arc::default(),
         }
     }
 
@@ -91,6 +103,21 @@ impl Gate {
         self.signer.clone().map(|s| s as Receipts)
     }
 
+    /// This gate with `authz`: rules, budgets, approvals and shadow mode (none by default). The
+    /// budgets' metric series start at zero.
+    pub fn with_authorization(mut self, authz: impl Into<Authorization>) -> Self {
+        let authz: Authorization = authz.into();
+        self.metrics
+            .register_budgets(authz.budgets.iter().map(|b| b.name.as_str()));
+        self.authz = Arc::new(authz);
+        self
+    }
+
+    /// The authorization settings (rules reload through it).
+    pub fn authorization(&self) -> &Authorization {
+        &self.authz
+    }
+
     /// The metric handles this gate counts into.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
@@ -104,71 +131,6 @@ impl Gate {
     /// The policies this gate enforces.
     pub fn policies(&self) -> &Policies {
         &self.policies
-    }
-
-    /// RequestToken: validate, fingerprint with the action's key fields, then one atomic store step.
-    /// Every call is counted in `oncegate_attempts_total`, by decision, unless the store failed.
-    pub async fn request_token(&self, call: TokenCall) -> Result<TokenAnswer, GateError> {
-        let policy = self.policies.for_action(&call.action);
-        let action = call.action.clone();
-        let intent = call.intent_id.clone();
-        let limits = &self.policies.limits;
-        let Prepared { key, request } =
-            match request::prepare_token(limits, policy, call, request::new_token()) {
-                Ok(prepared) => prepared,
-                Err(e) => return Err(self.invalid(policy, e)),
-            };
-        telemetry::record_action(&key.agent_id, &key.run_id, Some(&action), &key.key);
-        let durability = policy.map_or(0, |p| p.durability_replicas);
-        let acked = self
-            .timed(
-                "request_token",
-                self.store.request_token(&key, &request, durability),
-            )
-            .await?;
-        let reply = acked.reply;
-        if let Some(decision) = audit::token_decision(&reply.result) {
-            self.metrics.attempt(policy_name(policy), decision);
-        }
-        audit::token(&key, &action, &reply.result);
-        let outcome = reply.result.map_err(|refusal| match refusal {
-            Refusal::LeaseExpired { .. } => GateError::Unresolved {
-                key: key.clone(),
-                refusal,
-            },
-            refusal => GateError::Refused(refusal),
-        })?;
-        let provider_key = key.provider_key();
-        let statement = match (&self.signer, &outcome) {
-            (Some(signer), TokenOutcome::Granted(grant, _)) => {
-                let claims = GrantClaims {
-                    iss: signer.issuer().into(),
-                    aud: policy
-                        .and_then(|p| p.audience.clone())
-                        .unwrap_or_else(|| action.clone()),
-                    iat: reply.now.div_euclid(1000),
-                    exp: grant.lease_expires_at.div_euclid(1000),
-                    agent: key.agent_id.clone(),
-                    run: key.run_id.clone(),
-                    action,
-                    key: key.key.clone(),
-                    intent,
-                    fingerprint: request.fingerprint.clone(),
-                    fencing: grant.fencing,
-                    provider_key: provider_key.clone(),
-                };
-                signer.sign_grant(&claims)
-            }
-            _ => String::new(),
-        };
-        Ok(TokenAnswer {
-            provider_key,
-            key,
-            fingerprint: request.fingerprint,
-            outcome,
-            replicas_acknowledged: acked.replicas,
-            statement,
-        })
     }
 
     /// Counts a RequestToken refused as malformed (decision `invalid`) and returns its error. The
@@ -215,6 +177,9 @@ impl Gate {
         telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
         let limits = &self.policies.limits;
         request::check_bytes("receipt", receipt.len(), limits.max_receipt_bytes)?;
+        if let Some(done) = shadow::complete(key, token, receipt) {
+            return Ok(done);
+        }
         let durability = self.policies.highest_durability();
         let reply = self
             .timed(
@@ -278,6 +243,9 @@ impl Gate {
         self.check_ref(key)?;
         self.check_token(token)?;
         telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
+        if let Some(fencing) = shadow::release(key, token) {
+            return Ok(fencing);
+        }
         let durability = self.policies.highest_durability();
         let reply = self
             .timed("release", self.store.release(key, token, durability))
@@ -306,6 +274,9 @@ impl Gate {
         telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
         let ttl = ttl.ok_or_else(|| GateError::invalid("ttl", "is required"))?;
         let ttl = request::check_ttl(&self.policies.limits, "ttl", ttl)?;
+        if let Some(at) = shadow::extend(key, token, ttl) {
+            return Ok(at);
+        }
         let durability = self.policies.highest_durability();
         let reply = self
             .timed(

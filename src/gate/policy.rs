@@ -28,6 +28,8 @@ pub struct ActionPolicy {
     /// The audience (`aud`) of this action's grant statements: who is meant to execute it (a
     /// provider's name). `None`: the action's name.
     pub audience: Option<String>,
+    /// Shadow mode for this action: every decision computed and counted, but granted anyway.
+    pub shadow: bool,
 }
 
 /// Input limits (docs/CONTRACT.md, "Defaults and limits").
@@ -96,6 +98,7 @@ pub fn builtin_defaults() -> ActionPolicy {
         on_expiry: OnExpiry::Reconcile,
         durability_replicas: 0,
         audience: None,
+        shadow: false,
     }
 }
 

@@ -33,6 +33,8 @@ pub struct TokenCall {
 pub struct Prepared {
     pub key: ActionKey,
     pub request: TokenRequest,
+    /// The parsed params (for the authorization rules and budgets).
+    pub params: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A request's identity: its fingerprint, and the per-field digests that name differing fields
@@ -41,6 +43,8 @@ pub struct Prepared {
 pub struct Hashed {
     pub fingerprint: String,
     pub digests: String,
+    /// The parsed params.
+    pub params: serde_json::Map<String, serde_json::Value>,
 }
 
 /// The policy governing `action`: INVALID_REQUEST (on `field`) when the gate is strict and no
@@ -76,6 +80,7 @@ pub fn hash_request(
     Ok(Hashed {
         fingerprint,
         digests,
+        params,
     })
 }
 
@@ -134,8 +139,14 @@ pub fn prepare_token(
         on_expiry: policy.on_expiry,
         principal: call.principal,
         max_superseded: limits.max_superseded_grants,
+        hold: None,
+        charges: Vec::new(),
     };
-    Ok(Prepared { key, request })
+    Ok(Prepared {
+        key,
+        request,
+        params: hashed.params,
+    })
 }
 
 /// The request hash an operator's completion of an action stores when the action has no record:

@@ -11,10 +11,15 @@ use tonic::{Request, Response, Status};
 
 use super::{
     auth::{self, Principal},
-    convert::{action_key, action_ref, completion, receipt_entry, timestamp},
+    convert::{
+        action_key, action_ref, approval_entry, completion, duration, receipt_entry, timestamp,
+    },
 };
 use crate::{
-    domain::ledger::{Resolution, Resolved},
+    domain::{
+        authorization::approval::Decision,
+        ledger::{Resolution, Resolved},
+    },
     gate::{ExternalCall, Gate, GateError},
     observe::telemetry,
     pb::{self, gate_admin_service_server::GateAdminService},
@@ -162,6 +167,71 @@ impl GateAdminService for AdminService {
             next_after_seq: page.next_after,
             jwks: page.jwks,
             entries: page.entries.into_iter().map(receipt_entry).collect(),
+        }))
+    }
+
+    async fn decide_approval(
+        &self,
+        request: Request<pb::DecideApprovalRequest>,
+    ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+        let principal = auth::principal(&request)?;
+        let req = request.into_inner();
+        let key = action_key(req.action)?;
+        operator(&principal, &key.agent_id)?;
+        let decision = Decision {
+            id: req.approval_id,
+            approve: req.approve,
+            operator: principal.name.clone(),
+            note: req.note,
+        };
+        let approval = self.gate.decide_approval(&key, decision).await?;
+        Ok(Response::new(pb::DecideApprovalResponse {
+            approval: Some(approval_entry(&key, approval)),
+        }))
+    }
+
+    async fn list_approvals(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        let principal = auth::principal(&request)?;
+        let req = request.into_inner();
+        operator(&principal, &req.agent_id)?;
+        let page = self
+            .gate
+            .list_approvals(&req.agent_id, &req.page_token, req.page_size)
+            .await?;
+        Ok(Response::new(pb::ListApprovalsResponse {
+            approvals: page
+                .items
+                .into_iter()
+                .map(|e| approval_entry(&e.key, e.approval))
+                .collect(),
+            next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
+        }))
+    }
+
+    async fn get_budgets(
+        &self,
+        request: Request<pb::GetBudgetsRequest>,
+    ) -> Result<Response<pb::GetBudgetsResponse>, Status> {
+        let principal = auth::principal(&request)?;
+        let req = request.into_inner();
+        operator(&principal, &req.agent_id)?;
+        let usage = self.gate.budgets(&req.agent_id).await?;
+        Ok(Response::new(pb::GetBudgetsResponse {
+            budgets: usage
+                .into_iter()
+                .map(|u| pb::BudgetUsage {
+                    budget: u.budget,
+                    action_name: u.action,
+                    group: u.group,
+                    used: u.used,
+                    limit: u.limit,
+                    window: Some(duration(u.window)),
+                    next_release_at: u.next_release_at.map(timestamp),
+                })
+                .collect(),
         }))
     }
 }

@@ -3,6 +3,7 @@
 use crate::{
     domain::{
         ActionKey,
+        authorization::{Approval, ApprovalState, Pending},
         ledger::{self, Millis},
         statement::receipt::ChainEntry,
     },
@@ -109,5 +110,48 @@ pub fn action_view(key: &ActionKey, view: ledger::ActionView) -> pb::GetActionRe
         holder: view.holder,
         token: view.token,
         provider_key: key.provider_key(),
+    }
+}
+
+/// A pending approval on the wire.
+pub fn approval(pending: &Pending) -> pb::Approval {
+    pb::Approval {
+        id: pending.id.clone(),
+        expires_at: Some(timestamp(pending.expires_at)),
+        policy_id: pending.policy.clone(),
+        reason: pending.reason.clone(),
+    }
+}
+
+/// A stored approval of `key` on the wire.
+pub fn approval_entry(key: &ActionKey, a: Approval) -> pb::ApprovalEntry {
+    let state = match a.state {
+        ApprovalState::Pending => pb::ApprovalState::Pending,
+        ApprovalState::Approved => pb::ApprovalState::Approved,
+        ApprovalState::Denied => pb::ApprovalState::Denied,
+        ApprovalState::Used => pb::ApprovalState::Used,
+    };
+    pb::ApprovalEntry {
+        action: Some(action_ref(key)),
+        approval: Some(pb::Approval {
+            id: a.id,
+            expires_at: Some(timestamp(a.expires_at)),
+            policy_id: a.policy,
+            reason: a.reason,
+        }),
+        state: state as i32,
+        action_name: a.action,
+        fingerprint: a.fingerprint,
+        created_at: Some(timestamp(a.created_at)),
+        operator: a.operator,
+        note: a.note,
+    }
+}
+
+/// Milliseconds as a protobuf Duration.
+pub fn duration(ms: Millis) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: ms.div_euclid(1000),
+        nanos: (ms.rem_euclid(1000) * 1_000_000) as i32,
     }
 }

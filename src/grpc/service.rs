@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 
 use super::{
     auth::{self, Principal},
-    convert::{action_key, action_ref, action_view, completion, duration_ms, timestamp},
+    convert::{action_key, action_ref, action_view, approval, completion, duration_ms, timestamp},
 };
 use crate::{
     domain::ledger::{self, TokenOutcome},
@@ -83,6 +83,10 @@ impl ActionGateService for GateService {
             TokenOutcome::AlreadyCompleted(done) => {
                 response.decision = pb::Decision::AlreadyCompleted as i32;
                 response.completion = Some(completion(done));
+            }
+            TokenOutcome::PendingApproval(pending) => {
+                response.decision = pb::Decision::PendingApproval as i32;
+                response.approval = Some(approval(&pending));
             }
         }
         Ok(Response::new(response))

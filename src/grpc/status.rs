@@ -37,7 +37,11 @@ pub fn reason(error: &GateError) -> ErrorReason {
             Refusal::AlreadyCompleted => ErrorReason::AlreadyCompleted,
             Refusal::RequestRequired => ErrorReason::InvalidRequest,
             Refusal::NotExpired { .. } => ErrorReason::LeaseNotExpired,
+            Refusal::BudgetExceeded { .. } => ErrorReason::BudgetExceeded,
+            Refusal::ApprovalDenied { .. } => ErrorReason::PolicyDenied,
+            Refusal::ApprovalNotPending { .. } => ErrorReason::ApprovalNotPending,
         },
+        GateError::PolicyDenied { .. } => ErrorReason::PolicyDenied,
         GateError::Invalid { .. } => ErrorReason::InvalidRequest,
         GateError::Unauthenticated => ErrorReason::Unauthenticated,
         GateError::ForbiddenScope { .. } => ErrorReason::ForbiddenScope,
@@ -107,6 +111,17 @@ impl From<GateError> for Status {
             )
             .meta("principal", principal),
             GateError::RateLimited { retry_after } => rate_limited(retry_after),
+            GateError::PolicyDenied { policy } => Wire::new(
+                Code::PermissionDenied,
+                if policy.is_empty() {
+                    "no authorization policy permits this action; nothing was recorded".to_owned()
+                } else {
+                    format!(
+                        "authorization policy {policy:?} forbids this action; nothing was recorded"
+                    )
+                },
+            )
+            .meta("policy_id", policy),
         };
         let Wire {
             code,
@@ -173,6 +188,43 @@ fn refused(refusal: Refusal) -> Wire {
              hash can be stored",
         ),
         Refusal::NotExpired { state } => not_expired(state),
+        Refusal::BudgetExceeded {
+            budget,
+            retry_after,
+        } => budget_exceeded(&budget, retry_after),
+        Refusal::ApprovalDenied { id } => Wire::new(
+            Code::PermissionDenied,
+            "an operator denied the approval this action needs; nothing was recorded",
+        )
+        .meta("policy_id", "")
+        .meta("approval_id", id),
+        Refusal::ApprovalNotPending { state } => {
+            let state = state.map_or("ABSENT", |s| s.as_str());
+            Wire::new(
+                Code::FailedPrecondition,
+                format!("the approval is {state}, not pending; there is nothing to decide"),
+            )
+            .meta("state", state)
+        }
+    }
+}
+
+fn budget_exceeded(budget: &str, retry_after: Option<Millis>) -> Wire {
+    let wire = Wire::new(
+        Code::ResourceExhausted,
+        match retry_after {
+            Some(ms) => format!(
+                "budget {budget:?} would be exceeded; nothing was recorded; it frees up in {ms} ms"
+            ),
+            None => format!(
+                "budget {budget:?} is smaller than this action by itself; nothing was recorded"
+            ),
+        },
+    )
+    .meta("budget", budget);
+    match retry_after {
+        Some(ms) => wire.meta("retry_after_ms", ms).retry_after(millis(ms)),
+        None => wire,
     }
 }
 

@@ -35,6 +35,7 @@ pub use list::{ListCursor, Page, Unresolved};
 use std::sync::Arc;
 
 use crate::domain::ActionKey;
+use crate::domain::authorization::{Approval, Bucket, approval::Decision};
 use crate::domain::ledger::{
     ActionView, CompleteOutcome, ExternalCompletion, Millis, Refusal, Resolution, Resolved,
     TokenOutcome, TokenRequest,
@@ -63,6 +64,21 @@ pub struct Acked<T> {
     pub reply: Reply<T>,
     /// Replicas that confirmed the change; 0 when none was asked for or the store has none.
     pub replicas: u32,
+}
+
+/// One approval and the action it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalEntry {
+    pub key: ActionKey,
+    pub approval: Approval,
+}
+
+/// A page of one agent's approvals, by lapse time.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ApprovalPage {
+    pub items: Vec<ApprovalEntry>,
+    /// Where the next page starts (`lease_expires_at` holds the lapse time); `None` at the end.
+    pub next: Option<ListCursor>,
 }
 
 /// Why a store call failed. Client mistakes are never store errors: they are [`Refusal`]s.
@@ -247,6 +263,40 @@ impl Store {
         limit: usize,
     ) -> Result<Reply<Page>, StoreError> {
         dispatch!(self, s => s.list_unresolved(agent_id, after, limit).await)
+    }
+
+    /// An operator's decision on the approval of `key` (see
+    /// [`crate::domain::authorization::approval::decide`]); the reply says whether it changed.
+    pub async fn decide_approval(
+        &self,
+        key: &ActionKey,
+        decision: &Decision,
+        replicas: u32,
+    ) -> Result<Reply<(Approval, bool)>, StoreError> {
+        match self {
+            Store::Embedded(s) => Ok(unreplicated(replicas, s.decide_approval(key, decision))
+                .await?
+                .reply),
+            Store::Redis(s) => s.decide_approval(key, decision, replicas).await,
+        }
+    }
+
+    /// Up to `limit` live approvals of `agent_id` after `after`, by lapse time.
+    pub async fn list_approvals(
+        &self,
+        agent_id: &str,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<ApprovalPage>, StoreError> {
+        dispatch!(self, s => s.list_approvals(agent_id, after, limit).await)
+    }
+
+    /// Every budget bucket of `agent_id` as stored (the gate judges them at the reply's `now`).
+    pub async fn budgets(
+        &self,
+        agent_id: &str,
+    ) -> Result<Reply<Vec<(String, Bucket)>>, StoreError> {
+        dispatch!(self, s => s.budgets(agent_id).await)
     }
 
     /// Checks that the store answers (health, readiness).

@@ -1,6 +1,7 @@
-//! `oncegate admin get|complete|resolve|list-unresolved`: the operator API from a shell, against
-//! a running gate. Output is for a person by default and one JSON document with `--json`; the
-//! connection options ([`RemoteArgs`]) go before or after the subcommand.
+//! `oncegate admin get|complete|resolve|list-unresolved|audit` (and the authorization subcommands
+//! of [`super::admin_authz`]): the operator API from a shell, against a running gate. Output is for
+//! a person by default and one JSON document with `--json`; the connection options
+//! ([`RemoteArgs`]) go before or after the subcommand.
 //!
 //! Owns: the operator subcommands and their rendering. The semantics are the server's; the
 //! connection, credentials and error reports are [`super::remote`]'s.
@@ -54,6 +55,8 @@ pub enum AdminCommand {
     /// Export an agent's receipt chain and verify it: signatures, sequence, links. Exits 1 and
     /// names every entry that does not hold.
     Audit(AuditArgs),
+    #[command(flatten)]
+    Authz(super::admin_authz::AuthzCommand),
 }
 
 /// `admin audit`.
@@ -149,6 +152,7 @@ pub async fn run(args: AdminArgs) -> ExitCode {
         AdminCommand::Resolve(r) => resolve(&mut remote.admin, r).await,
         AdminCommand::ListUnresolved(l) => list(&mut remote.admin, l).await.map(Ok),
         AdminCommand::Audit(a) => audit::run(&mut remote.admin, a).await.map(Ok),
+        AdminCommand::Authz(c) => super::admin_authz::run(c, &mut remote.admin).await.map(Ok),
     };
     let failed_audit = matches!(args.command, AdminCommand::Audit(_))
         && matches!(&result, Ok(Ok(v)) if v["intact"] != Value::Bool(true));
@@ -160,6 +164,10 @@ pub async fn run(args: AdminArgs) -> ExitCode {
                 print!("{}", views::unresolved_text(&value));
             } else if let AdminCommand::Audit(_) = args.command {
                 print!("{}", audit::human(&value));
+            } else if let AdminCommand::Authz(c) = &args.command
+                && let Some(text) = super::admin_authz::human(c, &value)
+            {
+                print!("{text}");
             } else {
                 print!("{}", views::text(&value));
             }

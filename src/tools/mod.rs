@@ -6,6 +6,7 @@
 //! mcp`, [`mcp`]). Clients of the gate's gRPC contract use [`crate::pb`] and [`gate_channel`];
 //! only the MCP gateway's in-process mode uses the gate itself ([`crate::gate::Gate`]).
 
+pub mod admin_authz;
 pub mod admin_cli;
 pub mod bench;
 pub mod call_cli;

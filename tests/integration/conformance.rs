@@ -6,8 +6,11 @@
 
 use std::time::Duration;
 
+use std::collections::BTreeMap;
+
 use oncegate::{
     domain::ActionKey,
+    domain::authorization::{self, Bucket, Charge, Guarded, Hold, Side, SideWrite, approval},
     domain::fingerprint::{self, KeyFields, ParamsLimits},
     domain::ledger::{
         self, ExternalCompletion, Millis, OnExpiry, Record, RequestHash, Resolution, Step,
@@ -57,15 +60,54 @@ fn check<T: PartialEq + std::fmt::Debug>(
     reply.result
 }
 
+/// Applies a guarded step (approvals, budgets) to the model: the record, the key's approval and
+/// the agent's buckets, after checking the store said the same thing at the same time.
+fn check_guarded<T: PartialEq + std::fmt::Debug>(
+    model: &mut Option<Record>,
+    side: &mut Side,
+    reply: Reply<T>,
+    step: impl FnOnce(Option<&Record>, &Side, Millis) -> Guarded<T>,
+    what: &str,
+) -> Result<T, ledger::Refusal> {
+    let Guarded {
+        step: expected,
+        side: SideWrite { approval, buckets },
+    } = step(model.as_ref(), side, reply.now);
+    assert_eq!(
+        reply.result, expected.reply,
+        "{what} at {} diverged from the model (record {model:?}, side {side:?})",
+        reply.now
+    );
+    if let Write::Put(record) = expected.write {
+        *model = Some(record);
+    }
+    if approval.is_some() {
+        side.approval = approval;
+    }
+    side.buckets.extend(buckets);
+    reply.result
+}
+
 /// The transitions a run must have visited for its verdict to mean something (each is rare enough
 /// that a generator change could silently stop producing it).
-const MUST_VISIT: [&str; 5] = [
+const MUST_VISIT: [&str; 12] = [
     "late complete of a superseded grant after the newer release",
     "regrant refused at the superseded limit",
     "released record still unresolved",
     "superseded grant settled as failed",
     "redelivery refused to another principal",
+    "budget exceeded",
+    "release gave a reservation back",
+    "held for approval",
+    "approval covered a grant",
+    "denied approval refused a request",
+    "approval decision refused",
+    "failed resolution gave a reservation back",
 ];
+
+/// The budgets every actor's agent has: a velocity cap of 3 grants and a sum of 5 units, in short
+/// windows so that they fill and free up within a run.
+const BUDGETS: [(&str, u64, Millis); 2] = [("cap", 3, 200), ("sum", 5, 300)];
 
 type Visited = std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<&'static str>>>;
 
@@ -86,6 +128,11 @@ struct Actor {
     retired: Vec<(ActionKey, Option<Record>)>,
     tokens: Vec<String>,
     visited: Visited,
+    /// The current key's approval and the agent's budget buckets, as the model has them.
+    side: Side,
+    /// Whether the current key's requests are held by a rule, and charged to the budgets.
+    held: bool,
+    charged: bool,
 }
 
 impl Actor {
@@ -131,6 +178,29 @@ impl Actor {
             // superseded grants, so that reaching it is.
             principal: ["p1", "p2"][rng.below(2) as usize].to_owned(),
             max_superseded: 2,
+            hold: self.held.then(|| Hold {
+                policy: "p".into(),
+                reason: "needs approval".into(),
+                new_id: format!("ap-{}-{i}", self.seed),
+                ttl: 400,
+                action: "pay".into(),
+            }),
+            charges: if self.charged {
+                BUDGETS
+                    .iter()
+                    .map(|(name, limit, window)| Charge {
+                        bucket: format!("{name}:b"),
+                        budget: (*name).into(),
+                        action: String::new(),
+                        group: String::new(),
+                        limit: *limit,
+                        window: *window,
+                        amount: if *name == "sum" { 1 + rng.below(3) } else { 1 },
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -156,14 +226,83 @@ impl Actor {
         {
             self.visit("regrant refused at the superseded limit");
         }
-        let outcome = check(
+        let approved = approval::live(self.side.approval.as_ref(), reply.now)
+            .is_some_and(|a| a.state == approval::ApprovalState::Approved);
+        let outcome = check_guarded(
             &mut self.model,
+            &mut self.side,
             reply,
-            |r, now| ledger::request_token(r, &req, now),
+            |r, side, now| authorization::request_token(r, side, &req, now),
             "request_token",
         );
-        if let Ok(ledger::TokenOutcome::Granted(grant, _)) = outcome {
-            self.tokens.push(grant.token);
+        match &outcome {
+            Ok(ledger::TokenOutcome::Granted(grant, _)) => {
+                if req.hold.is_some() && approved {
+                    self.visit("approval covered a grant");
+                }
+                self.tokens.push(grant.token.clone());
+            }
+            Ok(ledger::TokenOutcome::PendingApproval(_)) => self.visit("held for approval"),
+            Err(ledger::Refusal::BudgetExceeded { .. }) => self.visit("budget exceeded"),
+            Err(ledger::Refusal::ApprovalDenied { .. }) => {
+                self.visit("denied approval refused a request")
+            }
+            _ => {}
+        }
+    }
+
+    /// An operator decides the current key's approval (sometimes with an id it does not have);
+    /// after a decision the agent asks again at once (as a polling agent would).
+    async fn decide(&mut self, i: usize) {
+        let id = match (&self.side.approval, self.rng.below(5)) {
+            (Some(a), 1..) => a.id.clone(),
+            _ => "unknown".to_owned(),
+        };
+        let decision = approval::Decision {
+            id,
+            approve: self.rng.below(2) == 0,
+            operator: "ops".into(),
+            note: String::new(),
+        };
+        let reply = self
+            .store
+            .decide_approval(&self.key, &decision, 0)
+            .await
+            .unwrap();
+        let expected = approval::decide(self.side.approval.as_ref(), &decision, reply.now)
+            .map_err(|e| ledger::Refusal::ApprovalNotPending { state: e.0 });
+        assert_eq!(
+            reply.result, expected,
+            "decide_approval diverged at {}",
+            reply.now
+        );
+        match expected {
+            Ok((a, _)) => {
+                self.side.approval = Some(a);
+                let mut req = self.random_request(i, None);
+                req.fingerprint = format!("fp-{}", self.variant);
+                req.digests = digests(PARAMS[self.variant]);
+                self.request(req).await;
+            }
+            Err(_) => self.visit("approval decision refused"),
+        }
+    }
+
+    /// The agent's buckets hold what the model's do, judged at the store's `now`.
+    async fn budgets(&mut self) {
+        let reply = self.store.budgets(&self.key.agent_id).await.unwrap();
+        let stored: BTreeMap<String, Bucket> = reply.result.unwrap().into_iter().collect();
+        for (name, _, window) in BUDGETS {
+            let id = format!("{name}:b");
+            let used =
+                |b: &BTreeMap<String, Bucket>| b.get(&id).map_or(0, |b| b.used(window, reply.now));
+            assert_eq!(
+                used(&stored),
+                used(&self.side.buckets),
+                "budget {name} diverged at {}: store {stored:?}, model {:?}",
+                reply.now,
+                self.side.buckets
+            );
         }
     }
 
@@ -193,13 +332,26 @@ impl Actor {
             .await
             .unwrap()
             .reply;
-        check(
+        let reserved = self
+            .model
+            .as_ref()
+            .is_some_and(|r| r.reservations.iter().any(|x| x.fencing == r.fencing));
+        let released = check_guarded(
             &mut self.model,
+            &mut self.side,
             reply,
-            |r, now| ledger::release(r, &token, now),
+            |r, side, now| authorization::release(r, side, &token, now),
             "release",
-        )
-        .ok();
+        );
+        if reserved
+            && released.is_ok()
+            && self
+                .model
+                .as_ref()
+                .is_some_and(|r| r.reservations.iter().all(|x| x.fencing != r.fencing))
+        {
+            self.visit("release gave a reservation back");
+        }
     }
 
     async fn extend(&mut self, token: String, ttl: Millis) {
@@ -274,12 +426,20 @@ impl Actor {
             .resolve_expired(&self.key, &resolution, 0, None)
             .await
             .unwrap();
-        let resolved = check(
+        let reserved = self
+            .model
+            .as_ref()
+            .is_some_and(|r| !r.reservations.is_empty());
+        let resolved = check_guarded(
             &mut self.model,
+            &mut self.side,
             reply,
-            |r, now| ledger::resolve_expired(r, &resolution, now),
+            |r, side, now| authorization::resolve_expired(r, side, &resolution, now),
             "resolve_expired",
         );
+        if reserved && matches!(resolved, Ok(ledger::Resolved::Released { .. })) {
+            self.visit("failed resolution gave a reservation back");
+        }
         if superseded && matches!(resolved, Ok(ledger::Resolved::Released { .. })) {
             self.visit("superseded grant settled as failed");
         }
@@ -323,6 +483,9 @@ impl Actor {
         self.retired
             .push((std::mem::replace(&mut self.key, next), self.model.take()));
         self.variant = self.rng.below(2) as usize;
+        self.side.approval = None;
+        self.held = self.rng.below(3) == 0;
+        self.charged = self.rng.below(2) == 0;
     }
 
     /// A regrant past an expired lease, then the newer token released: the path to a released
@@ -342,7 +505,13 @@ impl Actor {
 
     async fn run(mut self, ops: usize) {
         for i in 0..ops {
-            match self.rng.below(16) {
+            match self.rng.below(19) {
+                16 => self.decide(i).await,
+                17 => self.budgets().await,
+                18 => {
+                    let req = self.random_request(i, None);
+                    self.request(req).await;
+                }
                 0..=3 => {
                     let req = self.random_request(i, None);
                     self.request(req).await;
@@ -392,8 +561,11 @@ async fn random_sequences_match_the_model(kind: Kind) {
                 retired: Vec::new(),
                 tokens: vec!["never-granted".to_owned()],
                 visited: visited.clone(),
+                side: Side::default(),
+                held: seed % 3 == 0,
+                charged: seed % 2 == 0,
             };
-            tokio::spawn(actor.run(160))
+            tokio::spawn(actor.run(200))
         })
         .collect();
     for actor in actors {

@@ -4,15 +4,17 @@
 
 use std::collections::BTreeSet;
 
-use oncegate::gate::policy::Policies;
-
 use crate::support::{Kind, Scrape, TestGate, token_request};
 
 /// Every `oncegate_*` series the alert rules and the dashboard query is one the gate exports, and
 /// every `oncegate:*` series they use is a recording rule defined in rules.yml.
 #[tokio::test]
 async fn deploy_files_name_only_exported_series() {
-    let (gate, addr) = TestGate::start_with_metrics(Kind::Embedded, Policies::default()).await;
+    // With a budget, so that the budget series exist too.
+    let budget = "[[budgets]]\nname = \"b\"\nwindow_seconds = 60\nlimit = 5\n";
+    let (gate, addr) =
+        TestGate::start_with_config_and_metrics(Kind::Embedded, crate::support::config(budget))
+            .await;
     // One histogram observation of each kind, so their _bucket/_sum/_count series exist.
     gate.client()
         .await

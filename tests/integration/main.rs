@@ -2,7 +2,10 @@
 //! `oncegate` processes where a test needs two of them or a crash.
 
 mod admin_cli;
+mod approvals;
+mod authorization;
 mod bench;
+mod budgets;
 mod call_cli;
 mod cli;
 mod client;

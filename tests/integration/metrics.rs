@@ -288,12 +288,16 @@ fn check_counters(scrape: &Scrape, want: &Expected) {
     let mut seen = BTreeSet::new();
     for (labels, value) in scrape.series("oncegate_attempts_total") {
         let key = (labels["action"].as_str(), labels["decision"].as_str());
-        let expected = want
-            .attempts
-            .iter()
-            .find(|((a, d), _)| (*a, *d) == key)
-            .map_or(0.0, |(_, v)| *v);
-        assert_eq!(value, expected, "attempts {key:?}");
+        // Nothing runs in shadow mode here: every shadow series stays at zero.
+        let expected = match labels["mode"].as_str() {
+            "shadow" => 0.0,
+            _ => want
+                .attempts
+                .iter()
+                .find(|((a, d), _)| (*a, *d) == key)
+                .map_or(0.0, |(_, v)| *v),
+        };
+        assert_eq!(value, expected, "attempts {key:?} {labels:?}");
         seen.insert((key.0.to_owned(), key.1.to_owned()));
     }
     for (action, decision) in want.attempts.keys() {
@@ -311,13 +315,14 @@ fn check_counters(scrape: &Scrape, want: &Expected) {
     );
     for (labels, value) in scrape.series("oncegate_blocked_duplicates_total") {
         let (action, reason) = (labels["action"].as_str(), labels["reason"].as_str());
+        let mode = labels["mode"].as_str();
         assert_eq!(
             value,
             scrape.sum(
                 "oncegate_attempts_total",
-                &[("action", action), ("decision", reason)]
+                &[("action", action), ("decision", reason), ("mode", mode)]
             ),
-            "blocked {action}/{reason}"
+            "blocked {action}/{reason}/{mode}"
         );
     }
     for (labels, value) in scrape.series("oncegate_unresolved_expired_leases_total") {

@@ -215,6 +215,8 @@ async fn complete_directly(store: &Store, signer: &Receipts, n: usize) {
             on_expiry: OnExpiry::Reconcile,
             principal: String::new(),
             max_superseded: 8,
+            hold: None,
+            charges: Vec::new(),
         };
         store.request_token(&key, &req, 0).await.unwrap();
         let done = store

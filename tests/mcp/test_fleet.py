@@ -91,8 +91,8 @@ async def test_gateway_decisions_are_counted_at_the_gate_and_in_process(world: W
         for _ in range(2):
             await client.call_tool("create_ticket", {"title": "counted"})
     text = scrape(port)
-    assert 'oncegate_attempts_total{action="create_ticket",decision="granted"} 1' in text
-    assert 'oncegate_attempts_total{action="create_ticket",decision="replayed"} 1' in text
+    assert 'oncegate_attempts_total{action="create_ticket",decision="granted",mode="enforce"} 1' in text
+    assert 'oncegate_attempts_total{action="create_ticket",decision="replayed",mode="enforce"} 1' in text
 
     # In process: a tool named in [mcp] has its own policy, hence its own label (DAR per tool).
     world.write_config('[mcp.tools."charge_card"]\naction = "payments.charge"\n')
@@ -101,8 +101,8 @@ async def test_gateway_decisions_are_counted_at_the_gate_and_in_process(world: W
         for _ in range(2):
             await client.call_tool("charge_card", {"amount": 5})
         text = scrape(port)
-    assert 'oncegate_attempts_total{action="payments.charge",decision="granted"} 1' in text
-    assert 'oncegate_attempts_total{action="payments.charge",decision="replayed"} 1' in text
+    assert 'oncegate_attempts_total{action="payments.charge",decision="granted",mode="enforce"} 1' in text
+    assert 'oncegate_attempts_total{action="payments.charge",decision="replayed",mode="enforce"} 1' in text
 
 
 async def test_a_wrong_api_key_executes_nothing(world: World) -> None:

@@ -37,6 +37,21 @@ on_expiry = "reconcile"
 
 [actions."payments.transfer"]
 key_fields = ["/amount", "/currency", "/to"]
+
+[authorization]
+policies = ["rules.cedar"]
+
+[[budgets]]
+name = "sms-per-hour"
+actions = ["sms.send"]
+window_seconds = 3600
+limit = 1
+"""
+RULES = """\
+@id("all") permit(principal, action, resource);
+@id("no-mallory") forbid(principal == Agent::"mallory", action, resource);
+@id("deletes") @hold("deletes need approval")
+permit(principal, action == Action::"files.delete", resource);
 """
 STARTUP_TIMEOUT = 60.0
 
@@ -92,15 +107,17 @@ def gate_target(gate_addresses: tuple[str, str]) -> str:
 
 @pytest.fixture(scope="session")
 def gate_addresses(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
-    """Starts the real gate binary with the ``payments.transfer`` policy (embedded store, so it
-    signs with a key generated into its data directory); yields its ``host:port`` and that of its
-    metrics listener (which serves ``/.well-known/jwks.json``)."""
+    """Starts the real gate binary with the ``payments.transfer`` policy, the authorization rules
+    (``RULES``) and a budget of one ``sms.send`` per hour (embedded store, so it signs with a key
+    generated into its data directory); yields its ``host:port`` and that of its metrics listener
+    (which serves ``/.well-known/jwks.json``)."""
     binary = Path(os.environ.get("ONCEGATE_BIN", REPO_ROOT / "target" / "debug" / "oncegate"))
     if not binary.is_file():
         pytest.fail(f"no gate binary at {binary}: build it (cargo build) or set ONCEGATE_BIN")
     workdir = tmp_path_factory.mktemp("gate")
     config = workdir / "policy.toml"
     config.write_text(POLICY, encoding="utf-8")
+    (workdir / "rules.cedar").write_text(RULES, encoding="utf-8")
     target = f"127.0.0.1:{_free_port()}"
     metrics = f"127.0.0.1:{_free_port()}"
     log_path = workdir / "gate.log"

@@ -160,9 +160,10 @@ def test_every_error_reason_of_the_proto_has_a_class() -> None:
     assert set(BY_REASON) == set(REASONS)
     for reason, cls in BY_REASON.items():
         assert cls is OncegateError or reason == cls.REASON
-    # The generic class serves exactly the two reasons a client cannot act on (see errors/status.py).
+    # The generic class serves exactly the reasons a client cannot act on (see errors/status.py).
     assert {reason for reason, cls in BY_REASON.items() if cls is OncegateError} == {
         "LEASE_NOT_EXPIRED",
+        "APPROVAL_NOT_PENDING",
         "INTERNAL",
     }
 

@@ -37,6 +37,7 @@ export {
   ReleaseReason,
   type ActionRecord,
   type ActionRef,
+  type Approval,
   type Completion,
   type Grant,
   type RequestTokenResult,

@@ -11,6 +11,7 @@ import {
   CompletionSource,
   Decision,
   type ActionRef as ActionRefMessage,
+  type Approval as ApprovalMessage,
   type Completion as CompletionMessage,
   type GetActionResponse,
   type Grant as GrantMessage,
@@ -57,7 +58,20 @@ export interface Completion {
   readonly source: CompletionSource;
 }
 
-/** The answer to RequestToken: a grant, or the completion of an action that already ran. */
+/** An action held for an operator's approval (`DECISION_PENDING_APPROVAL`). */
+export interface Approval {
+  /** The approval's id, for the operator (`oncegate admin approve`). */
+  readonly id: string;
+  /** When it lapses unless used. */
+  readonly expiresAt: Date | undefined;
+  /** The id of the policy that held the action. */
+  readonly policyId: string;
+  /** Why it needs a human (the policy's `@hold` text). */
+  readonly reason: string;
+}
+
+/** The answer to RequestToken: a grant, the completion of an action that already ran, or the
+ * approval a held action waits for. */
 export interface RequestTokenResult {
   readonly decision: Decision;
   readonly action: ActionRef;
@@ -68,6 +82,8 @@ export interface RequestTokenResult {
   readonly completion: Completion | undefined;
   /** True when `grant` is the token handed to this holder before (its reply was lost). */
   readonly redelivered: boolean;
+  /** Set when `decision` is `Decision.PENDING_APPROVAL`. */
+  readonly approval?: Approval | undefined;
 }
 
 /** The record of one action as it stands, for reconciliation. */
@@ -128,6 +144,17 @@ export function requestTokenResultFrom(message: RequestTokenResponse): RequestTo
     grant: message.grant === undefined ? undefined : grantFrom(message.grant),
     completion: message.completion === undefined ? undefined : completionFrom(message.completion),
     redelivered: message.redelivered,
+    approval: message.approval === undefined ? undefined : approvalFrom(message.approval),
+  };
+}
+
+/** The plain form of an `Approval` message. */
+export function approvalFrom(message: ApprovalMessage): Approval {
+  return {
+    id: message.id,
+    expiresAt: time(message.expiresAt),
+    policyId: message.policyId,
+    reason: message.reason,
   };
 }
 

@@ -13,11 +13,13 @@ import {
   BY_REASON,
   ErrorReason,
   fromCallError,
+  BudgetExceededError,
   InProgressError,
   InvalidRequestError,
   KeyReusedError,
   LeaseExpiredUnresolvedError,
   OncegateError,
+  PolicyDeniedError,
   TransportError,
 } from "../src/index.js";
 
@@ -106,6 +108,21 @@ describe("fromCallError", () => {
     assert.ok(error instanceof InvalidRequestError);
     assert.equal(error.field, "params_json");
     assert.deepEqual(error.fieldViolations, [{ field: "params_json", description: "not an object" }]);
+  });
+
+  it("reads the authorization refusals: the deciding policy, the budget and when it frees up", () => {
+    const denied = fromCallError(
+      gateStatus(Code.PermissionDenied, "POLICY_DENIED", { policy_id: "no-intern", approval_id: "" }),
+    );
+    assert.ok(denied instanceof PolicyDeniedError);
+    assert.equal(denied.policyId, "no-intern");
+    assert.equal(denied.retryable, false);
+    const over = fromCallError(
+      gateStatus(Code.ResourceExhausted, "BUDGET_EXCEEDED", { budget: "eur-per-day", retry_after_ms: "5000" }),
+    );
+    assert.ok(over instanceof BudgetExceededError);
+    assert.equal(over.budget, "eur-per-day");
+    assert.equal(over.retryAfterMs, 5000);
   });
 
   it("gives the root class, with its reason, to the reasons without one", () => {

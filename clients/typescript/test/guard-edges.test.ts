@@ -18,6 +18,7 @@ import {
   CompleteUnacknowledgedError,
   Failure,
   GateClient,
+  PendingApprovalError,
   ReleaseFailedError,
   StoreUnavailableError,
   TokenMismatchError,
@@ -64,6 +65,28 @@ function fakeGate(impl: Impl) {
 const SPEC = { agentId: "a", runId: "r", action: "pay", params: { n: 1 } };
 
 describe("runOnce at the edges", () => {
+  it("throws PendingApprovalError for a held action and never runs it", async () => {
+    const { gate, calls } = fakeGate({
+      requestToken: (request) => ({
+        decision: Decision.PENDING_APPROVAL,
+        action: { scope: request.scope, key: "k" },
+        fingerprint: "v1-x",
+        approval: { id: "ap-1", policyId: "deletes", reason: "deletes need approval" },
+      }),
+    });
+    let ran = false;
+    const error = await gate
+      .runOnce(SPEC, () => {
+        ran = true;
+      })
+      .catch((e: unknown) => e);
+    assert.ok(error instanceof PendingApprovalError, String(error));
+    assert.equal(error.approvalId, "ap-1");
+    assert.equal(error.approval.reason, "deletes need approval");
+    assert.equal(ran, false);
+    assert.deepEqual(calls, ["requestToken"]);
+  });
+
   it("retries an unacknowledged Complete until the gate acknowledges it", async () => {
     let failures = 2;
     const { gate, calls } = fakeGate({

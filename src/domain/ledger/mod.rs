@@ -12,6 +12,8 @@ mod worker;
 
 use serde::{Deserialize, Serialize};
 
+use crate::domain::authorization::{Charge, Hold, Pending, Reservation};
+
 pub use operator::{is_unresolved, record_external, resolve_expired};
 pub use worker::{complete, extend_lease, release, request_token, view};
 
@@ -46,6 +48,10 @@ pub struct Record {
     pub older: Vec<TokenGrant>,
     /// Where the action stands.
     pub phase: Phase,
+    /// What its grants reserved in budgets ([`authorization`](crate::domain::authorization)): a
+    /// Release of a grant gives its reservations back; any other end leaves them spent.
+    #[serde(default)]
+    pub reservations: Vec<Reservation>,
 }
 
 /// A token and the fencing number it was granted with.
@@ -97,8 +103,9 @@ impl Record {
 }
 
 /// The fencing number of a first grant at `now`: the store clock in microseconds (milliseconds ×
-/// 1000, plus one so that it is never 0), so fencing never goes backwards for an action key even after a settled record's
-/// retention ended and it was forgotten (no key is granted a million times a second).
+/// 1000, plus one so that it is never 0), so fencing never goes backwards for an action key even
+/// after a settled record's retention ended and it was forgotten (no key is granted a million
+/// times a second).
 pub fn first_fencing(now: Millis) -> u64 {
     (now.max(0) as u64) * 1000 + 1
 }
@@ -164,6 +171,11 @@ pub struct TokenRequest {
     /// The most superseded grants a record may keep: a regrant that would keep more is refused
     /// with `LEASE_EXPIRED_UNRESOLVED` instead (reconcile first).
     pub max_superseded: usize,
+    /// A rule's hold: a new token needs an operator's approval first. Not the ledger's concern
+    /// ([`crate::domain::authorization::request_token`] decides it).
+    pub hold: Option<Hold>,
+    /// The budget charges a new token makes (idem).
+    pub charges: Vec<Charge>,
 }
 
 /// A granted token.
@@ -190,6 +202,8 @@ pub enum GrantKind {
 pub enum TokenOutcome {
     Granted(Grant, GrantKind),
     AlreadyCompleted(Completion),
+    /// A rule holds the action for an operator's approval (never from the ledger alone).
+    PendingApproval(Pending),
 }
 
 /// A successful Complete.
@@ -256,6 +270,19 @@ pub enum Refusal {
     RequestRequired,
     /// ResolveExpired of an action whose lease has not ended unresolved (absent or live).
     NotExpired { state: State },
+    /// A budget would be exceeded by the grant; `retry_after` when enough of its window frees up
+    /// (`None`: the amount alone is above the limit).
+    BudgetExceeded {
+        budget: String,
+        retry_after: Option<Millis>,
+    },
+    /// An operator denied the approval this request needs.
+    ApprovalDenied { id: String },
+    /// DecideApproval of an approval that is not pending: its state, or `None` when there is no
+    /// live approval with that id.
+    ApprovalNotPending {
+        state: Option<crate::domain::authorization::ApprovalState>,
+    },
 }
 
 /// What the store must persist after a step.
@@ -337,7 +364,7 @@ pub enum Resolved {
 }
 
 /// A record that has passed its store expiry is treated as absent.
-pub(super) fn live(record: Option<&Record>, now: Millis) -> Option<&Record> {
+pub(crate) fn live(record: Option<&Record>, now: Millis) -> Option<&Record> {
     record.filter(|r| r.expires_at.is_none_or(|at| at > now))
 }
 

@@ -74,6 +74,7 @@ pub fn record_external(
             sliding: req.sliding,
             expires_at: Some(now + req.retention),
             older: Vec::new(),
+            reservations: Vec::new(),
             phase: Phase::Released {
                 token: String::new(),
                 at: now,

@@ -128,6 +128,7 @@ pub(super) fn grant(
         // however long that takes, instead of silently becoming grantable.
         expires_at: None,
         older,
+        reservations: Vec::new(),
         phase: Phase::Authorized {
             token: req.new_token.clone(),
             holder: req.holder.clone(),

@@ -23,11 +23,17 @@ pub enum Decision {
     LeaseExpired,
     /// The request was malformed (`INVALID_REQUEST`); the store was not asked.
     Invalid,
+    /// An authorization rule forbids it, or an operator denied its approval (`POLICY_DENIED`).
+    PolicyDenied,
+    /// A rule holds it for an operator's approval (`DECISION_PENDING_APPROVAL`).
+    PendingApproval,
+    /// A budget or velocity cap would be exceeded (`BUDGET_EXCEEDED`).
+    BudgetExceeded,
 }
 
 impl Decision {
     /// Every decision, in the order the README lists them.
-    pub const ALL: [Decision; 8] = [
+    pub const ALL: [Decision; 11] = [
         Decision::Granted,
         Decision::Redelivered,
         Decision::Regranted,
@@ -36,6 +42,9 @@ impl Decision {
         Decision::KeyReused,
         Decision::LeaseExpired,
         Decision::Invalid,
+        Decision::PolicyDenied,
+        Decision::PendingApproval,
+        Decision::BudgetExceeded,
     ];
 
     /// The label value.
@@ -49,6 +58,9 @@ impl Decision {
             Decision::KeyReused => "key_reused",
             Decision::LeaseExpired => "lease_expired",
             Decision::Invalid => "invalid",
+            Decision::PolicyDenied => "policy_denied",
+            Decision::PendingApproval => "pending_approval",
+            Decision::BudgetExceeded => "budget_exceeded",
         }
     }
 
@@ -94,7 +106,7 @@ impl DoubleExecution {
 }
 
 /// The store operations timed and counted, one per store call the gate makes.
-pub const STORE_OPERATIONS: [&str; 9] = [
+pub const STORE_OPERATIONS: [&str; 12] = [
     "request_token",
     "complete",
     "release",
@@ -104,6 +116,9 @@ pub const STORE_OPERATIONS: [&str; 9] = [
     "resolve_expired",
     "list_unresolved",
     "export_receipts",
+    "decide_approval",
+    "list_approvals",
+    "get_budgets",
 ];
 
 /// The kinds of store failure: `unavailable` (fail closed, retry later), `corrupt` (a record this
@@ -117,12 +132,22 @@ pub const RELEASE_REASONS: [&str; 3] = ["definite_failure", "not_attempted", "re
 pub(super) struct AttemptLabels {
     pub(super) action: String,
     pub(super) decision: &'static str,
+    /// `enforce`, or `shadow` when the gate granted anyway.
+    pub(super) mode: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct BlockedLabels {
     pub(super) action: String,
     pub(super) reason: &'static str,
+    pub(super) mode: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct BudgetLabels {
+    pub(super) budget: String,
+    pub(super) decision: &'static str,
+    pub(super) mode: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

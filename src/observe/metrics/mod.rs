@@ -22,12 +22,18 @@ use prometheus_client::{
 use crate::domain::ledger::Source;
 
 use labels::{
-    AttemptLabels, BlockedLabels, BuildLabels, ExpiredLabels, KindLabels, OperationLabels,
-    ReasonLabels, RpcLabels, SourceLabels, StoreErrorLabels,
+    AttemptLabels, BlockedLabels, BudgetLabels, BuildLabels, ExpiredLabels, KindLabels,
+    OperationLabels, ReasonLabels, RpcLabels, SourceLabels, StoreErrorLabels,
 };
 pub use labels::{
     Decision, DoubleExecution, RELEASE_REASONS, STORE_ERRORS, STORE_OPERATIONS, code_name,
 };
+
+/// The `mode` label values: decisions enforced, and decisions of shadow mode (granted anyway).
+pub const MODES: [&str; 2] = ["enforce", "shadow"];
+
+/// The `decision` label values of `oncegate_budget_decisions_total`.
+pub const BUDGET_DECISIONS: [&str; 2] = ["reserved", "exceeded"];
 
 /// The `action` label of every action no policy names, unless configured otherwise.
 pub const DEFAULT_OTHER_ACTION: &str = "other";
@@ -55,6 +61,7 @@ struct Handles {
     rpc_latency: LatencyFamily<RpcLabels>,
     store_up: Gauge,
     unresolved: Gauge,
+    budgets: Family<BudgetLabels, Counter>,
 }
 
 /// The gate's metric handles. Cheap to clone; every clone counts into the same series.
@@ -111,6 +118,7 @@ impl Metrics {
             rpc_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             store_up: Gauge::default(),
             unresolved: Gauge::default(),
+            budgets: Family::default(),
         };
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
@@ -122,14 +130,17 @@ impl Metrics {
         let r = registry.sub_registry_with_prefix("oncegate");
         r.register(
             "attempts",
-            "RequestToken calls by action and decision (granted, redelivered, regranted, replayed, \
-             in_progress, key_reused, lease_expired, invalid); the DAR denominator",
+            "RequestToken calls by action, decision (granted, redelivered, regranted, replayed, \
+             in_progress, key_reused, lease_expired, invalid, policy_denied, pending_approval, \
+             budget_exceeded) and mode (enforce; shadow: what enforcement would have decided, \
+             granted anyway); the DAR denominator",
             handles.attempts.clone(),
         );
         r.register(
             "blocked_duplicates",
             "RequestToken calls refused or answered with a replay instead of a second execution \
-             (reason: replayed, in_progress, key_reused, lease_expired); the DAR numerator",
+             (reason: replayed, in_progress, key_reused, lease_expired), by mode (shadow: would \
+             have been); the DAR numerator",
             handles.blocked.clone(),
         );
         r.register(
@@ -182,12 +193,46 @@ impl Metrics {
              it stays above 0 until each one is reconciled (capped at the count's limit)",
             handles.unresolved.clone(),
         );
+        r.register(
+            "budget_decisions",
+            "Budget and velocity-cap checks of grants, by budget, decision (reserved, exceeded) \
+             and mode (enforce, shadow)",
+            handles.budgets.clone(),
+        );
         r.register("build_info", "The running build (always 1)", build_info);
         let metrics = Self {
             inner: Arc::new(handles),
         };
         metrics.zero_bounded_series(policy_names);
         metrics
+    }
+
+    /// Starts every budget's series at zero (the budget names are the configuration's).
+    pub fn register_budgets<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        for budget in names {
+            for decision in BUDGET_DECISIONS {
+                for mode in MODES {
+                    let _ = self.inner.budgets.get_or_create(&BudgetLabels {
+                        budget: budget.to_owned(),
+                        decision,
+                        mode,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Counts one budget check of a grant: `decision` is one of [`BUDGET_DECISIONS`], `mode` one
+    /// of [`MODES`].
+    pub fn budget(&self, budget: &str, decision: &'static str, mode: &'static str) {
+        self.inner
+            .budgets
+            .get_or_create(&BudgetLabels {
+                budget: budget.to_owned(),
+                decision,
+                mode,
+            })
+            .inc();
     }
 
     fn zero_bounded_series<'a>(&self, policy_names: impl IntoIterator<Item = &'a str>) {
@@ -202,15 +247,19 @@ impl Metrics {
                 });
             }
             for decision in Decision::ALL {
-                let _ = h.attempts.get_or_create(&AttemptLabels {
-                    action: action.to_owned(),
-                    decision: decision.as_str(),
-                });
-                if decision.is_blocked_duplicate() {
-                    let _ = h.blocked.get_or_create(&BlockedLabels {
+                for mode in MODES {
+                    let _ = h.attempts.get_or_create(&AttemptLabels {
                         action: action.to_owned(),
-                        reason: decision.as_str(),
+                        decision: decision.as_str(),
+                        mode,
                     });
+                    if decision.is_blocked_duplicate() {
+                        let _ = h.blocked.get_or_create(&BlockedLabels {
+                            action: action.to_owned(),
+                            reason: decision.as_str(),
+                            mode,
+                        });
+                    }
                 }
             }
         }
@@ -240,8 +289,15 @@ impl Metrics {
         policy.unwrap_or(&self.inner.other_action)
     }
 
-    /// Counts one RequestToken decision for an action governed by the policy named `policy`.
+    /// Counts one enforced RequestToken decision for an action governed by the policy named
+    /// `policy`.
     pub fn attempt(&self, policy: Option<&str>, decision: Decision) {
+        self.attempt_in(policy, decision, "enforce");
+    }
+
+    /// Counts one RequestToken decision in `mode` (one of [`MODES`]): `shadow` for what
+    /// enforcement would have decided where the gate granted anyway.
+    pub fn attempt_in(&self, policy: Option<&str>, decision: Decision, mode: &'static str) {
         let h = &self.inner;
         let action = self.action_label(policy).to_owned();
         if decision.is_blocked_duplicate() {
@@ -249,6 +305,7 @@ impl Metrics {
                 .get_or_create(&BlockedLabels {
                     action: action.clone(),
                     reason: decision.as_str(),
+                    mode,
                 })
                 .inc();
         }
@@ -269,6 +326,7 @@ impl Metrics {
             .get_or_create(&AttemptLabels {
                 action,
                 decision: decision.as_str(),
+                mode,
             })
             .inc();
     }
@@ -370,15 +428,17 @@ mod tests {
             m.attempt(policy, Decision::InProgress);
         }
         let text = scrape(&registry);
-        assert!(text.contains(r#"oncegate_attempts_total{action="pay",decision="in_progress"} 1"#));
-        assert!(
-            text.contains(r#"oncegate_attempts_total{action="mail.*",decision="in_progress"} 1"#)
-        );
-        assert!(
-            text.contains(r#"oncegate_attempts_total{action="unnamed",decision="in_progress"} 3"#)
-        );
         assert!(text.contains(
-            r#"oncegate_blocked_duplicates_total{action="unnamed",reason="in_progress"} 3"#
+            r#"oncegate_attempts_total{action="pay",decision="in_progress",mode="enforce"} 1"#
+        ));
+        assert!(text.contains(
+            r#"oncegate_attempts_total{action="mail.*",decision="in_progress",mode="enforce"} 1"#
+        ));
+        assert!(text.contains(
+            r#"oncegate_attempts_total{action="unnamed",decision="in_progress",mode="enforce"} 3"#
+        ));
+        assert!(text.contains(
+            r#"oncegate_blocked_duplicates_total{action="unnamed",reason="in_progress",mode="enforce"} 3"#
         ));
     }
 
@@ -388,7 +448,9 @@ mod tests {
         Metrics::register(&mut registry, [], "other");
         let text = scrape(&registry);
         assert!(text.contains(r#"oncegate_double_executions_total{kind="completed_by_other"} 0"#));
-        assert!(text.contains(r#"oncegate_attempts_total{action="other",decision="granted"} 0"#));
+        assert!(text.contains(
+            r#"oncegate_attempts_total{action="other",decision="granted",mode="shadow"} 0"#
+        ));
         assert!(text.contains(
             r#"oncegate_store_errors_total{operation="request_token",error="unavailable"} 0"#
         ));

@@ -1,12 +1,14 @@
 //! The embedded store's indexes, kept in the same transaction as every write: the expiry index
 //! (`expires_at ++ key`, purged a bounded batch per transaction) and the lease index
-//! (`agent ++ lease_expires_at ++ key`, one entry per authorized record) that ListUnresolved reads.
+//! (`agent ++ lease_expires_at ++ key`, one entry per authorized record) that ListUnresolved reads;
+//! and [`Tables`], every table of one write transaction, which replays the write-ahead log.
 
 use redb::{ReadableTable, Table, WriteTransaction};
 
 use super::{
-    EXPIRY, LEASES, ListRequest, PURGE_BATCH, RECORDS,
+    APPROVAL_INDEX, APPROVALS, BUDGETS, EXPIRY, LEASES, ListRequest, PURGE_BATCH, RECORDS,
     chain::RECEIPTS,
+    side::SideTables,
     wal::{self, Table as Logged},
     writer::decode,
 };
@@ -24,6 +26,8 @@ pub(super) struct Tables<'t> {
     expiry: Table<'t, &'static [u8], ()>,
     pub(super) leases: Table<'t, &'static [u8], ()>,
     pub(super) receipts: Table<'t, &'static [u8], &'static [u8]>,
+    /// Approvals and budgets, beside the records.
+    pub(super) side: SideTables<'t>,
 }
 
 impl<'t> Tables<'t> {
@@ -33,6 +37,12 @@ impl<'t> Tables<'t> {
             expiry: txn.open_table(EXPIRY)?,
             leases: txn.open_table(LEASES)?,
             receipts: txn.open_table(RECEIPTS)?,
+            side: SideTables {
+                approvals: txn.open_table(APPROVALS)?,
+                approval_index: txn.open_table(APPROVAL_INDEX)?,
+                budgets: txn.open_table(BUDGETS)?,
+                log: Vec::new(),
+            },
         })
     }
 
@@ -66,26 +76,46 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// Applies a logged write (replaying the write-ahead log).
+    /// Applies a logged write (replaying the write-ahead log): a record with its indexes, anything
+    /// else as written.
     pub(super) fn replay(&mut self, entry: &wal::Entry) -> Result<(), redb::Error> {
-        let (key, bytes) = (&entry.key, &entry.value);
-        if entry.table == Logged::Receipts {
-            match bytes {
-                Some(bytes) => self.receipts.insert(key.as_slice(), bytes.as_slice())?,
-                None => self.receipts.remove(key.as_slice())?,
-            };
-            return Ok(());
+        let (key, bytes) = (entry.key.as_slice(), entry.value.as_deref());
+        match entry.table {
+            Logged::Records => {}
+            Logged::Receipts => return raw(&mut self.receipts, key, bytes),
+            Logged::Approvals => return raw(&mut self.side.approvals, key, bytes),
+            Logged::Budgets => return raw(&mut self.side.budgets, key, bytes),
+            Logged::ApprovalIndex => {
+                match bytes {
+                    Some(_) => self.side.approval_index.insert(key, ())?,
+                    None => self.side.approval_index.remove(key)?,
+                };
+                return Ok(());
+            }
         }
-        let old = match self.records.get(key.as_slice())? {
+        let old = match self.records.get(key)? {
             Some(stored) => Some(decode(stored.value())?),
             None => None,
         };
         let new = match bytes {
-            Some(bytes) => Some((decode(bytes)?, bytes.as_slice())),
+            Some(bytes) => Some((decode(bytes)?, bytes)),
             None => None,
         };
         self.put(key, old.as_ref(), new.as_ref().map(|(r, b)| (r, *b)))
     }
+}
+
+/// A logged write to a table kept as written.
+fn raw(
+    table: &mut Table<'_, &'static [u8], &'static [u8]>,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(), redb::Error> {
+    match value {
+        Some(value) => table.insert(key, value)?,
+        None => table.remove(key)?,
+    };
+    Ok(())
 }
 
 pub(super) fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
@@ -96,7 +126,7 @@ pub(super) fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
 }
 
 /// The agent prefix of a lease-index entry: `u32 length ++ agent bytes`.
-fn agent_prefix(agent_id: &[u8]) -> Vec<u8> {
+pub(super) fn agent_prefix(agent_id: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + agent_id.len());
     out.extend_from_slice(&(agent_id.len() as u32).to_be_bytes());
     out.extend_from_slice(agent_id);
@@ -104,7 +134,7 @@ fn agent_prefix(agent_id: &[u8]) -> Vec<u8> {
 }
 
 /// Millis as big-endian bytes that sort like the numbers (sign bit flipped).
-fn ordered(ms: Millis) -> [u8; 8] {
+pub(super) fn ordered(ms: Millis) -> [u8; 8] {
     ((ms as u64) ^ (1 << 63)).to_be_bytes()
 }
 
@@ -135,7 +165,7 @@ fn unsettled(record: &Record) -> bool {
 }
 
 /// Splits a lease-index entry into (agent, lease_expires_at, action key).
-fn split_entry(entry: &[u8]) -> Option<(&[u8], Millis, &[u8])> {
+pub(super) fn split_entry(entry: &[u8]) -> Option<(&[u8], Millis, &[u8])> {
     let len = u32::from_be_bytes(entry.get(..4)?.try_into().ok()?) as usize;
     let agent = entry.get(4..4 + len)?;
     let lease: [u8; 8] = entry.get(4 + len..12 + len)?.try_into().ok()?;

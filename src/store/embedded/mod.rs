@@ -3,10 +3,11 @@
 //!
 //! One writer thread owns the database. Calls queue up on a channel; the writer drains whatever is
 //! waiting, applies each step in order inside **one** write transaction (so each step sees the
-//! previous one's write, and each is atomic with respect to the others), commits with
-//! `Durability::Immediate` (fsync), and only then answers every caller in the batch. This is group
-//! commit: under load many calls share one fsync, and no call is acknowledged before its write is
-//! on disk.
+//! previous one's write, and each is atomic with respect to the others), appends the batch's
+//! writes to the write-ahead log with one `fdatasync` ([`wal`]), commits the transaction, and only
+//! then answers every caller in the batch. This is group commit: under load many calls share one
+//! fsync, and no call is acknowledged before its write is on disk. The B-tree itself is committed
+//! durably once a second (a checkpoint), after which the log starts over.
 //!
 //! Expired records are removed by the writer from an expiry index (`expires_at ++ key`), a bounded
 //! batch per transaction, so the file does not grow without end. A lease index
@@ -18,6 +19,7 @@
 
 mod chain;
 mod index;
+mod side;
 mod wal;
 mod writer;
 
@@ -26,9 +28,10 @@ use std::{path::Path, sync::Arc, thread, time::Duration};
 use redb::{Database, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Durability, ListCursor, Page, Receipts, Reply, StoreError};
+use super::{ApprovalPage, Durability, ListCursor, Page, Receipts, Reply, StoreError};
 use crate::domain::{
     ActionKey,
+    authorization::{Approval, Bucket, approval::Decision},
     ledger::{
         ActionView, CompleteOutcome, ExternalCompletion, Millis, Resolution, Resolved,
         TokenOutcome, TokenRequest,
@@ -44,6 +47,14 @@ pub(super) const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expi
 /// agent (u32 length ++ bytes) ++ lease_expires_at (order-preserving u64) ++ action key → ().
 /// One entry per authorized record: the ListUnresolved index.
 pub(super) const LEASES: TableDefinition<&[u8], ()> = TableDefinition::new("leases");
+
+/// action key (encoded) → its approval (MessagePack).
+pub(super) const APPROVALS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("approvals");
+/// agent (u32 length ++ bytes) ++ lapse time (order-preserving u64) ++ action key → ().
+pub(super) const APPROVAL_INDEX: TableDefinition<&[u8], ()> =
+    TableDefinition::new("approval_index");
+/// agent (u32 length ++ bytes) ++ bucket id → the bucket (MessagePack).
+pub(super) const BUDGETS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("budgets");
 
 /// How many expired records one transaction removes at most.
 pub(super) const PURGE_BATCH: usize = 256;
@@ -99,6 +110,9 @@ pub(super) enum Op {
     ),
     List(ListRequest, oneshot::Sender<Reply<Page>>),
     Chain(ChainRequest, oneshot::Sender<Vec<ChainEntry>>),
+    Decide(Decision, oneshot::Sender<Reply<(Approval, bool)>>),
+    Approvals(ListRequest, oneshot::Sender<Reply<ApprovalPage>>),
+    Budgets(String, oneshot::Sender<Reply<Vec<(String, Bucket)>>>),
     Ping(oneshot::Sender<()>),
 }
 
@@ -282,6 +296,39 @@ impl EmbeddedStore {
         };
         let key = ActionKey::new("", "", "");
         self.call(&key, |tx| Op::List(request, tx)).await
+    }
+
+    pub async fn decide_approval(
+        &self,
+        key: &ActionKey,
+        decision: &Decision,
+    ) -> Result<Reply<(Approval, bool)>, StoreError> {
+        let decision = decision.clone();
+        self.call(key, |tx| Op::Decide(decision, tx)).await
+    }
+
+    pub async fn list_approvals(
+        &self,
+        agent_id: &str,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<ApprovalPage>, StoreError> {
+        let request = ListRequest {
+            agent_id: Some(agent_id.to_owned()),
+            after: after.cloned(),
+            limit,
+        };
+        let key = ActionKey::new("", "", "");
+        self.call(&key, |tx| Op::Approvals(request, tx)).await
+    }
+
+    pub async fn budgets(
+        &self,
+        agent_id: &str,
+    ) -> Result<Reply<Vec<(String, Bucket)>>, StoreError> {
+        let agent = agent_id.to_owned();
+        let key = ActionKey::new("", "", "");
+        self.call(&key, |tx| Op::Budgets(agent, tx)).await
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {

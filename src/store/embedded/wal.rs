@@ -10,8 +10,8 @@
 //! The file is preallocated, so appending does not change its size (an `fdatasync` then writes
 //! the data only). Layout: a header block (magic, generation) then frames; a frame is
 //! `generation u64, length u32, crc32 u32, payload`; the payload is entries
-//! `key length u32, key, tag u8, value length u32, value`, the tag naming the table (bit 1: the
-//! receipt chains, else the records) and whether the key is written (bit 0) or deleted. Replay stops
+//! `key length u32, key, tag u8, value length u32, value`, the tag naming the table (bits 1 and
+//! up, [`Table`]) and whether the key is written (bit 0) or deleted. Replay stops
 //! at the first frame of another generation or with a bad checksum: a frame torn by a crash was
 //! never acknowledged.
 
@@ -31,11 +31,25 @@ const MAGIC: &[u8; 8] = b"OGWAL002";
 /// Generation, length and checksum before each payload.
 const FRAME_HEADER: usize = 16;
 
-/// The table a logged write goes to.
+/// The table a logged write goes to. Records are replayed with their indexes (expiry, leases);
+/// the others as written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Table {
     Records,
     Receipts,
+    Approvals,
+    ApprovalIndex,
+    Budgets,
+}
+
+impl Table {
+    const ALL: [Table; 5] = [
+        Table::Records,
+        Table::Receipts,
+        Table::Approvals,
+        Table::ApprovalIndex,
+        Table::Budgets,
+    ];
 }
 
 /// One write of a batch: a table, a key and its new bytes (`None`: deleted), as the B-tree stores
@@ -64,12 +78,16 @@ impl Entry {
         }
     }
 
+    pub(super) fn new(table: Table, key: &[u8], value: Option<&[u8]>) -> Self {
+        Self {
+            table,
+            key: key.to_vec(),
+            value: value.map(<[u8]>::to_vec),
+        }
+    }
+
     fn tag(&self) -> u8 {
-        let table = match self.table {
-            Table::Records => 0,
-            Table::Receipts => 2,
-        };
-        table | u8::from(self.value.is_some())
+        ((self.table as u8) << 1) | u8::from(self.value.is_some())
     }
 }
 
@@ -227,11 +245,7 @@ fn decode(mut payload: &[u8]) -> Option<Vec<Entry>> {
         let key_len = length(&mut payload)?;
         let key = take(&mut payload, key_len)?.to_vec();
         let tag = take(&mut payload, 1)?[0];
-        let table = match tag >> 1 {
-            0 => Table::Records,
-            1 => Table::Receipts,
-            _ => return None,
-        };
+        let table = *Table::ALL.get(usize::from(tag >> 1))?;
         let value_len = length(&mut payload)?;
         let value = take(&mut payload, value_len)?.to_vec();
         entries.push(Entry {
@@ -256,6 +270,8 @@ mod tests {
         let second = vec![
             Entry::record(b"k2".to_vec(), None),
             Entry::receipt(b"a1".to_vec(), b"r1".to_vec()),
+            Entry::new(Table::Budgets, b"b1", Some(b"slots")),
+            Entry::new(Table::ApprovalIndex, b"i1", None),
             Entry::record(b"k1".to_vec(), Some(vec![])),
         ];
         wal.append(&encode(&first)).unwrap();

@@ -13,7 +13,10 @@ use super::{
     wal::{self, Wal},
 };
 use crate::{
-    domain::ledger::{self, CompleteOutcome, Millis, Phase, Record, Resolved, Step, Write},
+    domain::{
+        authorization::{self, Side, SideWrite, approval},
+        ledger::{self, CompleteOutcome, Millis, Phase, Record, Refusal, Resolved, Step, Write},
+    },
     store::{Receipts, Reply},
 };
 
@@ -90,18 +93,71 @@ impl Writer {
                         replies.push(Box::new(move || drop(tx.send(entries))));
                         continue;
                     }
+                    Op::Approvals(request, tx) => {
+                        let agent = request.agent_id.unwrap_or_default();
+                        let page =
+                            tables
+                                .side
+                                .list(&agent, request.after.as_ref(), request.limit, now)?;
+                        let reply = Reply {
+                            now,
+                            result: Ok(page),
+                        };
+                        replies.push(Box::new(move || drop(tx.send(reply))));
+                        continue;
+                    }
+                    Op::Budgets(agent, tx) => {
+                        let reply = Reply {
+                            now,
+                            result: Ok(tables.side.all_buckets(&agent)?),
+                        };
+                        replies.push(Box::new(move || drop(tx.send(reply))));
+                        continue;
+                    }
+                    Op::Decide(decision, tx) => {
+                        let stored = tables.side.approval(&job.key)?;
+                        let result = approval::decide(stored.as_ref(), &decision, now)
+                            .map_err(|e| Refusal::ApprovalNotPending { state: e.0 });
+                        if let Ok((approval, true)) = &result {
+                            let write = SideWrite {
+                                approval: Some(approval.clone()),
+                                ..SideWrite::default()
+                            };
+                            tables.side.write(&job.key, write, now)?;
+                        }
+                        replies.push(Box::new(move || drop(tx.send(Reply { now, result }))));
+                        continue;
+                    }
                     op => op,
                 };
                 let current = match tables.records.get(job.key.as_slice())? {
                     Some(bytes) => Some(decode(bytes.value())?),
                     None => None,
                 };
+                let loaded = match &op {
+                    Op::Token(req, _) => tables.side.for_token(&job.key, req)?,
+                    Op::Release(..) | Op::Resolve(..) => Side {
+                        approval: None,
+                        buckets: tables.side.buckets(
+                            &job.key,
+                            &authorization::reserved_buckets(current.as_ref()),
+                        )?,
+                    },
+                    _ => Side::default(),
+                };
                 let receipts = &mut tables.receipts;
-                let (write, reply) = apply(op, current.as_ref(), now, &mut |(signer, fp), c| {
-                    let (key, bytes) = chain::append(receipts, signer, &job.key, fp, c)?;
-                    writes.push(wal::Entry::receipt(key, bytes));
-                    Ok(())
-                })?;
+                let (write, side_write, reply) = apply(
+                    op,
+                    current.as_ref(),
+                    &loaded,
+                    now,
+                    &mut |(signer, fp), c| {
+                        let (key, bytes) = chain::append(receipts, signer, &job.key, fp, c)?;
+                        writes.push(wal::Entry::receipt(key, bytes));
+                        Ok(())
+                    },
+                )?;
+                tables.side.write(&job.key, side_write, now)?;
                 if let Write::Put(record) = write {
                     let bytes = rmp_serde::to_vec(&record)
                         .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
@@ -111,6 +167,7 @@ impl Writer {
                 replies.push(reply);
             }
             writes.extend(purge_expired(&mut tables, now)?);
+            writes.append(&mut tables.side.log);
         }
         if writes.is_empty() {
             // Reads, pings, listings and refusals changed nothing: no fsync for them.
@@ -161,27 +218,65 @@ impl Writer {
 type Chain<'a> =
     dyn FnMut((&Receipts, &str), &mut ledger::Completion) -> Result<(), redb::Error> + 'a;
 
-/// Runs one ledger step and packages its reply for after the commit. A completion the step
-/// records is chained (and signed) here, inside the transaction, when the call carries a signer.
+/// Sends a step's reply once the batch is committed.
+fn finish<T: Send + 'static>(
+    step: Step<T>,
+    now: Millis,
+    tx: oneshot::Sender<Reply<T>>,
+) -> (Write, Pending) {
+    let reply = Reply {
+        now,
+        result: step.reply,
+    };
+    (step.write, Box::new(move || drop(tx.send(reply))))
+}
+
+/// Runs one step (the ledger's, with approvals and budgets for RequestToken, Release and
+/// ResolveExpired) and packages its reply for after the commit. A completion the step records is
+/// chained (and signed) here, inside the transaction, when the call carries a signer.
 fn apply(
+    op: Op,
+    current: Option<&Record>,
+    side: &Side,
+    now: Millis,
+    chain: &mut Chain<'_>,
+) -> Result<(Write, SideWrite, Pending), redb::Error> {
+    Ok(match op {
+        Op::Token(req, tx) => {
+            let guarded = authorization::request_token(current, side, &req, now);
+            let (write, reply) = finish(guarded.step, now, tx);
+            (write, guarded.side, reply)
+        }
+        Op::Release(token, tx) => {
+            let guarded = authorization::release(current, side, &token, now);
+            let (write, reply) = finish(guarded.step, now, tx);
+            (write, guarded.side, reply)
+        }
+        Op::Resolve(resolution, signer, tx) => {
+            let mut guarded = authorization::resolve_expired(current, side, &resolution, now);
+            if let (Some(signer), Ok(Resolved::Completed(completion))) =
+                (&signer, &mut guarded.step.reply)
+            {
+                chained(&mut guarded.step.write, completion, signer, chain)?;
+            }
+            let (write, reply) = finish(guarded.step, now, tx);
+            (write, guarded.side, reply)
+        }
+        op => {
+            let (write, reply) = apply_ledger(op, current, now, chain)?;
+            (write, SideWrite::default(), reply)
+        }
+    })
+}
+
+/// The steps that are the ledger's alone.
+fn apply_ledger(
     op: Op,
     current: Option<&Record>,
     now: Millis,
     chain: &mut Chain<'_>,
 ) -> Result<(Write, Pending), redb::Error> {
-    fn finish<T: Send + 'static>(
-        step: Step<T>,
-        now: Millis,
-        tx: oneshot::Sender<Reply<T>>,
-    ) -> (Write, Pending) {
-        let reply = Reply {
-            now,
-            result: step.reply,
-        };
-        (step.write, Box::new(move || drop(tx.send(reply))))
-    }
     Ok(match op {
-        Op::Token(req, tx) => finish(ledger::request_token(current, &req, now), now, tx),
         Op::Complete(token, receipt, signer, tx) => {
             let mut step = ledger::complete(current, &token, &receipt, now);
             if let (
@@ -197,7 +292,6 @@ fn apply(
             }
             finish(step, now, tx)
         }
-        Op::Release(token, tx) => finish(ledger::release(current, &token, now), now, tx),
         Op::Extend(token, ttl, tx) => {
             finish(ledger::extend_lease(current, &token, ttl, now), now, tx)
         }
@@ -223,16 +317,16 @@ fn apply(
             }
             finish(step, now, tx)
         }
-        Op::Resolve(resolution, signer, tx) => {
-            let mut step = ledger::resolve_expired(current, &resolution, now);
-            if let (Some(signer), Ok(Resolved::Completed(completion))) = (&signer, &mut step.reply)
-            {
-                chained(&mut step.write, completion, signer, chain)?;
-            }
-            finish(step, now, tx)
+        // RequestToken, Release and ResolveExpired run in `apply`.
+        Op::Token(..) | Op::Release(..) | Op::Resolve(..) => {
+            unreachable!("RequestToken, Release and ResolveExpired run in `apply`")
         }
+        // Answered before a record is read (see `commit_batch`).
         Op::List(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
         Op::Chain(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
+        Op::Approvals(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
+        Op::Budgets(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
+        Op::Decide(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
         Op::Ping(tx) => (
             Write::Nothing,
             Box::new(move || {

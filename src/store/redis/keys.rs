@@ -41,6 +41,24 @@ pub fn receipts(agent_id: &str) -> String {
     format!("{}:receipts", agent_tag(agent_id))
 }
 
+/// The Redis key of one agent's budget buckets, `og:{<agent digest>}:budgets`: a hash, one field
+/// per bucket (budget, action when per action, group value), so that Release reaches the buckets
+/// a record names without building key names in a script.
+pub fn budgets(agent_id: &str) -> String {
+    format!("{}:budgets", agent_tag(agent_id))
+}
+
+/// The Redis key of one action's approval: the record key with `:approval` (same slot).
+pub fn approval(key: &ActionKey) -> String {
+    format!("{}:approval", record(key))
+}
+
+/// The Redis key of one agent's approvals index, `og:{<agent digest>}:approvals`: a sorted set
+/// scored by lapse time whose members are [`ActionKey::encode`] of actions with an approval.
+pub fn approvals_index(agent_id: &str) -> String {
+    format!("{}:approvals", agent_tag(agent_id))
+}
+
 /// `og:{<base64url(SHA-256("agent\0" ++ agent_id))[..16 bytes]>}`: the hash-tagged prefix of
 /// every Redis key of one agent.
 fn agent_tag(agent_id: &str) -> String {

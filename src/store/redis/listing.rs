@@ -101,7 +101,10 @@ impl RedisStore {
     }
 
     /// One command with the call deadline.
-    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Result<T, StoreError> {
+    pub(super) async fn query<T: redis::FromRedisValue>(
+        &self,
+        cmd: &redis::Cmd,
+    ) -> Result<T, StoreError> {
         let value = tokio::time::timeout(self.options.call_timeout, self.conn.query(cmd))
             .await
             .map_err(|_| {

@@ -3,8 +3,9 @@
 //! `redis/` mirror [`crate::domain::ledger`]; the conformance suite holds them to it.
 //!
 //! Owns: the per-call deadline, the durability level (`WAIT` after state changes, checked here),
-//! and turning decoded script replies ([`reply`], the one place they are decoded) into ledger types. Does not decide anything. The
-//! connection to standalone, Cluster or Sentinel deployments is [`connection`]'s.
+//! and turning decoded script replies ([`reply`], the one place they are decoded) into ledger
+//! types. Does not decide anything. The connection to standalone, Cluster or Sentinel
+//! deployments is [`connection`]'s.
 
 mod connection;
 mod eviction;
@@ -15,6 +16,7 @@ mod operator;
 mod receipts;
 mod reply;
 mod sentinel;
+mod side;
 mod worker;
 
 use std::{sync::Arc, time::Duration};
@@ -47,6 +49,9 @@ struct Scripts {
     seal: Script,
     /// Reads a page of a receipt chain.
     receipts: Script,
+    decide_approval: Script,
+    approvals: Script,
+    budgets: Script,
 }
 
 impl Scripts {
@@ -64,6 +69,9 @@ impl Scripts {
             unresolved: with_prelude(include_str!("unresolved.lua")),
             seal: with_prelude(include_str!("seal.lua")),
             receipts: Script::new(include_str!("receipts.lua")),
+            decide_approval: with_prelude(include_str!("decide_approval.lua")),
+            approvals: with_prelude(include_str!("approvals.lua")),
+            budgets: Script::new(include_str!("budgets.lua")),
         }
     }
 }
@@ -163,8 +171,8 @@ impl RedisStore {
         })
     }
 
-    /// Runs a per-action script: KEYS = [record, the agent's lease index], ARGV = [member, args…],
-    /// followed by `WAIT` on the same connection when `wait` asks for it.
+    /// Runs a per-action script: KEYS = [record, the agent's lease index, extra…], ARGV =
+    /// [member, args…], followed by `WAIT` on the same connection when `wait` asks for it.
     async fn run_raw(
         &self,
         script: &Script,
@@ -172,35 +180,38 @@ impl RedisStore {
         args: &[&[u8]],
         wait: Option<Wait>,
     ) -> Result<(Value, u32), StoreError> {
-        self.run_keys(script, key, false, args, wait).await
+        self.run_keys(script, key, &[], args, wait).await
     }
 
-    /// Runs a per-action script that also takes the agent's receipt chain as KEYS[3].
+    /// Runs a per-action script that also takes the agent's receipt chain as KEYS[3], then `more`
+    /// keys.
     async fn run_chained(
         &self,
         script: &Script,
         key: &ActionKey,
+        more: &[String],
         args: &[&[u8]],
         wait: Option<Wait>,
     ) -> Result<(Millis, Decoded, u32), StoreError> {
-        let (value, acknowledged) = self.run_keys(script, key, true, args, wait).await?;
-        let (now, decoded) = decode(value)?;
-        Ok((now, decoded, acknowledged))
+        let mut extra = vec![keys::receipts(&key.agent_id)];
+        extra.extend_from_slice(more);
+        self.run_with(script, key, &extra, args, wait).await
     }
 
+    /// [`Self::run_raw`] with `extra` keys after the first two (same hash tag: the agent's).
     async fn run_keys(
         &self,
         script: &Script,
         key: &ActionKey,
-        chain: bool,
+        extra: &[String],
         args: &[&[u8]],
         wait: Option<Wait>,
     ) -> Result<(Value, u32), StoreError> {
         self.eviction.check()?;
         let mut invocation = script.key(keys::record(key));
         invocation.key(keys::lease_index(&key.agent_id));
-        if chain {
-            invocation.key(keys::receipts(&key.agent_id));
+        for k in extra {
+            invocation.key(k);
         }
         invocation.arg(key.encode());
         for arg in args {
@@ -221,7 +232,19 @@ impl RedisStore {
         args: &[&[u8]],
         wait: Option<Wait>,
     ) -> Result<(Millis, Decoded, u32), StoreError> {
-        let (value, acknowledged) = self.run_raw(script, key, args, wait).await?;
+        self.run_with(script, key, &[], args, wait).await
+    }
+
+    /// [`Self::run`] with extra keys (see [`Self::run_keys`]).
+    async fn run_with(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        extra: &[String],
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Millis, Decoded, u32), StoreError> {
+        let (value, acknowledged) = self.run_keys(script, key, extra, args, wait).await?;
         let (now, decoded) = decode(value)?;
         Ok((now, decoded, acknowledged))
     }
@@ -325,7 +348,8 @@ mod classify_tests {
 
     #[test]
     fn a_script_error_is_not_retried() {
-        let e = server_error(b"-ERR user_script:1: Script attempted to access nonexistent global\r\n");
+        let e =
+            server_error(b"-ERR user_script:1: Script attempted to access nonexistent global\r\n");
         assert!(matches!(classify(e), StoreError::Corrupt(_)));
     }
 }

@@ -1,7 +1,7 @@
 //! The operator transitions on Redis: an external completion, the settlement of an expired lease,
 //! and the listing of unresolved actions (in [`super::listing`]).
 
-use super::{Decoded, RedisStore, confirmed, listing, unexpected};
+use super::{Decoded, RedisStore, confirmed, keys, listing, unexpected};
 use crate::{
     domain::{
         ActionKey, fingerprint,
@@ -47,7 +47,7 @@ impl RedisStore {
         ];
         let wait = self.wait_for(replicas);
         let (now, mut decoded, mut acknowledged) = self
-            .run_chained(&self.scripts.record_external, key, &args, wait)
+            .run_chained(&self.scripts.record_external, key, &[], &args, wait)
             .await?;
         if let Decoded::Completed {
             recorded,
@@ -112,8 +112,9 @@ impl RedisStore {
             Resolution::Failed => [b"failed", b"", b"", b"", b""],
         };
         let wait = self.wait_for(replicas);
+        let budgets = [keys::budgets(&key.agent_id)];
         let (now, mut decoded, mut acknowledged) = self
-            .run_chained(&self.scripts.resolve_expired, key, &args, wait)
+            .run_chained(&self.scripts.resolve_expired, key, &budgets, &args, wait)
             .await?;
         if let (
             Some(signer),

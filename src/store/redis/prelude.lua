@@ -172,3 +172,192 @@ local function chain(rec, digest)
   redis.call('RPUSH', KEYS[3], entry)
   return { previous, entry }
 end
+
+-- Budgets and approvals (domain::authorization, mirrored here). Only scripts that grant or release
+-- call these, and only when the request carries a hold or charges, or the record reservations.
+local RESERVED = 21         -- { {fencing, bucket, slot, amount}, ... } budget reservations (absent: none)
+local R_FENCING, R_BUCKET, R_SLOT, R_AMOUNT = 1, 2, 3, 4
+
+-- A budget bucket (a field of the agent's budgets hash, og:{<agent digest>}:budgets):
+-- { action, group, { slot start, amount, slot start, amount, ... } }, oldest slot first. A window
+-- is counted in SLOTS slots; a slot counts while any part of it is inside the window.
+local SLOTS = 60
+
+local function slot_len(window)
+  return math.max(1, math.floor((window + SLOTS - 1) / SLOTS))
+end
+
+local function slot_counts(start, window)
+  return start + slot_len(window) > NOW - window
+end
+
+local function bucket_used(b, window)
+  local used, slots = 0, b[3]
+  for i = 1, #slots, 2 do
+    if slot_counts(slots[i], window) then
+      used = used + slots[i + 1]
+    end
+  end
+  return used
+end
+
+-- How long until `amount` more fits under `limit` (-1: never, the amount alone is above it).
+local function bucket_fits_in(b, limit, amount, window)
+  if amount > limit then
+    return -1
+  end
+  local used, slots = bucket_used(b, window), b[3]
+  for i = 1, #slots, 2 do
+    if slot_counts(slots[i], window) then
+      used = used - slots[i + 1]
+      if used + amount <= limit then
+        return math.max(1, slots[i] + slot_len(window) + window - NOW)
+      end
+    end
+  end
+  return 1
+end
+
+local function bucket_load(hash, id)
+  local raw = redis.call('HGET', hash, id)
+  if not raw then
+    return nil
+  end
+  return cmsgpack.unpack(raw)
+end
+
+-- Stores a bucket (an empty one is removed); the hash lives at least as long as its longest window.
+local function bucket_save(hash, id, b, window)
+  if #b[3] == 0 then
+    redis.call('HDEL', hash, id)
+    return
+  end
+  redis.call('HSET', hash, id, cmsgpack.pack(b))
+  local keep = window + slot_len(window)
+  if redis.call('PTTL', hash) < keep then
+    redis.call('PEXPIRE', hash, keep)
+  end
+end
+
+-- Charges a grant to every bucket, all or nothing (budget::charge): a refusal reply, or nil and
+-- the reservations made. charges: { {bucket, budget, action, group, limit, window, amount}, ... }.
+local function budget_charge(hash, charges, fencing)
+  local loaded = {}
+  for i, c in ipairs(charges) do
+    local b = bucket_load(hash, c[1]) or { c[3], c[4], {} }
+    loaded[i] = b
+    if bucket_used(b, c[6]) + c[7] > c[5] then
+      return { NOW, 'budget_exceeded', c[2], bucket_fits_in(b, c[5], c[7], c[6]) }, nil
+    end
+  end
+  local reserved = {}
+  for i, c in ipairs(charges) do
+    local b, window = loaded[i], c[6]
+    b[1], b[2] = c[3], c[4]
+    local kept = {}
+    for j = 1, #b[3], 2 do
+      if slot_counts(b[3][j], window) then
+        table.insert(kept, b[3][j])
+        table.insert(kept, b[3][j + 1])
+      end
+    end
+    local slot = math.floor(NOW / slot_len(window)) * slot_len(window)
+    if #kept > 0 and kept[#kept - 1] == slot then
+      kept[#kept] = kept[#kept] + c[7]
+    else
+      table.insert(kept, slot)
+      table.insert(kept, c[7])
+    end
+    b[3] = kept
+    bucket_save(hash, c[1], b, window)
+    table.insert(reserved, { [R_FENCING] = fencing, [R_BUCKET] = c[1], [R_SLOT] = slot, [R_AMOUNT] = c[7] })
+  end
+  return nil, reserved
+end
+
+-- Gives a released grant's reservations back (authorization::release); the others stay.
+local function budget_give_back(hash, rec, fencing)
+  local kept = {}
+  for _, r in ipairs(rec[RESERVED] or {}) do
+    if r[R_FENCING] == fencing then
+      local b = bucket_load(hash, r[R_BUCKET])
+      if b then
+        local slots, rest = b[3], {}
+        for j = 1, #slots, 2 do
+          local amount = slots[j + 1]
+          if slots[j] == r[R_SLOT] then
+            amount = math.max(0, amount - r[R_AMOUNT])
+          end
+          if amount > 0 then
+            table.insert(rest, slots[j])
+            table.insert(rest, amount)
+          end
+        end
+        b[3] = rest
+        if #rest == 0 then
+          redis.call('HDEL', hash, r[R_BUCKET])
+        else
+          redis.call('HSET', hash, r[R_BUCKET], cmsgpack.pack(b))
+        end
+      end
+    else
+      table.insert(kept, r)
+    end
+  end
+  rec[RESERVED] = kept
+end
+
+-- An approval (og:{<agent digest>}:<action digest>:approval, with PX until it lapses):
+-- { id, fingerprint, digests, state, created_at, expires_at, policy, reason, action, operator, note }
+local A_ID, A_FINGERPRINT, A_DIGESTS, A_STATE, A_CREATED, A_EXPIRES = 1, 2, 3, 4, 5, 6
+local A_POLICY, A_REASON, A_ACTION, A_OPERATOR, A_NOTE = 7, 8, 9, 10, 11
+local PENDING, APPROVED, DENIED, USED = 1, 2, 3, 4
+
+local function approval_load(key)
+  local raw = redis.call('GET', key)
+  if not raw then
+    return nil
+  end
+  local a = cmsgpack.unpack(raw)
+  if a[A_EXPIRES] <= NOW then
+    return nil
+  end
+  return a
+end
+
+-- Stores an approval until it lapses, and keeps the agent's approvals index (score: the lapse
+-- time) in step, dropping lapsed members.
+local function approval_save(key, index, member, a)
+  redis.call('SET', key, cmsgpack.pack(a), 'PX', a[A_EXPIRES] - NOW)
+  redis.call('ZADD', index, a[A_EXPIRES], member)
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', NOW)
+end
+
+local function approval_pending_reply(a)
+  return { NOW, 'pending_approval', a[A_ID], a[A_EXPIRES], a[A_POLICY], a[A_REASON] }
+end
+
+-- What a held grant meets (approval::meet): a reply to give instead of the grant, or nil and the
+-- approval to store with the grant (used). hold: { policy, reason, new_id, ttl, action }.
+local function approval_meet(key, index, member, hold, fingerprint, digests)
+  local a = approval_load(key)
+  if a and a[A_STATE] == USED then
+    a = nil
+  end
+  if a and a[A_FINGERPRINT] ~= fingerprint then
+    return { NOW, 'key_reused', a[A_DIGESTS] }, nil
+  end
+  if a and a[A_STATE] == APPROVED then
+    a[A_STATE] = USED
+    return nil, a
+  end
+  if a and a[A_STATE] == DENIED then
+    return { NOW, 'approval_denied', a[A_ID] }, nil
+  end
+  if a then
+    return approval_pending_reply(a), nil
+  end
+  a = { hold[3], fingerprint, digests, PENDING, NOW, NOW + hold[4], hold[1], hold[2], hold[5], '', '' }
+  approval_save(key, index, member, a)
+  return approval_pending_reply(a), nil
+end

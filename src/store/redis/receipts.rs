@@ -71,6 +71,7 @@ impl RedisStore {
             .run_chained(
                 &self.scripts.seal,
                 key,
+                &[],
                 &[seq.as_bytes(), statement.as_bytes()],
                 wait,
             )

@@ -4,6 +4,7 @@
 -- KEYS[2]: the agent's lease index
 -- ARGV[1]: the index member, the encoded action key
 -- ARGV[2]: token
+-- KEYS[3]: the agent's budgets hash (a released grant's reservations go back to it)
 -- Returns: { now, 'released', fencing } | { now, 'token_unknown' } | { now, 'token_mismatch' }
 --        | { now, 'already_completed' }
 local key, token = KEYS[1], ARGV[2]
@@ -19,6 +20,7 @@ if rec[TOKEN] ~= token then
   return { NOW, 'token_mismatch' }
 end
 if rec[STATE] == AUTHORIZED then
+  if rec[RESERVED] then budget_give_back(KEYS[3], rec, rec[FENCING]) end
   rec[STATE], rec[LEASE_END] = RELEASED, NOW
   rec[EXPIRES_AT] = settled_expiry(rec)
   save(key, rec)

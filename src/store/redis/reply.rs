@@ -6,7 +6,10 @@ use redis::Value;
 use super::listing;
 
 use crate::{
-    domain::ledger::{ActionView, Completion, Grant, GrantKind, Millis, Refusal, Source, State},
+    domain::{
+        authorization::{Approval, ApprovalState, Bucket, Pending},
+        ledger::{ActionView, Completion, Grant, GrantKind, Millis, Refusal, Source, State},
+    },
     store::StoreError,
 };
 
@@ -31,6 +34,84 @@ pub(super) enum Decoded {
     Refused(Refusal),
     /// unresolved.lua: one entry per member checked.
     Checked(Vec<listing::Checked>),
+    /// request_token.lua: held for an operator's approval.
+    Pending(Pending),
+    /// decide_approval.lua: the approval after the decision, and whether it changed.
+    Approval(Approval, bool),
+    /// approvals.lua: one entry per member (`None`: lapsed).
+    Approvals(Vec<Option<Approval>>),
+    /// budgets.lua: every bucket of an agent.
+    Budgets(Vec<(String, Bucket)>),
+}
+
+fn approval_state(n: i64) -> Result<ApprovalState, StoreError> {
+    Ok(match n {
+        1 => ApprovalState::Pending,
+        2 => ApprovalState::Approved,
+        3 => ApprovalState::Denied,
+        4 => ApprovalState::Used,
+        n => return Err(StoreError::Corrupt(format!("unknown approval state {n}"))),
+    })
+}
+
+/// An approval as the scripts pack it (the layout in prelude.lua).
+type PackedApproval = (
+    String,
+    String,
+    String,
+    i64,
+    Millis,
+    Millis,
+    String,
+    String,
+    String,
+    String,
+    String,
+);
+
+fn approval(bytes: &[u8]) -> Result<Approval, StoreError> {
+    let (
+        id,
+        fingerprint,
+        digests,
+        state,
+        created_at,
+        expires_at,
+        policy,
+        reason,
+        action,
+        operator,
+        note,
+    ): PackedApproval =
+        rmp_serde::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("approval: {e}")))?;
+    Ok(Approval {
+        id,
+        fingerprint,
+        digests,
+        state: approval_state(state)?,
+        created_at,
+        expires_at,
+        policy,
+        reason,
+        action,
+        operator,
+        note,
+    })
+}
+
+/// A bucket as the scripts pack it: `{ action, group, { start, amount, ... } }`.
+fn bucket(bytes: &[u8]) -> Result<Bucket, StoreError> {
+    let (action, group, flat): (String, String, Vec<i64>) =
+        rmp_serde::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("bucket: {e}")))?;
+    let slots = flat
+        .chunks_exact(2)
+        .map(|pair| (pair[0], pair[1].max(0) as u64))
+        .collect();
+    Ok(Bucket {
+        action,
+        group,
+        slots,
+    })
 }
 
 pub(super) fn unexpected(op: &str, decoded: &Decoded) -> StoreError {
@@ -125,6 +206,51 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             completed_at: fields.int()?,
         }),
         "request_required" => Decoded::Refused(Refusal::RequestRequired),
+        "pending_approval" => Decoded::Pending(Pending {
+            id: fields.string()?,
+            expires_at: fields.int()?,
+            policy: fields.string()?,
+            reason: fields.string()?,
+        }),
+        "approval_denied" => Decoded::Refused(Refusal::ApprovalDenied {
+            id: fields.string()?,
+        }),
+        "budget_exceeded" => Decoded::Refused(Refusal::BudgetExceeded {
+            budget: fields.string()?,
+            retry_after: Some(fields.int()?).filter(|ms| *ms >= 0),
+        }),
+        "not_pending" => Decoded::Refused(Refusal::ApprovalNotPending {
+            state: match fields.int()? {
+                0 => None,
+                n => Some(approval_state(n)?),
+            },
+        }),
+        "approval" => {
+            let changed = fields.int()? == 1;
+            Decoded::Approval(approval(&fields.bytes()?)?, changed)
+        }
+        "approvals" => {
+            let n = fields.uint()?;
+            let mut out = Vec::with_capacity(n.min(1024) as usize);
+            for _ in 0..n {
+                let raw = fields.bytes()?;
+                out.push(if raw.is_empty() {
+                    None
+                } else {
+                    Some(approval(&raw)?)
+                });
+            }
+            Decoded::Approvals(out)
+        }
+        "budgets" => {
+            let n = fields.uint()?;
+            let mut out = Vec::with_capacity(n.min(1024) as usize);
+            for _ in 0..n {
+                let id = fields.string()?;
+                out.push((id, bucket(&fields.bytes()?)?));
+            }
+            Decoded::Budgets(out)
+        }
         "not_expired" => Decoded::Refused(Refusal::NotExpired {
             state: match fields.int()? {
                 1 => State::Absent,

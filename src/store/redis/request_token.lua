@@ -12,25 +12,49 @@
 -- ARGV[9]: on expiry, 'reconcile' or 'regrant'
 -- ARGV[10]: the asking principal (a live token is redelivered only to the one it was granted to)
 -- ARGV[11]: the most superseded grants a record keeps (a regrant beyond it is refused)
+-- ARGV[12]: a rule's hold, MessagePack { policy, reason, new_id, ttl, action }, or '' (none)
+-- ARGV[13]: budget charges, MessagePack { {bucket, budget, action, group, limit, window, amount}, ... }, or ''
+-- KEYS[3..5], only with a hold or charges: the agent's budgets hash, the action's approval, the
+--   agent's approvals index (og:{<agent digest>}:budgets, …:<action digest>:approval, …:approvals)
 -- Returns: { now, 'granted', kind (1 new, 2 redelivered, 3 regranted), token, fencing, lease_expires_at }
 --        | { now, 'completed', 0, 0, receipt, completed_at, fencing, token, source, note, operator }
 --        | { now, 'key_reused', stored_digests }
 --        | { now, 'in_progress', retry_after_ms }
 --        | { now, 'lease_expired', token, fencing, lease_expired_at }
+--        | { now, 'pending_approval', approval_id, expires_at, policy, reason }
+--        | { now, 'approval_denied', approval_id } | { now, 'budget_exceeded', budget, retry_after_ms (-1: never) }
 local key = KEYS[1]
 local fingerprint, digests, holder, new_token = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local lease, retention = tonumber(ARGV[6]), tonumber(ARGV[7])
 local sliding, on_expiry = tonumber(ARGV[8]), ARGV[9]
 local principal, max_superseded = ARGV[10], tonumber(ARGV[11])
+local hold, charges = nil, nil
+if ARGV[12] and ARGV[12] ~= '' then hold = cmsgpack.unpack(ARGV[12]) end
+if ARGV[13] and ARGV[13] ~= '' then charges = cmsgpack.unpack(ARGV[13]) end
 if not lease or lease <= 0 or not retention or retention <= 0 or not max_superseded then
   return redis.error_reply('ERR oncegate: lease, retention and max_superseded must be numbers')
 end
 
 -- Unsettled records have no expiry (EXPIRES_AT 0): the key is kept until someone settles it.
-local function grant(fencing, older, kind, nx)
+-- `carried`: the reservations of the superseded grants (a regrant keeps them).
+local function grant(fencing, older, kind, nx, carried)
+  -- Holds and budgets (authorization::request_token): only for a new token, only when asked.
+  local used_approval, reserved = nil, carried
+  if hold then
+    local blocked
+    blocked, used_approval = approval_meet(KEYS[4], KEYS[5], ARGV[1], hold, fingerprint, digests)
+    if blocked then return blocked end
+  end
+  if charges then
+    local refused, made = budget_charge(KEYS[3], charges, fencing)
+    if refused then return refused end
+    reserved = reserved or {}
+    for _, r in ipairs(made) do table.insert(reserved, r) end
+  end
+  if used_approval then approval_save(KEYS[4], KEYS[5], ARGV[1], used_approval) end
   local rec = new_record(AUTHORIZED, fencing, fingerprint, digests, retention, sliding, 0)
   rec[TOKEN], rec[HOLDER], rec[LEASE_END] = new_token, holder, NOW + lease
-  rec[OLDER], rec[PRINCIPAL] = older, principal
+  rec[OLDER], rec[PRINCIPAL], rec[RESERVED] = older, principal, reserved
   if nx then
     -- A brand-new action: SET NX, as the design asks; the script already runs atomically, so NX
     -- failing would mean a lingering expired key, which we overwrite.
@@ -87,4 +111,4 @@ end
 if #older > max_superseded then
   return refusal
 end
-return grant(rec[FENCING] + 1, older, 3, false)
+return grant(rec[FENCING] + 1, older, 3, false, rec[RESERVED])

@@ -9,6 +9,7 @@
 -- ARGV[5]: operator (the principal's name)
 -- ARGV[6]: the receipt's SHA-256 (hex) to chain the completion with ('completed'); '' for no chain
 -- KEYS[3]: the agent's receipt chain (used with ARGV[6])
+-- KEYS[4]: the agent's budgets hash ('failed' gives the grant's budget reservations back)
 -- Returns: { now, 'completed', 1, 0, receipt, completed_at, fencing, token, source, note, operator,
 --            seq, statement, previous entry, new entry }
 --        | { now, 'released', fencing }
@@ -44,6 +45,7 @@ else
   fencing = rec[OLDER][#rec[OLDER]][G_FENCING]
   table.remove(rec[OLDER])
 end
+if rec[RESERVED] then budget_give_back(KEYS[4], rec, fencing) end
 rec[EXPIRES_AT] = settled_expiry(rec)
 save(key, rec)
 return { NOW, 'released', fencing }

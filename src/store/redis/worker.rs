@@ -1,7 +1,7 @@
 //! The worker transitions on Redis: RequestToken, Complete, Release, ExtendLease and GetAction,
 //! each one script call, held to the durability level (`WAIT`) before it is acknowledged.
 
-use super::{Decoded, RedisStore, confirmed, unexpected};
+use super::{Decoded, RedisStore, confirmed, keys, unexpected};
 use crate::{
     domain::{
         ActionKey, fingerprint,
@@ -30,7 +30,8 @@ impl RedisStore {
             OnExpiry::Reconcile => "reconcile",
             OnExpiry::Regrant => "regrant",
         };
-        let args: [&[u8]; 10] = [
+        let (hold, charges) = authorization_args(req)?;
+        let args: [&[u8]; 12] = [
             req.fingerprint.as_bytes(),
             req.digests.as_bytes(),
             req.holder.as_bytes(),
@@ -41,10 +42,23 @@ impl RedisStore {
             on_expiry.as_bytes(),
             req.principal.as_bytes(),
             max_superseded.as_bytes(),
+            &hold,
+            &charges,
         ];
+        // The budgets and approval keys only when the request carries a hold or charges: the
+        // plain path passes what it always did.
+        let extra = if req.hold.is_some() || !req.charges.is_empty() {
+            vec![
+                keys::budgets(&key.agent_id),
+                keys::approval(key),
+                keys::approvals_index(&key.agent_id),
+            ]
+        } else {
+            Vec::new()
+        };
         let wait = self.wait_for(replicas);
         let (now, decoded, mut acknowledged) = self
-            .run(&self.scripts.request_token, key, &args, wait)
+            .run_with(&self.scripts.request_token, key, &extra, &args, wait)
             .await?;
         if matches!(decoded, Decoded::Granted(_, GrantKind::New)) {
             self.remember_agent(&key.agent_id);
@@ -58,6 +72,7 @@ impl RedisStore {
                 Ok(TokenOutcome::Granted(grant, kind))
             }
             Decoded::Completed { completion, .. } => Ok(TokenOutcome::AlreadyCompleted(completion)),
+            Decoded::Pending(pending) => Ok(TokenOutcome::PendingApproval(pending)),
             Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
                 differing: fingerprint::differing_fields(&stored, &req.digests),
             }),
@@ -91,6 +106,7 @@ impl RedisStore {
             .run_chained(
                 &self.scripts.complete,
                 key,
+                &[],
                 &[token.as_bytes(), receipt, digest.as_bytes()],
                 first_wait,
             )
@@ -137,8 +153,15 @@ impl RedisStore {
         replicas: u32,
     ) -> Result<Acked<u64>, StoreError> {
         let wait = self.wait_for(replicas);
+        let budgets = [keys::budgets(&key.agent_id)];
         let (now, decoded, acknowledged) = self
-            .run(&self.scripts.release, key, &[token.as_bytes()], wait)
+            .run_with(
+                &self.scripts.release,
+                key,
+                &budgets,
+                &[token.as_bytes()],
+                wait,
+            )
             .await?;
         let result = match decoded {
             Decoded::Released(fencing) => {
@@ -197,4 +220,31 @@ impl RedisStore {
             other => Err(unexpected("get", &other)),
         }
     }
+}
+
+/// The hold and the charges of a request as the script takes them: MessagePack arrays (what
+/// `cmsgpack.unpack` reads as Lua arrays); empty for none.
+fn authorization_args(req: &TokenRequest) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
+    fn pack<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
+        rmp_serde::to_vec(value).map_err(|e| StoreError::Corrupt(format!("packing: {e}")))
+    }
+    let hold = match &req.hold {
+        Some(h) => pack(&(&h.policy, &h.reason, &h.new_id, h.ttl, &h.action))?,
+        None => Vec::new(),
+    };
+    let charges = if req.charges.is_empty() {
+        Vec::new()
+    } else {
+        let rows: Vec<_> = req
+            .charges
+            .iter()
+            .map(|c| {
+                (
+                    &c.bucket, &c.budget, &c.action, &c.group, c.limit, c.window, c.amount,
+                )
+            })
+            .collect();
+        pack(&rows)?
+    };
+    Ok((hold, charges))
 }

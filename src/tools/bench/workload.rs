@@ -392,6 +392,7 @@ fn token_outcome(reply: &Result<tonic::Response<pb::RequestTokenResponse>, Statu
             pb::Decision::Granted if resp.get_ref().redelivered => "redelivered".into(),
             pb::Decision::Granted => "granted".into(),
             pb::Decision::AlreadyCompleted => "already_completed".into(),
+            pb::Decision::PendingApproval => "pending_approval".into(),
             pb::Decision::Unspecified => "unspecified".into(),
         },
         Err(status) => reason(status),

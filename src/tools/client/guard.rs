@@ -70,6 +70,13 @@ pub enum GuardError<E: std::fmt::Debug> {
     /// forbidden, still in progress after the wait bound, unavailable...).
     #[error("the gate refused: {0}")]
     Gate(ClientError),
+    /// A rule holds the action for an operator's approval: nothing ran. Ask again (the same
+    /// request) once an operator approved `approval.id`; it is then granted once.
+    #[error("pending approval {} ({})", approval.id, approval.reason)]
+    PendingApproval {
+        /// The approval to wait for.
+        approval: crate::pb::Approval,
+    },
     /// The closure failed definitely; its token was released.
     #[error("the action failed definitely and its token was released: {0:?}")]
     Failed(E),
@@ -169,6 +176,9 @@ impl GateClient {
         }
         let grant = match self.acquire(&spec, options).await? {
             TokenReply::AlreadyCompleted(done) => return Ok(Outcome::Replayed(done)),
+            TokenReply::PendingApproval(approval) => {
+                return Err(GuardError::PendingApproval { approval });
+            }
             TokenReply::Granted(grant) => grant,
         };
         let heartbeat = self.start_heartbeat(&grant, &spec, options);

@@ -92,6 +92,23 @@ pub enum ClientError {
         /// When to try again.
         retry_after: Duration,
     },
+    /// An authorization policy forbids the action, or an operator denied its approval. Do not
+    /// retry; nothing was recorded.
+    #[error("denied by authorization policy {policy_id:?}")]
+    PolicyDenied {
+        /// The deciding policy's id (empty when no policy permits the action).
+        policy_id: String,
+        /// The denied approval's id, when an operator denied it.
+        approval_id: String,
+    },
+    /// A budget or velocity cap would be exceeded; nothing was recorded.
+    #[error("budget {budget:?} exceeded; frees up after {retry_after:?}")]
+    BudgetExceeded {
+        /// The budget's name.
+        budget: String,
+        /// When enough of its window frees up (`None`: the action alone is above the limit).
+        retry_after: Option<Duration>,
+    },
     /// The gate or its store could not be reached, or the call timed out: the outcome of the call
     /// is unknown. Retry with backoff (every gate call is safe to repeat).
     #[error("unavailable: {0}")]
@@ -151,6 +168,14 @@ impl ClientError {
             Some("UNAUTHENTICATED") => Self::Unauthenticated,
             Some("FORBIDDEN_SCOPE") => Self::Forbidden,
             Some("RATE_LIMITED") => Self::RateLimited { retry_after },
+            Some("POLICY_DENIED") => Self::PolicyDenied {
+                policy_id: get("policy_id"),
+                approval_id: get("approval_id"),
+            },
+            Some("BUDGET_EXCEEDED") => Self::BudgetExceeded {
+                budget: get("budget"),
+                retry_after: details.retry_info().and_then(|r| r.retry_delay),
+            },
             _ => match status.code() {
                 Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                     Self::Unavailable(status.message().to_owned())
@@ -296,6 +321,9 @@ pub enum TokenReply {
     Granted(Grant),
     /// Do not execute: here is the original completion.
     AlreadyCompleted(pb::Completion),
+    /// Do not execute: a rule holds the action until an operator approves it (then the same
+    /// request is granted once).
+    PendingApproval(pb::Approval),
 }
 
 /// A typed gate client. Cheap to clone (one HTTP/2 channel underneath).
@@ -365,6 +393,9 @@ impl GateClient {
             (pb::Decision::AlreadyCompleted, _, Some(done)) => {
                 Ok(TokenReply::AlreadyCompleted(done))
             }
+            (pb::Decision::PendingApproval, ..) if resp.approval.is_some() => Ok(
+                TokenReply::PendingApproval(resp.approval.unwrap_or_default()),
+            ),
             (decision, ..) => Err(ClientError::Other {
                 code: Code::Internal,
                 message: format!("malformed RequestToken reply ({decision:?})"),

@@ -113,6 +113,12 @@ impl GateLink {
                         receipt: done.receipt,
                         fencing: done.fencing,
                     }),
+                    TokenOutcome::PendingApproval(pending) => {
+                        return Err(Refused::Other(format!(
+                            "pending approval {} ({}): an operator must approve this call",
+                            pending.id, pending.reason
+                        )));
+                    }
                 })
             }
             Self::Remote(client) => {
@@ -133,6 +139,12 @@ impl GateLink {
                         provider_key: grant.provider_key,
                         lease: grant.lease,
                     }),
+                    TokenReply::PendingApproval(approval) => {
+                        return Err(Refused::Other(format!(
+                            "pending approval {} ({}): an operator must approve this call",
+                            approval.id, approval.reason
+                        )));
+                    }
                     TokenReply::AlreadyCompleted(done) => Answer::Completed(Recorded {
                         by_operator: done.source() == pb::CompletionSource::Operator,
                         receipt: done.receipt,

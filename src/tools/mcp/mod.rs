@@ -82,7 +82,7 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
     let gate = match &args.gate {
         Some(url) => remote_gate(url, args).await?,
-        None => local_gate(args, &file.policies).await?,
+        None => local_gate(args, &file.policies, file.authorization.clone()).await?,
     };
     Ok(Shared {
         target,
@@ -114,7 +114,11 @@ async fn remote_gate(url: &str, args: &McpArgs) -> Result<gate::GateLink, (u8, S
     Ok(gate::GateLink::Remote(client))
 }
 
-async fn local_gate(args: &McpArgs, policies: &Policies) -> Result<gate::GateLink, (u8, String)> {
+async fn local_gate(
+    args: &McpArgs,
+    policies: &Policies,
+    authorization: crate::gate::authorization::Settings,
+) -> Result<gate::GateLink, (u8, String)> {
     let store = StoreConfig::Embedded {
         data_dir: args.data_dir.clone(),
         call_timeout: Duration::from_millis(defaults::STORE_TIMEOUT_MS),
@@ -148,9 +152,7 @@ async fn local_gate(args: &McpArgs, policies: &Policies) -> Result<gate::GateLin
             std::future::pending(),
         ));
     }
-    Ok(gate::GateLink::Local(Gate::with_metrics(
-        store,
-        policies.clone(),
-        metrics,
-    )))
+    Ok(gate::GateLink::Local(
+        Gate::with_metrics(store, policies.clone(), metrics).with_authorization(authorization),
+    ))
 }

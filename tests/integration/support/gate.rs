@@ -15,7 +15,10 @@ use oncegate::{
     gate::{Gate, policy::Policies},
     grpc::server::{self, ServerOptions},
     observe::metrics::{self, Metrics},
-    pb::action_gate_service_client::ActionGateServiceClient,
+    pb::{
+        action_gate_service_client::ActionGateServiceClient,
+        gate_admin_service_client::GateAdminServiceClient,
+    },
 };
 use tempfile::TempDir;
 use tonic::transport::Channel;
@@ -97,8 +100,9 @@ impl TestGate {
         let ConfigFile {
             policies,
             principals,
+            authorization,
         } = config.into();
-        let gate = Gate::new(backend.store.clone(), policies);
+        let gate = Gate::new(backend.store.clone(), policies).with_authorization(authorization);
         let options = ServerOptions {
             principals,
             ..options
@@ -129,6 +133,56 @@ impl TestGate {
     /// A new client (its own HTTP/2 connection).
     pub async fn client(&self) -> ActionGateServiceClient<Channel> {
         connect(&self.addr.to_string()).await
+    }
+
+    /// A new client of the operator API.
+    pub async fn admin(&self) -> GateAdminServiceClient<Channel> {
+        let endpoint = format!("http://{}", self.addr);
+        GateAdminServiceClient::connect(endpoint).await.unwrap()
+    }
+
+    /// A second gate (a replica) over the same store, with `config`: its own server, metrics
+    /// and state in memory; only the store is shared.
+    pub async fn replica(&self, config: impl Into<ConfigFile>) -> Self {
+        let backend = Backend {
+            store: self.backend.store.clone(),
+            redis: None,
+            cluster: None,
+            sentinel: None,
+            _dir: None,
+        };
+        let mut gate = Self::serve(backend, config).await;
+        gate.time = self.time.clone();
+        gate
+    }
+
+    /// Serves a fresh store of `kind` with `config` (policies, principals, authorization),
+    /// counting into a registry served on its own `/metrics` listener, whose address is returned.
+    pub async fn start_with_config_and_metrics(
+        kind: Kind,
+        config: ConfigFile,
+    ) -> (Self, SocketAddr) {
+        let backend = backend(kind).await;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(
+            &mut registry,
+            config.policies.names(),
+            metrics::DEFAULT_OTHER_ACTION,
+        );
+        let gate = Gate::with_metrics(backend.store.clone(), config.policies, metrics)
+            .with_authorization(config.authorization);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_addr = listener.local_addr().unwrap();
+        tokio::spawn(metrics::endpoint::serve(
+            listener,
+            std::sync::Arc::new(registry),
+            std::future::pending(),
+        ));
+        let options = ServerOptions {
+            principals: config.principals,
+            ..defaults::server()
+        };
+        (Self::serve_gate(backend, gate, options).await, metrics_addr)
     }
 }
 
@@ -247,6 +301,29 @@ impl LoggedGate {
     /// The log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap()
+    }
+
+    /// Sends SIGHUP (the gate reloads its authorization policies).
+    pub fn hangup(&self) {
+        let status = Command::new("kill")
+            .arg("-HUP")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (at most 10 s) until the log holds `needle` `times` times, and returns the log.
+    pub fn wait_for_log(&self, needle: &str, times: usize) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.log();
+            if log.matches(needle).count() >= times {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "{needle:?} not logged: {log}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 

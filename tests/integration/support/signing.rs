@@ -34,8 +34,11 @@ impl TestGate {
         let ConfigFile {
             policies,
             principals,
+            authorization,
         } = config.into();
-        let gate = Gate::new(backend.store.clone(), policies).with_signer(signer);
+        let gate = Gate::new(backend.store.clone(), policies)
+            .with_authorization(authorization)
+            .with_signer(signer);
         let options = ServerOptions {
             principals,
             ..defaults::server()

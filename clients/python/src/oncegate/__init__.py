@@ -31,6 +31,7 @@ from oncegate.client import Gate
 from oncegate.errors import (
     AlreadyCompleted,
     AlreadyCompletedError,
+    BudgetExceededError,
     CompletedByOther,
     CompletedByOtherError,
     CompleteUnacknowledgedError,
@@ -51,6 +52,8 @@ from oncegate.errors import (
     OncegateError,
     OutcomeUnknown,
     OutcomeUnknownError,
+    PendingApprovalError,
+    PolicyDeniedError,
     RateLimited,
     RateLimitedError,
     ReceiptDecodeError,
@@ -66,11 +69,11 @@ from oncegate.errors import (
 )
 from oncegate.fingerprints import ParamsError, canonical_form, fingerprint, parse_params
 from oncegate.guard import Attempt, GuardOptions, current_scope, scope
-from oncegate.statements import GrantClaims, PublicKeys, StatementError, verify_grant
 from oncegate.models import (
     ActionRecord,
     ActionRef,
     ActionState,
+    Approval,
     Completion,
     CompletionSource,
     Decision,
@@ -79,13 +82,16 @@ from oncegate.models import (
     RequestTokenResult,
     Scope,
 )
+from oncegate.statements import GrantClaims, PublicKeys, StatementError, verify_grant
 
 __all__ = [
     "ActionRecord",
     "ActionRef",
     "ActionState",
     "AlreadyCompletedError",
+    "Approval",
     "Attempt",
+    "BudgetExceededError",
     "CompleteUnacknowledgedError",
     "CompletedByOtherError",
     "Completion",
@@ -105,6 +111,8 @@ __all__ = [
     "OncegateError",
     "OutcomeUnknownError",
     "ParamsError",
+    "PendingApprovalError",
+    "PolicyDeniedError",
     "PublicKeys",
     "RateLimitedError",
     "ReceiptDecodeError",

@@ -17,6 +17,7 @@ __all__ = [
     "ActionRecord",
     "ActionRef",
     "ActionState",
+    "Approval",
     "Completion",
     "CompletionSource",
     "Decision",
@@ -61,6 +62,8 @@ class Decision(_NamedEnum):
     """A token was granted: execute, then Complete or Release."""
     ALREADY_COMPLETED = pb.DECISION_ALREADY_COMPLETED
     """The action already completed: do not execute; the completion holds the receipt."""
+    PENDING_APPROVAL = pb.DECISION_PENDING_APPROVAL
+    """A rule holds the action for an operator's approval: do not execute; ask again later."""
 
 
 class CompletionSource(_NamedEnum):
@@ -173,8 +176,29 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class Approval:
+    """An action held for an operator's approval (``DECISION_PENDING_APPROVAL``)."""
+
+    id: str
+    expires_at: datetime | None
+    policy_id: str
+    reason: str
+
+    @classmethod
+    def from_proto(cls, message: pb.Approval) -> Approval:
+        """Converts the protobuf form."""
+        return cls(
+            id=message.id,
+            expires_at=_time(message, "expires_at"),
+            policy_id=message.policy_id,
+            reason=message.reason,
+        )
+
+
+@dataclass(frozen=True)
 class RequestTokenResult:
-    """The answer to RequestToken: a grant, or the completion of an action that already ran."""
+    """The answer to RequestToken: a grant, the completion of an action that already ran, or an
+    approval the action waits for."""
 
     decision: Decision
     action: ActionRef
@@ -182,6 +206,7 @@ class RequestTokenResult:
     grant: Grant | None
     completion: Completion | None
     redelivered: bool
+    approval: Approval | None = None
 
     @classmethod
     def from_proto(cls, message: pb.RequestTokenResponse) -> RequestTokenResult:
@@ -193,6 +218,7 @@ class RequestTokenResult:
             grant=Grant.from_proto(message.grant) if message.HasField("grant") else None,
             completion=Completion.from_proto(message.completion) if message.HasField("completion") else None,
             redelivered=message.redelivered,
+            approval=Approval.from_proto(message.approval) if message.HasField("approval") else None,
         )
 
 

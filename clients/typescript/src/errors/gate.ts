@@ -225,6 +225,39 @@ const RETRYABLE_CODES: ReadonlySet<Code> = new Set([
 ]);
 
 /**
+ * An authorization policy forbids the action (or none permits it), or an operator denied its
+ * approval. Nothing was recorded. Do not retry.
+ */
+export class PolicyDeniedError extends OncegateError {
+  static override readonly REASON = reasonName(ErrorReason.POLICY_DENIED);
+  override name = "PolicyDeniedError";
+
+  /** The deciding policy's id (empty when no policy permits the action). */
+  get policyId(): string {
+    return this.metadata["policy_id"] ?? "";
+  }
+
+  /** The denied approval's id, when an operator denied it. */
+  get approvalId(): string {
+    return this.metadata["approval_id"] ?? "";
+  }
+}
+
+/**
+ * A budget or velocity cap would be exceeded by this action. Nothing was recorded; `retryAfterMs`
+ * says when enough of the window frees up (`undefined`: the action alone is above the limit).
+ */
+export class BudgetExceededError extends OncegateError {
+  static override readonly REASON = reasonName(ErrorReason.BUDGET_EXCEEDED);
+  override name = "BudgetExceededError";
+
+  /** The budget's name. */
+  get budget(): string {
+    return this.metadata["budget"] ?? "";
+  }
+}
+
+/**
  * A status without an oncegate `ErrorInfo`: the gate was not reached, or did not answer in time.
  * `reason` is `undefined`; `retryable` follows the status code.
  */

@@ -8,7 +8,7 @@
  * (`KeyReusedError`...), thrown as it is. This module does not decide when they are thrown.
  */
 
-import type { ActionRef, Grant } from "../models.js";
+import type { ActionRef, Approval, Grant } from "../models.js";
 import { OncegateError } from "./gate.js";
 
 /** How a guarded function failed (Rust: `Failure`). */
@@ -31,6 +31,30 @@ export class Failure extends Error {
   /** The outcome is unknown (a timeout, a crash mid-call); the default for anything thrown. */
   static ambiguous(cause: unknown): Failure {
     return new Failure("Ambiguous", cause);
+  }
+}
+
+/**
+ * A rule holds the action for an operator's approval (`DECISION_PENDING_APPROVAL`; Rust
+ * `GuardError::PendingApproval`): nothing ran, and it is not a grant. Once an operator approves
+ * `approval.id`, the same request (same key fields) is granted once.
+ */
+export class PendingApprovalError extends OncegateError {
+  override name = "PendingApprovalError";
+
+  constructor(
+    message: string,
+    /** The held action. */
+    readonly action: ActionRef,
+    /** The approval to wait for. */
+    readonly approval: Approval,
+  ) {
+    super(message);
+  }
+
+  /** The approval's id. */
+  get approvalId(): string {
+    return this.approval.id;
   }
 }
 

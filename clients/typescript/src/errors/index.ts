@@ -15,6 +15,9 @@
  * ├── ForbiddenScopeError             FORBIDDEN_SCOPE
  * ├── RateLimitedError                RATE_LIMITED
  * ├── StoreUnavailableError           STORE_UNAVAILABLE
+ * ├── PolicyDeniedError               POLICY_DENIED
+ * ├── BudgetExceededError             BUDGET_EXCEEDED
+ * ├── PendingApprovalError            DECISION_PENDING_APPROVAL: nothing ran, an operator decides
  * ├── TransportError                  no oncegate ErrorInfo: the gate was not reached
  * └── GuardError                      the guard ran the function and could not settle cleanly
  *     ├── FailedError                 definite failure, token released
@@ -23,7 +26,7 @@
  *         └── CompleteUnacknowledgedError   the function ran; its Complete was not acknowledged
  * ```
  *
- * `LEASE_NOT_EXPIRED` (an operator RPC's answer) and `INTERNAL` (a fault on the gate's side) come
+ * `LEASE_NOT_EXPIRED` and `APPROVAL_NOT_PENDING` (operator RPCs' answers) and `INTERNAL` (a fault on the gate's side) come
  * as `OncegateError` itself, with `reason` set.
  */
 

@@ -15,6 +15,7 @@ import { BadRequestSchema, ErrorInfoSchema, RetryInfoSchema } from "../gen/googl
 import { ErrorReason } from "../gen/oncegate/v1/oncegate_pb.js";
 import {
   AlreadyCompletedError,
+  BudgetExceededError,
   CompletedByOtherError,
   DOMAIN,
   ForbiddenScopeError,
@@ -24,6 +25,7 @@ import {
   LeaseExpiredUnresolvedError,
   OncegateError,
   parseInteger,
+  PolicyDeniedError,
   RateLimitedError,
   reasonName,
   StoreUnavailableError,
@@ -48,11 +50,15 @@ export const BY_REASON: ReadonlyMap<string, typeof OncegateError> = new Map<stri
     ForbiddenScopeError,
     RateLimitedError,
     StoreUnavailableError,
+    PolicyDeniedError,
+    BudgetExceededError,
   ].map((cls): [string, typeof OncegateError] => [cls.REASON, cls]),
-  // Two reasons get the root class, with `reason` set: LEASE_NOT_EXPIRED answers only the operator
-  // RPC ResolveExpired, which this client does not call; INTERNAL is a fault on the gate's side
-  // (logged there) that a caller can only report.
+  // Three reasons get the root class, with `reason` set: LEASE_NOT_EXPIRED and
+  // APPROVAL_NOT_PENDING answer only operator RPCs (ResolveExpired, DecideApproval), which this
+  // client does not call; INTERNAL is a fault on the gate's side (logged there) that a caller can
+  // only report.
   [reasonName(ErrorReason.LEASE_NOT_EXPIRED), OncegateError],
+  [reasonName(ErrorReason.APPROVAL_NOT_PENDING), OncegateError],
   [reasonName(ErrorReason.INTERNAL), OncegateError],
 ]);
 

@@ -27,9 +27,17 @@ import {
   FailedError,
   Failure,
   OutcomeUnknownError,
+  PendingApprovalError,
   ReleaseFailedError,
 } from "../errors/guard.js";
-import { ReleaseReason, type ActionRef, type Completion, type Grant, type RequestTokenResult } from "../models.js";
+import {
+  Decision,
+  ReleaseReason,
+  type ActionRef,
+  type Completion,
+  type Grant,
+  type RequestTokenResult,
+} from "../models.js";
 import type { ActionSpec, GateRpc } from "../rpc.js";
 import { Backoff } from "./backoff.js";
 import { Heartbeat } from "./heartbeat.js";
@@ -80,6 +88,14 @@ export async function runOnce<T>(
   const held: ActionSpec = { ...spec, holder: spec.holder || defaultHolder() };
   const answer = await acquire(rpc, held, options);
   const { action } = answer;
+  if (answer.decision === Decision.PENDING_APPROVAL && answer.approval !== undefined) {
+    const { id, reason } = answer.approval;
+    throw new PendingApprovalError(
+      `${spec.action} waits for an operator's approval ${id} (${reason}); ask again once it is approved`,
+      action,
+      answer.approval,
+    );
+  }
   if (answer.grant === undefined) {
     if (answer.completion === undefined) throw new TypeError("RequestToken answered neither grant nor completion");
     const { receipt } = answer.completion;

@@ -22,6 +22,8 @@ pub(super) fn req(fp: &str, holder: &str, token: &str, on_expiry: OnExpiry) -> T
         on_expiry,
         principal: "p".into(),
         max_superseded: MAX_SUPERSEDED,
+        hold: None,
+        charges: Vec::new(),
     }
 }
 

@@ -85,6 +85,9 @@ class Attempt:
         self.fingerprint = answer.fingerprint
         if self._key_fields_hint is not None:
             check_key_fields_hint(self._request, self._key_fields_hint, answer.fingerprint)
+        if answer.decision is Decision.PENDING_APPROVAL:
+            self._settled = True
+            raise protocol.pending_approval(self._request, answer)
         if answer.decision is Decision.ALREADY_COMPLETED:
             assert answer.completion is not None
             self.completion = answer.completion

@@ -13,7 +13,10 @@
     ├── ForbiddenScopeError             FORBIDDEN_SCOPE
     ├── StoreUnavailableError           STORE_UNAVAILABLE
     ├── RateLimitedError                RATE_LIMITED
+    ├── PolicyDeniedError               POLICY_DENIED
+    ├── BudgetExceededError             BUDGET_EXCEEDED
     ├── TransportError                  no oncegate ErrorInfo: the gate was not reached
+    ├── PendingApprovalError            DECISION_PENDING_APPROVAL: nothing ran, an operator decides
     ├── OutcomeUnknownError             the guard kept the token: reconcile
     │   └── CompleteUnacknowledgedError the action ran; its Complete was not acknowledged
     ├── ReceiptDecodeError              a replayed receipt the guard's decoder cannot read
@@ -23,7 +26,8 @@
 (:class:`~oncegate.errors.gate.UnsettledGrant`): after reconciling, ``err.complete(result)`` or
 ``err.release()`` settles it.
 
-``LEASE_NOT_EXPIRED`` (an answer to an operator RPC) and ``INTERNAL`` (a server fault) come as
+``LEASE_NOT_EXPIRED`` and ``APPROVAL_NOT_PENDING`` (answers to operator RPCs) and ``INTERNAL`` (a
+server fault) come as
 :class:`OncegateError` itself, with ``reason`` set. :mod:`oncegate.errors.gate` owns the gate's
 errors, :mod:`oncegate.errors.status` decodes them (:func:`from_rpc_error`), and
 :mod:`oncegate.errors.outcome` owns the guard's. This module only names them, and keeps the names
@@ -33,6 +37,7 @@ from before the ``Error`` suffix as aliases for one release.
 from oncegate.errors.gate import (
     DOMAIN,
     AlreadyCompletedError,
+    BudgetExceededError,
     CompletedByOtherError,
     FieldViolation,
     ForbiddenScopeError,
@@ -41,6 +46,7 @@ from oncegate.errors.gate import (
     KeyReusedError,
     LeaseExpiredUnresolvedError,
     OncegateError,
+    PolicyDeniedError,
     RateLimitedError,
     StoreUnavailableError,
     TokenMismatchError,
@@ -53,6 +59,7 @@ from oncegate.errors.outcome import (
     CompleteUnacknowledgedError,
     DefiniteFailureError,
     OutcomeUnknownError,
+    PendingApprovalError,
     ReceiptDecodeError,
 )
 from oncegate.errors.status import from_rpc_error
@@ -78,6 +85,7 @@ Unauthenticated = UnauthenticatedError
 __all__ = [
     "DOMAIN",
     "AlreadyCompletedError",
+    "BudgetExceededError",
     "CompleteUnacknowledgedError",
     "CompletedByOtherError",
     "DefiniteFailureError",
@@ -89,6 +97,8 @@ __all__ = [
     "LeaseExpiredUnresolvedError",
     "OncegateError",
     "OutcomeUnknownError",
+    "PendingApprovalError",
+    "PolicyDeniedError",
     "RateLimitedError",
     "ReceiptDecodeError",
     "StoreUnavailableError",

@@ -22,6 +22,7 @@ from oncegate.v1.oncegate_pb2 import ErrorReason
 __all__ = [
     "DOMAIN",
     "AlreadyCompletedError",
+    "BudgetExceededError",
     "CompletedByOtherError",
     "FieldViolation",
     "ForbiddenScopeError",
@@ -30,6 +31,7 @@ __all__ = [
     "KeyReusedError",
     "LeaseExpiredUnresolvedError",
     "OncegateError",
+    "PolicyDeniedError",
     "RateLimitedError",
     "Settler",
     "StoreUnavailableError",
@@ -273,6 +275,36 @@ class RateLimitedError(OncegateError):
 
     REASON = ErrorReason.Name(ErrorReason.RATE_LIMITED)
     _RETRYABLE = True
+
+
+class PolicyDeniedError(OncegateError):
+    """An authorization policy forbids the action (or none permits it), or an operator denied its
+    approval. Nothing was recorded. Do not retry."""
+
+    REASON = ErrorReason.Name(ErrorReason.POLICY_DENIED)
+
+    @property
+    def policy_id(self) -> str:
+        """The deciding policy's id (empty when no policy permits the action)."""
+        return self.metadata.get("policy_id", "")
+
+    @property
+    def approval_id(self) -> str:
+        """The denied approval's id, when an operator denied it."""
+        return self.metadata.get("approval_id", "")
+
+
+class BudgetExceededError(OncegateError):
+    """A budget or velocity cap would be exceeded by this action. Nothing was recorded;
+    ``retry_after`` says when enough of the window frees up (``None``: the action alone is above
+    the limit)."""
+
+    REASON = ErrorReason.Name(ErrorReason.BUDGET_EXCEEDED)
+
+    @property
+    def budget(self) -> str:
+        """The budget's name."""
+        return self.metadata.get("budget", "")
 
 
 class TransportError(OncegateError):

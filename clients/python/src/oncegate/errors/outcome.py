@@ -14,12 +14,13 @@ from typing import TYPE_CHECKING, Any
 from oncegate.errors.gate import OncegateError, UnsettledGrant
 
 if TYPE_CHECKING:
-    from oncegate.models import ActionRef, Completion, Grant
+    from oncegate.models import ActionRef, Approval, Completion, Grant
 
 __all__ = [
     "CompleteUnacknowledgedError",
     "DefiniteFailureError",
     "OutcomeUnknownError",
+    "PendingApprovalError",
     "ReceiptDecodeError",
 ]
 
@@ -38,6 +39,26 @@ class DefiniteFailureError(OncegateError):
 
     def __str__(self) -> str:
         return Exception.__str__(self)
+
+
+class PendingApprovalError(OncegateError):
+    """A rule holds the action for an operator's approval (``DECISION_PENDING_APPROVAL``): nothing
+    ran, and this is not a grant. Once an operator approves ``approval.id``, the same request (same
+    key fields) is granted once; a changed request needs its own approval.
+    """
+
+    def __init__(self, message: str, *, action: ActionRef, approval: Approval) -> None:
+        super().__init__(message)
+        self.action = action
+        self.approval = approval
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)
+
+    @property
+    def approval_id(self) -> str:
+        """The approval to wait for."""
+        return self.approval.id
 
 
 class OutcomeUnknownError(UnsettledGrant, OncegateError):

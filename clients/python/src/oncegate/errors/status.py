@@ -19,6 +19,7 @@ from google.rpc import error_details_pb2, status_pb2  # type: ignore[import-unty
 from oncegate.errors.gate import (
     DOMAIN,
     AlreadyCompletedError,
+    BudgetExceededError,
     CompletedByOtherError,
     FieldViolation,
     ForbiddenScopeError,
@@ -27,6 +28,7 @@ from oncegate.errors.gate import (
     KeyReusedError,
     LeaseExpiredUnresolvedError,
     OncegateError,
+    PolicyDeniedError,
     RateLimitedError,
     StoreUnavailableError,
     TokenMismatchError,
@@ -58,13 +60,17 @@ BY_REASON: Mapping[str, type[OncegateError]] = {
             ForbiddenScopeError,
             StoreUnavailableError,
             RateLimitedError,
+            PolicyDeniedError,
+            BudgetExceededError,
         )
         if cls.REASON is not None
     },
-    # Two reasons get the generic class, with `reason` set: LEASE_NOT_EXPIRED answers only the
-    # operator RPC ResolveExpired, which this client does not call; INTERNAL is a fault on the
-    # server's side (logged there) that a caller can only report, not handle or retry.
+    # Three reasons get the generic class, with `reason` set: LEASE_NOT_EXPIRED and
+    # APPROVAL_NOT_PENDING answer only operator RPCs (ResolveExpired, DecideApproval), which this
+    # client does not call; INTERNAL is a fault on the server's side (logged there) that a caller
+    # can only report, not handle or retry.
     ErrorReason.Name(ErrorReason.LEASE_NOT_EXPIRED): OncegateError,
+    ErrorReason.Name(ErrorReason.APPROVAL_NOT_PENDING): OncegateError,
     ErrorReason.Name(ErrorReason.INTERNAL): OncegateError,
 }
 """The exception class of each ``ErrorReason`` (every value but ``ERROR_REASON_UNSPECIFIED``)."""

@@ -24,10 +24,11 @@ from oncegate.errors import (
     InProgressError,
     OncegateError,
     OutcomeUnknownError,
+    PendingApprovalError,
     ReceiptDecodeError,
 )
 from oncegate.guard.options import GuardOptions, Request
-from oncegate.models import ActionRef, Completion, Grant
+from oncegate.models import ActionRef, Completion, Grant, RequestTokenResult
 
 __all__ = [
     "Settlement",
@@ -42,6 +43,7 @@ __all__ = [
     "log_release_failed",
     "no_result",
     "not_acknowledged",
+    "pending_approval",
     "reconcile_hint",
     "settlement",
     "unknown_outcome",
@@ -149,6 +151,18 @@ def settlement(exc: BaseException | None, definite: tuple[type[BaseException], .
     if not isinstance(exc, Exception):
         return "interrupted"
     return "release" if is_definite(exc, definite) else "unknown"
+
+
+def pending_approval(request: Request, answer: RequestTokenResult) -> PendingApprovalError:
+    """The error a held action raises: nothing ran, an operator must approve it first."""
+    assert answer.approval is not None
+    approval = answer.approval
+    return PendingApprovalError(
+        f"{request.action} waits for an operator's approval {approval.id} ({approval.reason}); "
+        "ask again with the same request once it is approved",
+        action=answer.action,
+        approval=approval,
+    )
 
 
 def reconcile_hint(grant: Grant) -> str:

@@ -16,6 +16,7 @@ class Decision(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DECISION_UNSPECIFIED: _ClassVar[Decision]
     DECISION_GRANTED: _ClassVar[Decision]
     DECISION_ALREADY_COMPLETED: _ClassVar[Decision]
+    DECISION_PENDING_APPROVAL: _ClassVar[Decision]
 
 class CompletionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -36,6 +37,14 @@ class ActionState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACTION_STATE_AUTHORIZED: _ClassVar[ActionState]
     ACTION_STATE_COMPLETED: _ClassVar[ActionState]
     ACTION_STATE_EXPIRED: _ClassVar[ActionState]
+
+class ApprovalState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPROVAL_STATE_UNSPECIFIED: _ClassVar[ApprovalState]
+    APPROVAL_STATE_PENDING: _ClassVar[ApprovalState]
+    APPROVAL_STATE_APPROVED: _ClassVar[ApprovalState]
+    APPROVAL_STATE_DENIED: _ClassVar[ApprovalState]
+    APPROVAL_STATE_USED: _ClassVar[ApprovalState]
 
 class Resolution(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -60,9 +69,13 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RATE_LIMITED: _ClassVar[ErrorReason]
     STORE_UNAVAILABLE: _ClassVar[ErrorReason]
     INTERNAL: _ClassVar[ErrorReason]
+    POLICY_DENIED: _ClassVar[ErrorReason]
+    BUDGET_EXCEEDED: _ClassVar[ErrorReason]
+    APPROVAL_NOT_PENDING: _ClassVar[ErrorReason]
 DECISION_UNSPECIFIED: Decision
 DECISION_GRANTED: Decision
 DECISION_ALREADY_COMPLETED: Decision
+DECISION_PENDING_APPROVAL: Decision
 COMPLETION_SOURCE_UNSPECIFIED: CompletionSource
 COMPLETION_SOURCE_WORKER: CompletionSource
 COMPLETION_SOURCE_OPERATOR: CompletionSource
@@ -74,6 +87,11 @@ ACTION_STATE_ABSENT: ActionState
 ACTION_STATE_AUTHORIZED: ActionState
 ACTION_STATE_COMPLETED: ActionState
 ACTION_STATE_EXPIRED: ActionState
+APPROVAL_STATE_UNSPECIFIED: ApprovalState
+APPROVAL_STATE_PENDING: ApprovalState
+APPROVAL_STATE_APPROVED: ApprovalState
+APPROVAL_STATE_DENIED: ApprovalState
+APPROVAL_STATE_USED: ApprovalState
 RESOLUTION_UNSPECIFIED: Resolution
 RESOLUTION_COMPLETED: Resolution
 RESOLUTION_FAILED: Resolution
@@ -92,6 +110,9 @@ FORBIDDEN_SCOPE: ErrorReason
 RATE_LIMITED: ErrorReason
 STORE_UNAVAILABLE: ErrorReason
 INTERNAL: ErrorReason
+POLICY_DENIED: ErrorReason
+BUDGET_EXCEEDED: ErrorReason
+APPROVAL_NOT_PENDING: ErrorReason
 
 class Scope(_message.Message):
     __slots__ = ("agent_id", "run_id")
@@ -128,20 +149,34 @@ class RequestTokenRequest(_message.Message):
     def __init__(self, scope: _Optional[_Union[Scope, _Mapping]] = ..., action: _Optional[str] = ..., params_json: _Optional[str] = ..., intent_id: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., holder: _Optional[str] = ..., lease_ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RequestTokenResponse(_message.Message):
-    __slots__ = ("decision", "action", "fingerprint", "grant", "completion", "redelivered")
+    __slots__ = ("decision", "action", "fingerprint", "grant", "completion", "redelivered", "approval")
     DECISION_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     GRANT_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_FIELD_NUMBER: _ClassVar[int]
     REDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
     decision: Decision
     action: ActionRef
     fingerprint: str
     grant: Grant
     completion: Completion
     redelivered: bool
-    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., action: _Optional[_Union[ActionRef, _Mapping]] = ..., fingerprint: _Optional[str] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., redelivered: _Optional[bool] = ...) -> None: ...
+    approval: Approval
+    def __init__(self, decision: _Optional[_Union[Decision, str]] = ..., action: _Optional[_Union[ActionRef, _Mapping]] = ..., fingerprint: _Optional[str] = ..., grant: _Optional[_Union[Grant, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., redelivered: _Optional[bool] = ..., approval: _Optional[_Union[Approval, _Mapping]] = ...) -> None: ...
+
+class Approval(_message.Message):
+    __slots__ = ("id", "expires_at", "policy_id", "reason")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    POLICY_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    expires_at: _timestamp_pb2.Timestamp
+    policy_id: str
+    reason: str
+    def __init__(self, id: _Optional[str] = ..., expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., policy_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class Grant(_message.Message):
     __slots__ = ("token", "fencing", "lease_expires_at", "provider_key", "replicas_acknowledged", "statement")
@@ -254,6 +289,92 @@ class GetActionResponse(_message.Message):
     token: str
     provider_key: str
     def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
+
+class DecideApprovalRequest(_message.Message):
+    __slots__ = ("action", "approval_id", "approve", "note")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_ID_FIELD_NUMBER: _ClassVar[int]
+    APPROVE_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    approval_id: str
+    approve: bool
+    note: str
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., approval_id: _Optional[str] = ..., approve: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ApprovalEntry(_message.Message):
+    __slots__ = ("action", "approval", "state", "action_name", "fingerprint", "created_at", "operator", "note")
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ACTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    OPERATOR_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    action: ActionRef
+    approval: Approval
+    state: ApprovalState
+    action_name: str
+    fingerprint: str
+    created_at: _timestamp_pb2.Timestamp
+    operator: str
+    note: str
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., approval: _Optional[_Union[Approval, _Mapping]] = ..., state: _Optional[_Union[ApprovalState, str]] = ..., action_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., operator: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+
+class DecideApprovalResponse(_message.Message):
+    __slots__ = ("approval",)
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    approval: ApprovalEntry
+    def __init__(self, approval: _Optional[_Union[ApprovalEntry, _Mapping]] = ...) -> None: ...
+
+class ListApprovalsRequest(_message.Message):
+    __slots__ = ("agent_id", "page_size", "page_token")
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    page_size: int
+    page_token: str
+    def __init__(self, agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class ListApprovalsResponse(_message.Message):
+    __slots__ = ("approvals", "next_page_token")
+    APPROVALS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    approvals: _containers.RepeatedCompositeFieldContainer[ApprovalEntry]
+    next_page_token: str
+    def __init__(self, approvals: _Optional[_Iterable[_Union[ApprovalEntry, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetBudgetsRequest(_message.Message):
+    __slots__ = ("agent_id",)
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
+
+class BudgetUsage(_message.Message):
+    __slots__ = ("budget", "action_name", "group", "used", "limit", "window", "next_release_at")
+    BUDGET_FIELD_NUMBER: _ClassVar[int]
+    ACTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    NEXT_RELEASE_AT_FIELD_NUMBER: _ClassVar[int]
+    budget: str
+    action_name: str
+    group: str
+    used: str
+    limit: str
+    window: _duration_pb2.Duration
+    next_release_at: _timestamp_pb2.Timestamp
+    def __init__(self, budget: _Optional[str] = ..., action_name: _Optional[str] = ..., group: _Optional[str] = ..., used: _Optional[str] = ..., limit: _Optional[str] = ..., window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., next_release_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetBudgetsResponse(_message.Message):
+    __slots__ = ("budgets",)
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
+    budgets: _containers.RepeatedCompositeFieldContainer[BudgetUsage]
+    def __init__(self, budgets: _Optional[_Iterable[_Union[BudgetUsage, _Mapping]]] = ...) -> None: ...
 
 class RecordExternalCompletionRequest(_message.Message):
     __slots__ = ("action", "receipt", "note", "action_name", "params_json", "intent_id")

@@ -314,6 +314,21 @@ class GateAdminServiceStub:
                 request_serializer=oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsRequest.SerializeToString,
                 response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsResponse.FromString,
                 _registered_method=True)
+        self.DecideApproval = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/DecideApproval',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.DecideApprovalRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.DecideApprovalResponse.FromString,
+                _registered_method=True)
+        self.ListApprovals = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/ListApprovals',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListApprovalsRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListApprovalsResponse.FromString,
+                _registered_method=True)
+        self.GetBudgets = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/GetBudgets',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsResponse.FromString,
+                _registered_method=True)
 
 
 class GateAdminServiceServicer:
@@ -357,6 +372,32 @@ class GateAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DecideApproval(self, request, context):
+        """Approves or denies one action held for approval. An approval covers the next RequestToken of
+        the same action key with the same request hash, once; a denial refuses it (POLICY_DENIED)
+        until the approval lapses. Deciding the same way again is a no-op; anything else that is not
+        pending is APPROVAL_NOT_PENDING.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListApprovals(self, request, context):
+        """Lists the approvals of one agent that are pending, approved but unused, or denied, and not
+        lapsed, oldest first, a page at a time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBudgets(self, request, context):
+        """Reads one agent's budgets and velocity caps as they stand: every bucket it has used within
+        its window, with what is used and the limit.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GateAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -379,6 +420,21 @@ def add_GateAdminServiceServicer_to_server(servicer, server):
                     servicer.ExportReceipts,
                     request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsRequest.FromString,
                     response_serializer=oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsResponse.SerializeToString,
+            ),
+            'DecideApproval': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideApproval,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.DecideApprovalRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.DecideApprovalResponse.SerializeToString,
+            ),
+            'ListApprovals': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListApprovals,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListApprovalsRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListApprovalsResponse.SerializeToString,
+            ),
+            'GetBudgets': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBudgets,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -491,6 +547,87 @@ class GateAdminService:
             '/oncegate.v1.GateAdminService/ExportReceipts',
             oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsRequest.SerializeToString,
             oncegate_dot_v1_dot_oncegate__pb2.ExportReceiptsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideApproval(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/DecideApproval',
+            oncegate_dot_v1_dot_oncegate__pb2.DecideApprovalRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.DecideApprovalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListApprovals(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/ListApprovals',
+            oncegate_dot_v1_dot_oncegate__pb2.ListApprovalsRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.ListApprovalsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBudgets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/GetBudgets',
+            oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -22,7 +22,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file oncegate/v1/oncegate.proto.
  */
 export const file_oncegate_v1_oncegate: GenFile = /*@__PURE__*/
-  fileDesc("ChpvbmNlZ2F0ZS92MS9vbmNlZ2F0ZS5wcm90bxILb25jZWdhdGUudjEiKQoFU2NvcGUSEAoIYWdlbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJIjsKCUFjdGlvblJlZhIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEgsKA2tleRgCIAEoCSLHAQoTUmVxdWVzdFRva2VuUmVxdWVzdBIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEg4KBmFjdGlvbhgCIAEoCRITCgtwYXJhbXNfanNvbhgDIAEoCRIRCglpbnRlbnRfaWQYBCABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAUgASgJEg4KBmhvbGRlchgGIAEoCRIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24i4QEKFFJlcXVlc3RUb2tlblJlc3BvbnNlEicKCGRlY2lzaW9uGAEgASgOMhUub25jZWdhdGUudjEuRGVjaXNpb24SJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEiEKBWdyYW50GAQgASgLMhIub25jZWdhdGUudjEuR3JhbnQSKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEwoLcmVkZWxpdmVyZWQYBiABKAgipQEKBUdyYW50Eg0KBXRva2VuGAEgASgJEg8KB2ZlbmNpbmcYAiABKAQSNAoQbGVhc2VfZXhwaXJlc19hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASFAoMcHJvdmlkZXJfa2V5GAQgASgJEh0KFXJlcGxpY2FzX2Fja25vd2xlZGdlZBgFIAEoDRIRCglzdGF0ZW1lbnQYBiABKAki3gEKCkNvbXBsZXRpb24SDwoHcmVjZWlwdBgBIAEoDBIwCgxjb21wbGV0ZWRfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEg8KB2ZlbmNpbmcYAyABKAQSDQoFdG9rZW4YBCABKAkSLQoGc291cmNlGAUgASgOMh0ub25jZWdhdGUudjEuQ29tcGxldGlvblNvdXJjZRIMCgRub3RlGAYgASgJEhAKCG9wZXJhdG9yGAcgASgJEgsKA3NlcRgIIAEoBBIRCglzdGF0ZW1lbnQYCSABKAkiWQoPQ29tcGxldGVSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhINCgV0b2tlbhgCIAEoCRIPCgdyZWNlaXB0GAMgASgMIj8KEENvbXBsZXRlUmVzcG9uc2USKwoKY29tcGxldGlvbhgBIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24icwoOUmVsZWFzZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEioKBnJlYXNvbhgDIAEoDjIaLm9uY2VnYXRlLnYxLlJlbGVhc2VSZWFzb24iIgoPUmVsZWFzZVJlc3BvbnNlEg8KB2ZlbmNpbmcYASABKAQicwoSRXh0ZW5kTGVhc2VSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhINCgV0b2tlbhgCIAEoCRImCgN0dGwYAyABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iSwoTRXh0ZW5kTGVhc2VSZXNwb25zZRI0ChBsZWFzZV9leHBpcmVzX2F0GAEgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI6ChBHZXRBY3Rpb25SZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZiL6AQoRR2V0QWN0aW9uUmVzcG9uc2USJwoFc3RhdGUYASABKA4yGC5vbmNlZ2F0ZS52MS5BY3Rpb25TdGF0ZRIPCgdmZW5jaW5nGAIgASgEEhMKC2ZpbmdlcnByaW50GAMgASgJEjQKEGxlYXNlX2V4cGlyZXNfYXQYBCABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEisKCmNvbXBsZXRpb24YBSABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uEg4KBmhvbGRlchgGIAEoCRINCgV0b2tlbhgHIAEoCRIUCgxwcm92aWRlcl9rZXkYCCABKAkipQEKH1JlY29yZEV4dGVybmFsQ29tcGxldGlvblJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg8KB3JlY2VpcHQYAiABKAwSDAoEbm90ZRgDIAEoCRITCgthY3Rpb25fbmFtZRgEIAEoCRITCgtwYXJhbXNfanNvbhgFIAEoCRIRCglpbnRlbnRfaWQYBiABKAkiYQogUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVzcG9uc2USKwoKY29tcGxldGlvbhgBIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEAoIcmVjb3JkZWQYAiABKAgiiwEKFVJlc29sdmVFeHBpcmVkUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSKwoKcmVzb2x1dGlvbhgCIAEoDjIXLm9uY2VnYXRlLnYxLlJlc29sdXRpb24SDwoHcmVjZWlwdBgDIAEoDBIMCgRub3RlGAQgASgJIlYKFlJlc29sdmVFeHBpcmVkUmVzcG9uc2USDwoHZmVuY2luZxgBIAEoBBIrCgpjb21wbGV0aW9uGAIgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbiJQChVMaXN0VW5yZXNvbHZlZFJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiywEKEFVucmVzb2x2ZWRBY3Rpb24SJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg8KB2ZlbmNpbmcYAiABKAQSNAoQbGVhc2VfZXhwaXJlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGaG9sZGVyGAQgASgJEhMKC2ZpbmdlcnByaW50GAUgASgJEg0KBXRva2VuGAYgASgJEhQKDHByb3ZpZGVyX2tleRgHIAEoCSJhChZMaXN0VW5yZXNvbHZlZFJlc3BvbnNlEi4KB2FjdGlvbnMYASADKAsyHS5vbmNlZ2F0ZS52MS5VbnJlc29sdmVkQWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJPChVFeHBvcnRSZWNlaXB0c1JlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgEEhEKCXBhZ2Vfc2l6ZRgDIAEoDSL1AQoMUmVjZWlwdEVudHJ5EgsKA3NlcRgBIAEoBBImCgZhY3Rpb24YAiABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSEwoLZmluZ2VycHJpbnQYAyABKAkSFgoOcmVjZWlwdF9kaWdlc3QYBCABKAkSDwoHZmVuY2luZxgFIAEoBBItCgZzb3VyY2UYBiABKA4yHS5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uU291cmNlEjAKDGNvbXBsZXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJc3RhdGVtZW50GAggASgJImoKFkV4cG9ydFJlY2VpcHRzUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLm9uY2VnYXRlLnYxLlJlY2VpcHRFbnRyeRIWCg5uZXh0X2FmdGVyX3NlcRgCIAEoBBIMCgRqd2tzGAMgASgJKloKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASFAoQREVDSVNJT05fR1JBTlRFRBABEh4KGkRFQ0lTSU9OX0FMUkVBRFlfQ09NUExFVEVEEAIqcwoQQ29tcGxldGlvblNvdXJjZRIhCh1DT01QTEVUSU9OX1NPVVJDRV9VTlNQRUNJRklFRBAAEhwKGENPTVBMRVRJT05fU09VUkNFX1dPUktFUhABEh4KGkNPTVBMRVRJT05fU09VUkNFX09QRVJBVE9SEAIqdgoNUmVsZWFzZVJlYXNvbhIeChpSRUxFQVNFX1JFQVNPTl9VTlNQRUNJRklFRBAAEiMKH1JFTEVBU0VfUkVBU09OX0RFRklOSVRFX0ZBSUxVUkUQARIgChxSRUxFQVNFX1JFQVNPTl9OT1RfQVRURU1QVEVEEAIqlwEKC0FjdGlvblN0YXRlEhwKGEFDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhcKE0FDVElPTl9TVEFURV9BQlNFTlQQARIbChdBQ1RJT05fU1RBVEVfQVVUSE9SSVpFRBACEhoKFkFDVElPTl9TVEFURV9DT01QTEVURUQQAxIYChRBQ1RJT05fU1RBVEVfRVhQSVJFRBAEKlkKClJlc29sdXRpb24SGgoWUkVTT0xVVElPTl9VTlNQRUNJRklFRBAAEhgKFFJFU09MVVRJT05fQ09NUExFVEVEEAESFQoRUkVTT0xVVElPTl9GQUlMRUQQAirlAgoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASGgoWSURFTVBPVEVOQ1lfS0VZX1JFVVNFRBABEhsKF0lERU1QT1RFTkNZX0lOX1BST0dSRVNTEAISHAoYTEVBU0VfRVhQSVJFRF9VTlJFU09MVkVEEAMSEgoOVE9LRU5fTUlTTUFUQ0gQBBIRCg1UT0tFTl9VTktOT1dOEAUSFgoSQ09NUExFVEVEX0JZX09USEVSEAYSFQoRQUxSRUFEWV9DT01QTEVURUQQBxIVChFMRUFTRV9OT1RfRVhQSVJFRBAIEhMKD0lOVkFMSURfUkVRVUVTVBAJEhMKD1VOQVVUSEVOVElDQVRFRBAKEhMKD0ZPUkJJRERFTl9TQ09QRRALEhAKDFJBVEVfTElNSVRFRBAMEhUKEVNUT1JFX1VOQVZBSUxBQkxFEA0SDAoISU5URVJOQUwQDjKVAwoRQWN0aW9uR2F0ZVNlcnZpY2USUwoMUmVxdWVzdFRva2VuEiAub25jZWdhdGUudjEuUmVxdWVzdFRva2VuUmVxdWVzdBohLm9uY2VnYXRlLnYxLlJlcXVlc3RUb2tlblJlc3BvbnNlEkcKCENvbXBsZXRlEhwub25jZWdhdGUudjEuQ29tcGxldGVSZXF1ZXN0Gh0ub25jZWdhdGUudjEuQ29tcGxldGVSZXNwb25zZRJECgdSZWxlYXNlEhsub25jZWdhdGUudjEuUmVsZWFzZVJlcXVlc3QaHC5vbmNlZ2F0ZS52MS5SZWxlYXNlUmVzcG9uc2USUAoLRXh0ZW5kTGVhc2USHy5vbmNlZ2F0ZS52MS5FeHRlbmRMZWFzZVJlcXVlc3QaIC5vbmNlZ2F0ZS52MS5FeHRlbmRMZWFzZVJlc3BvbnNlEkoKCUdldEFjdGlvbhIdLm9uY2VnYXRlLnYxLkdldEFjdGlvblJlcXVlc3QaHi5vbmNlZ2F0ZS52MS5HZXRBY3Rpb25SZXNwb25zZTKcAwoQR2F0ZUFkbWluU2VydmljZRJ3ChhSZWNvcmRFeHRlcm5hbENvbXBsZXRpb24SLC5vbmNlZ2F0ZS52MS5SZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXF1ZXN0Gi0ub25jZWdhdGUudjEuUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVzcG9uc2USWQoOUmVzb2x2ZUV4cGlyZWQSIi5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlc3BvbnNlElkKDkxpc3RVbnJlc29sdmVkEiIub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXF1ZXN0GiMub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXNwb25zZRJZCg5FeHBvcnRSZWNlaXB0cxIiLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVxdWVzdBojLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChpvbmNlZ2F0ZS92MS9vbmNlZ2F0ZS5wcm90bxILb25jZWdhdGUudjEiKQoFU2NvcGUSEAoIYWdlbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJIjsKCUFjdGlvblJlZhIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEgsKA2tleRgCIAEoCSLHAQoTUmVxdWVzdFRva2VuUmVxdWVzdBIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEg4KBmFjdGlvbhgCIAEoCRITCgtwYXJhbXNfanNvbhgDIAEoCRIRCglpbnRlbnRfaWQYBCABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAUgASgJEg4KBmhvbGRlchgGIAEoCRIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iigIKFFJlcXVlc3RUb2tlblJlc3BvbnNlEicKCGRlY2lzaW9uGAEgASgOMhUub25jZWdhdGUudjEuRGVjaXNpb24SJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEiEKBWdyYW50GAQgASgLMhIub25jZWdhdGUudjEuR3JhbnQSKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEwoLcmVkZWxpdmVyZWQYBiABKAgSJwoIYXBwcm92YWwYByABKAsyFS5vbmNlZ2F0ZS52MS5BcHByb3ZhbCJpCghBcHByb3ZhbBIKCgJpZBgBIAEoCRIuCgpleHBpcmVzX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglwb2xpY3lfaWQYAyABKAkSDgoGcmVhc29uGAQgASgJIqUBCgVHcmFudBINCgV0b2tlbhgBIAEoCRIPCgdmZW5jaW5nGAIgASgEEjQKEGxlYXNlX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhQKDHByb3ZpZGVyX2tleRgEIAEoCRIdChVyZXBsaWNhc19hY2tub3dsZWRnZWQYBSABKA0SEQoJc3RhdGVtZW50GAYgASgJIt4BCgpDb21wbGV0aW9uEg8KB3JlY2VpcHQYASABKAwSMAoMY29tcGxldGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdmZW5jaW5nGAMgASgEEg0KBXRva2VuGAQgASgJEi0KBnNvdXJjZRgFIAEoDjIdLm9uY2VnYXRlLnYxLkNvbXBsZXRpb25Tb3VyY2USDAoEbm90ZRgGIAEoCRIQCghvcGVyYXRvchgHIAEoCRILCgNzZXEYCCABKAQSEQoJc3RhdGVtZW50GAkgASgJIlkKD0NvbXBsZXRlUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDQoFdG9rZW4YAiABKAkSDwoHcmVjZWlwdBgDIAEoDCI/ChBDb21wbGV0ZVJlc3BvbnNlEisKCmNvbXBsZXRpb24YASABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uInMKDlJlbGVhc2VSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhINCgV0b2tlbhgCIAEoCRIqCgZyZWFzb24YAyABKA4yGi5vbmNlZ2F0ZS52MS5SZWxlYXNlUmVhc29uIiIKD1JlbGVhc2VSZXNwb25zZRIPCgdmZW5jaW5nGAEgASgEInMKEkV4dGVuZExlYXNlUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDQoFdG9rZW4YAiABKAkSJgoDdHRsGAMgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uIksKE0V4dGVuZExlYXNlUmVzcG9uc2USNAoQbGVhc2VfZXhwaXJlc19hdBgBIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiOgoQR2V0QWN0aW9uUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYi+gEKEUdldEFjdGlvblJlc3BvbnNlEicKBXN0YXRlGAEgASgOMhgub25jZWdhdGUudjEuQWN0aW9uU3RhdGUSDwoHZmVuY2luZxgCIAEoBBITCgtmaW5nZXJwcmludBgDIAEoCRI0ChBsZWFzZV9leHBpcmVzX2F0GAQgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIrCgpjb21wbGV0aW9uGAUgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbhIOCgZob2xkZXIYBiABKAkSDQoFdG9rZW4YByABKAkSFAoMcHJvdmlkZXJfa2V5GAggASgJInMKFURlY2lkZUFwcHJvdmFsUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSEwoLYXBwcm92YWxfaWQYAiABKAkSDwoHYXBwcm92ZRgDIAEoCBIMCgRub3RlGAQgASgJIoUCCg1BcHByb3ZhbEVudHJ5EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhInCghhcHByb3ZhbBgCIAEoCzIVLm9uY2VnYXRlLnYxLkFwcHJvdmFsEikKBXN0YXRlGAMgASgOMhoub25jZWdhdGUudjEuQXBwcm92YWxTdGF0ZRITCgthY3Rpb25fbmFtZRgEIAEoCRITCgtmaW5nZXJwcmludBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghvcGVyYXRvchgHIAEoCRIMCgRub3RlGAggASgJIkYKFkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USLAoIYXBwcm92YWwYASABKAsyGi5vbmNlZ2F0ZS52MS5BcHByb3ZhbEVudHJ5Ik8KFExpc3RBcHByb3ZhbHNSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJIl8KFUxpc3RBcHByb3ZhbHNSZXNwb25zZRItCglhcHByb3ZhbHMYASADKAsyGi5vbmNlZ2F0ZS52MS5BcHByb3ZhbEVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIlChFHZXRCdWRnZXRzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSK+AQoLQnVkZ2V0VXNhZ2USDgoGYnVkZ2V0GAEgASgJEhMKC2FjdGlvbl9uYW1lGAIgASgJEg0KBWdyb3VwGAMgASgJEgwKBHVzZWQYBCABKAkSDQoFbGltaXQYBSABKAkSKQoGd2luZG93GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjMKD25leHRfcmVsZWFzZV9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiPwoSR2V0QnVkZ2V0c1Jlc3BvbnNlEikKB2J1ZGdldHMYASADKAsyGC5vbmNlZ2F0ZS52MS5CdWRnZXRVc2FnZSKlAQofUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHcmVjZWlwdBgCIAEoDBIMCgRub3RlGAMgASgJEhMKC2FjdGlvbl9uYW1lGAQgASgJEhMKC3BhcmFtc19qc29uGAUgASgJEhEKCWludGVudF9pZBgGIAEoCSJhCiBSZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXNwb25zZRIrCgpjb21wbGV0aW9uGAEgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbhIQCghyZWNvcmRlZBgCIAEoCCKLAQoVUmVzb2x2ZUV4cGlyZWRSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhIrCgpyZXNvbHV0aW9uGAIgASgOMhcub25jZWdhdGUudjEuUmVzb2x1dGlvbhIPCgdyZWNlaXB0GAMgASgMEgwKBG5vdGUYBCABKAkiVgoWUmVzb2x2ZUV4cGlyZWRSZXNwb25zZRIPCgdmZW5jaW5nGAEgASgEEisKCmNvbXBsZXRpb24YAiABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uIlAKFUxpc3RVbnJlc29sdmVkUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSLLAQoQVW5yZXNvbHZlZEFjdGlvbhImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHZmVuY2luZxgCIAEoBBI0ChBsZWFzZV9leHBpcmVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZob2xkZXIYBCABKAkSEwoLZmluZ2VycHJpbnQYBSABKAkSDQoFdG9rZW4YBiABKAkSFAoMcHJvdmlkZXJfa2V5GAcgASgJImEKFkxpc3RVbnJlc29sdmVkUmVzcG9uc2USLgoHYWN0aW9ucxgBIAMoCzIdLm9uY2VnYXRlLnYxLlVucmVzb2x2ZWRBY3Rpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KFUV4cG9ydFJlY2VpcHRzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSEQoJcGFnZV9zaXplGAMgASgNIvUBCgxSZWNlaXB0RW50cnkSCwoDc2VxGAEgASgEEiYKBmFjdGlvbhgCIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhITCgtmaW5nZXJwcmludBgDIAEoCRIWCg5yZWNlaXB0X2RpZ2VzdBgEIAEoCRIPCgdmZW5jaW5nGAUgASgEEi0KBnNvdXJjZRgGIAEoDjIdLm9uY2VnYXRlLnYxLkNvbXBsZXRpb25Tb3VyY2USMAoMY29tcGxldGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglzdGF0ZW1lbnQYCCABKAkiagoWRXhwb3J0UmVjZWlwdHNSZXNwb25zZRIqCgdlbnRyaWVzGAEgAygLMhkub25jZWdhdGUudjEuUmVjZWlwdEVudHJ5EhYKDm5leHRfYWZ0ZXJfc2VxGAIgASgEEgwKBGp3a3MYAyABKAkqeQoIRGVjaXNpb24SGAoUREVDSVNJT05fVU5TUEVDSUZJRUQQABIUChBERUNJU0lPTl9HUkFOVEVEEAESHgoaREVDSVNJT05fQUxSRUFEWV9DT01QTEVURUQQAhIdChlERUNJU0lPTl9QRU5ESU5HX0FQUFJPVkFMEAMqcwoQQ29tcGxldGlvblNvdXJjZRIhCh1DT01QTEVUSU9OX1NPVVJDRV9VTlNQRUNJRklFRBAAEhwKGENPTVBMRVRJT05fU09VUkNFX1dPUktFUhABEh4KGkNPTVBMRVRJT05fU09VUkNFX09QRVJBVE9SEAIqdgoNUmVsZWFzZVJlYXNvbhIeChpSRUxFQVNFX1JFQVNPTl9VTlNQRUNJRklFRBAAEiMKH1JFTEVBU0VfUkVBU09OX0RFRklOSVRFX0ZBSUxVUkUQARIgChxSRUxFQVNFX1JFQVNPTl9OT1RfQVRURU1QVEVEEAIqlwEKC0FjdGlvblN0YXRlEhwKGEFDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhcKE0FDVElPTl9TVEFURV9BQlNFTlQQARIbChdBQ1RJT05fU1RBVEVfQVVUSE9SSVpFRBACEhoKFkFDVElPTl9TVEFURV9DT01QTEVURUQQAxIYChRBQ1RJT05fU1RBVEVfRVhQSVJFRBAEKpwBCg1BcHByb3ZhbFN0YXRlEh4KGkFQUFJPVkFMX1NUQVRFX1VOU1BFQ0lGSUVEEAASGgoWQVBQUk9WQUxfU1RBVEVfUEVORElORxABEhsKF0FQUFJPVkFMX1NUQVRFX0FQUFJPVkVEEAISGQoVQVBQUk9WQUxfU1RBVEVfREVOSUVEEAMSFwoTQVBQUk9WQUxfU1RBVEVfVVNFRBAEKlkKClJlc29sdXRpb24SGgoWUkVTT0xVVElPTl9VTlNQRUNJRklFRBAAEhgKFFJFU09MVVRJT05fQ09NUExFVEVEEAESFQoRUkVTT0xVVElPTl9GQUlMRUQQAiqnAwoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASGgoWSURFTVBPVEVOQ1lfS0VZX1JFVVNFRBABEhsKF0lERU1QT1RFTkNZX0lOX1BST0dSRVNTEAISHAoYTEVBU0VfRVhQSVJFRF9VTlJFU09MVkVEEAMSEgoOVE9LRU5fTUlTTUFUQ0gQBBIRCg1UT0tFTl9VTktOT1dOEAUSFgoSQ09NUExFVEVEX0JZX09USEVSEAYSFQoRQUxSRUFEWV9DT01QTEVURUQQBxIVChFMRUFTRV9OT1RfRVhQSVJFRBAIEhMKD0lOVkFMSURfUkVRVUVTVBAJEhMKD1VOQVVUSEVOVElDQVRFRBAKEhMKD0ZPUkJJRERFTl9TQ09QRRALEhAKDFJBVEVfTElNSVRFRBAMEhUKEVNUT1JFX1VOQVZBSUxBQkxFEA0SDAoISU5URVJOQUwQDhIRCg1QT0xJQ1lfREVOSUVEEA8SEwoPQlVER0VUX0VYQ0VFREVEEBASGAoUQVBQUk9WQUxfTk9UX1BFTkRJTkcQETKVAwoRQWN0aW9uR2F0ZVNlcnZpY2USUwoMUmVxdWVzdFRva2VuEiAub25jZWdhdGUudjEuUmVxdWVzdFRva2VuUmVxdWVzdBohLm9uY2VnYXRlLnYxLlJlcXVlc3RUb2tlblJlc3BvbnNlEkcKCENvbXBsZXRlEhwub25jZWdhdGUudjEuQ29tcGxldGVSZXF1ZXN0Gh0ub25jZWdhdGUudjEuQ29tcGxldGVSZXNwb25zZRJECgdSZWxlYXNlEhsub25jZWdhdGUudjEuUmVsZWFzZVJlcXVlc3QaHC5vbmNlZ2F0ZS52MS5SZWxlYXNlUmVzcG9uc2USUAoLRXh0ZW5kTGVhc2USHy5vbmNlZ2F0ZS52MS5FeHRlbmRMZWFzZVJlcXVlc3QaIC5vbmNlZ2F0ZS52MS5FeHRlbmRMZWFzZVJlc3BvbnNlEkoKCUdldEFjdGlvbhIdLm9uY2VnYXRlLnYxLkdldEFjdGlvblJlcXVlc3QaHi5vbmNlZ2F0ZS52MS5HZXRBY3Rpb25SZXNwb25zZTKeBQoQR2F0ZUFkbWluU2VydmljZRJ3ChhSZWNvcmRFeHRlcm5hbENvbXBsZXRpb24SLC5vbmNlZ2F0ZS52MS5SZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXF1ZXN0Gi0ub25jZWdhdGUudjEuUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVzcG9uc2USWQoOUmVzb2x2ZUV4cGlyZWQSIi5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlc3BvbnNlElkKDkxpc3RVbnJlc29sdmVkEiIub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXF1ZXN0GiMub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXNwb25zZRJZCg5FeHBvcnRSZWNlaXB0cxIiLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVxdWVzdBojLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVzcG9uc2USWQoORGVjaWRlQXBwcm92YWwSIi5vbmNlZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlElYKDUxpc3RBcHByb3ZhbHMSIS5vbmNlZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBoiLm9uY2VnYXRlLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJNCgpHZXRCdWRnZXRzEh4ub25jZWdhdGUudjEuR2V0QnVkZ2V0c1JlcXVlc3QaHy5vbmNlZ2F0ZS52MS5HZXRCdWRnZXRzUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Who acts: the agent and the workflow run the action belongs to.
@@ -195,6 +195,13 @@ export type RequestTokenResponse = Message<"oncegate.v1.RequestTokenResponse"> &
    * @generated from field: bool redelivered = 6;
    */
   redelivered: boolean;
+
+  /**
+   * Set when decision is DECISION_PENDING_APPROVAL.
+   *
+   * @generated from field: oncegate.v1.Approval approval = 7;
+   */
+  approval?: Approval | undefined;
 };
 
 /**
@@ -203,6 +210,48 @@ export type RequestTokenResponse = Message<"oncegate.v1.RequestTokenResponse"> &
  */
 export const RequestTokenResponseSchema: GenMessage<RequestTokenResponse> = /*@__PURE__*/
   messageDesc(file_oncegate_v1_oncegate, 3);
+
+/**
+ * An action held for an operator's approval, bound to one action key and its request hash.
+ *
+ * @generated from message oncegate.v1.Approval
+ */
+export type Approval = Message<"oncegate.v1.Approval"> & {
+  /**
+   * The approval's id: pass it, with the action, to GateAdminService.DecideApproval.
+   *
+   * @generated from field: string id = 1;
+   */
+  id: string;
+
+  /**
+   * When the approval lapses unless used (store clock); a lapsed one is asked for anew.
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 2;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * The id of the authorization policy that held the action.
+   *
+   * @generated from field: string policy_id = 3;
+   */
+  policyId: string;
+
+  /**
+   * The policy's `@hold("...")` text: why it needs a human.
+   *
+   * @generated from field: string reason = 4;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message oncegate.v1.Approval.
+ * Use `create(ApprovalSchema)` to create a new message.
+ */
+export const ApprovalSchema: GenMessage<Approval> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 4);
 
 /**
  * The one-shot authorization for one attempt.
@@ -266,7 +315,7 @@ export type Grant = Message<"oncegate.v1.Grant"> & {
  * Use `create(GrantSchema)` to create a new message.
  */
 export const GrantSchema: GenMessage<Grant> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 4);
+  messageDesc(file_oncegate_v1_oncegate, 5);
 
 /**
  * The recorded outcome of an action.
@@ -347,7 +396,7 @@ export type Completion = Message<"oncegate.v1.Completion"> & {
  * Use `create(CompletionSchema)` to create a new message.
  */
 export const CompletionSchema: GenMessage<Completion> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 5);
+  messageDesc(file_oncegate_v1_oncegate, 6);
 
 /**
  * Records that an attempt ran and what it returned.
@@ -382,7 +431,7 @@ export type CompleteRequest = Message<"oncegate.v1.CompleteRequest"> & {
  * Use `create(CompleteRequestSchema)` to create a new message.
  */
 export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 6);
+  messageDesc(file_oncegate_v1_oncegate, 7);
 
 /**
  * The answer to Complete.
@@ -403,7 +452,7 @@ export type CompleteResponse = Message<"oncegate.v1.CompleteResponse"> & {
  * Use `create(CompleteResponseSchema)` to create a new message.
  */
 export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 7);
+  messageDesc(file_oncegate_v1_oncegate, 8);
 
 /**
  * Gives a token back so the action can be granted again.
@@ -438,7 +487,7 @@ export type ReleaseRequest = Message<"oncegate.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 8);
+  messageDesc(file_oncegate_v1_oncegate, 9);
 
 /**
  * The answer to Release.
@@ -459,7 +508,7 @@ export type ReleaseResponse = Message<"oncegate.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 9);
+  messageDesc(file_oncegate_v1_oncegate, 10);
 
 /**
  * Extends the lease of a live token.
@@ -494,7 +543,7 @@ export type ExtendLeaseRequest = Message<"oncegate.v1.ExtendLeaseRequest"> & {
  * Use `create(ExtendLeaseRequestSchema)` to create a new message.
  */
 export const ExtendLeaseRequestSchema: GenMessage<ExtendLeaseRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 10);
+  messageDesc(file_oncegate_v1_oncegate, 11);
 
 /**
  * The answer to ExtendLease.
@@ -515,7 +564,7 @@ export type ExtendLeaseResponse = Message<"oncegate.v1.ExtendLeaseResponse"> & {
  * Use `create(ExtendLeaseResponseSchema)` to create a new message.
  */
 export const ExtendLeaseResponseSchema: GenMessage<ExtendLeaseResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 11);
+  messageDesc(file_oncegate_v1_oncegate, 12);
 
 /**
  * Reads one action's record.
@@ -536,7 +585,7 @@ export type GetActionRequest = Message<"oncegate.v1.GetActionRequest"> & {
  * Use `create(GetActionRequestSchema)` to create a new message.
  */
 export const GetActionRequestSchema: GenMessage<GetActionRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 12);
+  messageDesc(file_oncegate_v1_oncegate, 13);
 
 /**
  * The record of one action as it stands.
@@ -612,7 +661,310 @@ export type GetActionResponse = Message<"oncegate.v1.GetActionResponse"> & {
  * Use `create(GetActionResponseSchema)` to create a new message.
  */
 export const GetActionResponseSchema: GenMessage<GetActionResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 13);
+  messageDesc(file_oncegate_v1_oncegate, 14);
+
+/**
+ * An operator's decision on a held action.
+ *
+ * @generated from message oncegate.v1.DecideApprovalRequest
+ */
+export type DecideApprovalRequest = Message<"oncegate.v1.DecideApprovalRequest"> & {
+  /**
+   * The held action, as RequestToken returned it.
+   *
+   * @generated from field: oncegate.v1.ActionRef action = 1;
+   */
+  action?: ActionRef | undefined;
+
+  /**
+   * The approval's id.
+   *
+   * @generated from field: string approval_id = 2;
+   */
+  approvalId: string;
+
+  /**
+   * True to approve, false to deny.
+   *
+   * @generated from field: bool approve = 3;
+   */
+  approve: boolean;
+
+  /**
+   * Why, by whom, which ticket (at most 1 KiB); kept with the approval and audited.
+   *
+   * @generated from field: string note = 4;
+   */
+  note: string;
+};
+
+/**
+ * Describes the message oncegate.v1.DecideApprovalRequest.
+ * Use `create(DecideApprovalRequestSchema)` to create a new message.
+ */
+export const DecideApprovalRequestSchema: GenMessage<DecideApprovalRequest> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 15);
+
+/**
+ * One approval as it stands.
+ *
+ * @generated from message oncegate.v1.ApprovalEntry
+ */
+export type ApprovalEntry = Message<"oncegate.v1.ApprovalEntry"> & {
+  /**
+   * The held action.
+   *
+   * @generated from field: oncegate.v1.ActionRef action = 1;
+   */
+  action?: ActionRef | undefined;
+
+  /**
+   * The approval (id, lapse, policy, reason).
+   *
+   * @generated from field: oncegate.v1.Approval approval = 2;
+   */
+  approval?: Approval | undefined;
+
+  /**
+   * Where it stands.
+   *
+   * @generated from field: oncegate.v1.ApprovalState state = 3;
+   */
+  state: ApprovalState;
+
+  /**
+   * The action type it was asked for.
+   *
+   * @generated from field: string action_name = 4;
+   */
+  actionName: string;
+
+  /**
+   * The request hash it is bound to.
+   *
+   * @generated from field: string fingerprint = 5;
+   */
+  fingerprint: string;
+
+  /**
+   * When it was asked for (store clock).
+   *
+   * @generated from field: google.protobuf.Timestamp created_at = 6;
+   */
+  createdAt?: Timestamp | undefined;
+
+  /**
+   * The operator principal that decided it, if any.
+   *
+   * @generated from field: string operator = 7;
+   */
+  operator: string;
+
+  /**
+   * The operator's note, if any.
+   *
+   * @generated from field: string note = 8;
+   */
+  note: string;
+};
+
+/**
+ * Describes the message oncegate.v1.ApprovalEntry.
+ * Use `create(ApprovalEntrySchema)` to create a new message.
+ */
+export const ApprovalEntrySchema: GenMessage<ApprovalEntry> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 16);
+
+/**
+ * The answer to DecideApproval.
+ *
+ * @generated from message oncegate.v1.DecideApprovalResponse
+ */
+export type DecideApprovalResponse = Message<"oncegate.v1.DecideApprovalResponse"> & {
+  /**
+   * The approval after the decision.
+   *
+   * @generated from field: oncegate.v1.ApprovalEntry approval = 1;
+   */
+  approval?: ApprovalEntry | undefined;
+};
+
+/**
+ * Describes the message oncegate.v1.DecideApprovalResponse.
+ * Use `create(DecideApprovalResponseSchema)` to create a new message.
+ */
+export const DecideApprovalResponseSchema: GenMessage<DecideApprovalResponse> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 17);
+
+/**
+ * Asks for a page of one agent's approvals.
+ *
+ * @generated from message oncegate.v1.ListApprovalsRequest
+ */
+export type ListApprovalsRequest = Message<"oncegate.v1.ListApprovalsRequest"> & {
+  /**
+   * The agent (required).
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+
+  /**
+   * The most entries to return (1 to 1000; 100 when 0).
+   *
+   * @generated from field: uint32 page_size = 2;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first.
+   *
+   * @generated from field: string page_token = 3;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message oncegate.v1.ListApprovalsRequest.
+ * Use `create(ListApprovalsRequestSchema)` to create a new message.
+ */
+export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 18);
+
+/**
+ * A page of approvals.
+ *
+ * @generated from message oncegate.v1.ListApprovalsResponse
+ */
+export type ListApprovalsResponse = Message<"oncegate.v1.ListApprovalsResponse"> & {
+  /**
+   * Oldest first.
+   *
+   * @generated from field: repeated oncegate.v1.ApprovalEntry approvals = 1;
+   */
+  approvals: ApprovalEntry[];
+
+  /**
+   * Pass it as `page_token` for the next page; empty when there is none.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message oncegate.v1.ListApprovalsResponse.
+ * Use `create(ListApprovalsResponseSchema)` to create a new message.
+ */
+export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 19);
+
+/**
+ * Asks for one agent's budgets.
+ *
+ * @generated from message oncegate.v1.GetBudgetsRequest
+ */
+export type GetBudgetsRequest = Message<"oncegate.v1.GetBudgetsRequest"> & {
+  /**
+   * The agent.
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+};
+
+/**
+ * Describes the message oncegate.v1.GetBudgetsRequest.
+ * Use `create(GetBudgetsRequestSchema)` to create a new message.
+ */
+export const GetBudgetsRequestSchema: GenMessage<GetBudgetsRequest> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 20);
+
+/**
+ * One budget bucket of one agent: a budget, for one action when the budget counts per action,
+ * for one group value (a currency) when it groups.
+ *
+ * @generated from message oncegate.v1.BudgetUsage
+ */
+export type BudgetUsage = Message<"oncegate.v1.BudgetUsage"> & {
+  /**
+   * The budget's name in the configuration file.
+   *
+   * @generated from field: string budget = 1;
+   */
+  budget: string;
+
+  /**
+   * The action, when the budget counts per agent and action; empty otherwise.
+   *
+   * @generated from field: string action_name = 2;
+   */
+  actionName: string;
+
+  /**
+   * The group value (e.g. the currency), when the budget groups; empty otherwise.
+   *
+   * @generated from field: string group = 3;
+   */
+  group: string;
+
+  /**
+   * Used within the window, reservations included, as a decimal string (`sum` budgets in the
+   * param's units, velocity caps in grants).
+   *
+   * @generated from field: string used = 4;
+   */
+  used: string;
+
+  /**
+   * The limit per window, in the same units.
+   *
+   * @generated from field: string limit = 5;
+   */
+  limit: string;
+
+  /**
+   * The window.
+   *
+   * @generated from field: google.protobuf.Duration window = 6;
+   */
+  window?: Duration | undefined;
+
+  /**
+   * When the oldest spending in the window stops counting; unset when nothing is used.
+   *
+   * @generated from field: google.protobuf.Timestamp next_release_at = 7;
+   */
+  nextReleaseAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message oncegate.v1.BudgetUsage.
+ * Use `create(BudgetUsageSchema)` to create a new message.
+ */
+export const BudgetUsageSchema: GenMessage<BudgetUsage> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 21);
+
+/**
+ * The answer to GetBudgets.
+ *
+ * @generated from message oncegate.v1.GetBudgetsResponse
+ */
+export type GetBudgetsResponse = Message<"oncegate.v1.GetBudgetsResponse"> & {
+  /**
+   * Every bucket with spending in its window, by budget, action and group.
+   *
+   * @generated from field: repeated oncegate.v1.BudgetUsage budgets = 1;
+   */
+  budgets: BudgetUsage[];
+};
+
+/**
+ * Describes the message oncegate.v1.GetBudgetsResponse.
+ * Use `create(GetBudgetsResponseSchema)` to create a new message.
+ */
+export const GetBudgetsResponseSchema: GenMessage<GetBudgetsResponse> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 22);
 
 /**
  * Records a completion done by hand.
@@ -670,7 +1022,7 @@ export type RecordExternalCompletionRequest = Message<"oncegate.v1.RecordExterna
  * Use `create(RecordExternalCompletionRequestSchema)` to create a new message.
  */
 export const RecordExternalCompletionRequestSchema: GenMessage<RecordExternalCompletionRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 14);
+  messageDesc(file_oncegate_v1_oncegate, 23);
 
 /**
  * The answer to RecordExternalCompletion.
@@ -698,7 +1050,7 @@ export type RecordExternalCompletionResponse = Message<"oncegate.v1.RecordExtern
  * Use `create(RecordExternalCompletionResponseSchema)` to create a new message.
  */
 export const RecordExternalCompletionResponseSchema: GenMessage<RecordExternalCompletionResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 15);
+  messageDesc(file_oncegate_v1_oncegate, 24);
 
 /**
  * Settles one expired action.
@@ -740,7 +1092,7 @@ export type ResolveExpiredRequest = Message<"oncegate.v1.ResolveExpiredRequest">
  * Use `create(ResolveExpiredRequestSchema)` to create a new message.
  */
 export const ResolveExpiredRequestSchema: GenMessage<ResolveExpiredRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 16);
+  messageDesc(file_oncegate_v1_oncegate, 25);
 
 /**
  * The answer to ResolveExpired.
@@ -768,7 +1120,7 @@ export type ResolveExpiredResponse = Message<"oncegate.v1.ResolveExpiredResponse
  * Use `create(ResolveExpiredResponseSchema)` to create a new message.
  */
 export const ResolveExpiredResponseSchema: GenMessage<ResolveExpiredResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 17);
+  messageDesc(file_oncegate_v1_oncegate, 26);
 
 /**
  * Asks for a page of unresolved actions.
@@ -803,7 +1155,7 @@ export type ListUnresolvedRequest = Message<"oncegate.v1.ListUnresolvedRequest">
  * Use `create(ListUnresolvedRequestSchema)` to create a new message.
  */
 export const ListUnresolvedRequestSchema: GenMessage<ListUnresolvedRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 18);
+  messageDesc(file_oncegate_v1_oncegate, 27);
 
 /**
  * One action whose lease expired unresolved.
@@ -867,7 +1219,7 @@ export type UnresolvedAction = Message<"oncegate.v1.UnresolvedAction"> & {
  * Use `create(UnresolvedActionSchema)` to create a new message.
  */
 export const UnresolvedActionSchema: GenMessage<UnresolvedAction> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 19);
+  messageDesc(file_oncegate_v1_oncegate, 28);
 
 /**
  * A page of unresolved actions.
@@ -895,7 +1247,7 @@ export type ListUnresolvedResponse = Message<"oncegate.v1.ListUnresolvedResponse
  * Use `create(ListUnresolvedResponseSchema)` to create a new message.
  */
 export const ListUnresolvedResponseSchema: GenMessage<ListUnresolvedResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 20);
+  messageDesc(file_oncegate_v1_oncegate, 29);
 
 /**
  * Asks for a page of one agent's receipt chain.
@@ -930,7 +1282,7 @@ export type ExportReceiptsRequest = Message<"oncegate.v1.ExportReceiptsRequest">
  * Use `create(ExportReceiptsRequestSchema)` to create a new message.
  */
 export const ExportReceiptsRequestSchema: GenMessage<ExportReceiptsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 21);
+  messageDesc(file_oncegate_v1_oncegate, 30);
 
 /**
  * One entry of an agent's receipt chain, as stored.
@@ -1001,7 +1353,7 @@ export type ReceiptEntry = Message<"oncegate.v1.ReceiptEntry"> & {
  * Use `create(ReceiptEntrySchema)` to create a new message.
  */
 export const ReceiptEntrySchema: GenMessage<ReceiptEntry> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 22);
+  messageDesc(file_oncegate_v1_oncegate, 31);
 
 /**
  * A page of a receipt chain.
@@ -1037,7 +1389,7 @@ export type ExportReceiptsResponse = Message<"oncegate.v1.ExportReceiptsResponse
  * Use `create(ExportReceiptsResponseSchema)` to create a new message.
  */
 export const ExportReceiptsResponseSchema: GenMessage<ExportReceiptsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 23);
+  messageDesc(file_oncegate_v1_oncegate, 32);
 
 /**
  * What the gate decided for a RequestToken that was not refused.
@@ -1065,6 +1417,15 @@ export enum Decision {
    * @generated from enum value: DECISION_ALREADY_COMPLETED = 2;
    */
   ALREADY_COMPLETED = 2,
+
+  /**
+   * An authorization rule holds the action for an operator's approval: do not execute. `approval`
+   * names it; ask again with the same request (same key fields) once an operator approved it, and
+   * the next such RequestToken is granted once.
+   *
+   * @generated from enum value: DECISION_PENDING_APPROVAL = 3;
+   */
+  PENDING_APPROVAL = 3,
 }
 
 /**
@@ -1190,6 +1551,54 @@ export const ActionStateSchema: GenEnum<ActionState> = /*@__PURE__*/
   enumDesc(file_oncegate_v1_oncegate, 3);
 
 /**
+ * Where an approval stands.
+ *
+ * @generated from enum oncegate.v1.ApprovalState
+ */
+export enum ApprovalState {
+  /**
+   * Never sent.
+   *
+   * @generated from enum value: APPROVAL_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Waiting for an operator.
+   *
+   * @generated from enum value: APPROVAL_STATE_PENDING = 1;
+   */
+  PENDING = 1,
+
+  /**
+   * Approved: the next identical RequestToken is granted.
+   *
+   * @generated from enum value: APPROVAL_STATE_APPROVED = 2;
+   */
+  APPROVED = 2,
+
+  /**
+   * Denied: identical RequestTokens are refused with POLICY_DENIED until it lapses.
+   *
+   * @generated from enum value: APPROVAL_STATE_DENIED = 3;
+   */
+  DENIED = 3,
+
+  /**
+   * Approved and used by a grant: it covers nothing more.
+   *
+   * @generated from enum value: APPROVAL_STATE_USED = 4;
+   */
+  USED = 4,
+}
+
+/**
+ * Describes the enum oncegate.v1.ApprovalState.
+ */
+export const ApprovalStateSchema: GenEnum<ApprovalState> = /*@__PURE__*/
+  enumDesc(file_oncegate_v1_oncegate, 4);
+
+/**
  * How an expired action is settled.
  *
  * @generated from enum oncegate.v1.Resolution
@@ -1221,7 +1630,7 @@ export enum Resolution {
  * Describes the enum oncegate.v1.Resolution.
  */
 export const ResolutionSchema: GenEnum<Resolution> = /*@__PURE__*/
-  enumDesc(file_oncegate_v1_oncegate, 4);
+  enumDesc(file_oncegate_v1_oncegate, 5);
 
 /**
  * The `reason` of the google.rpc.ErrorInfo every oncegate error carries is the name of one of these
@@ -1359,13 +1768,42 @@ export enum ErrorReason {
    * @generated from enum value: INTERNAL = 14;
    */
   INTERNAL = 14,
+
+  /**
+   * PERMISSION_DENIED. An authorization policy forbids the action (or no policy permits it), or an
+   * operator denied its approval; metadata `policy_id` (the deciding policy; empty when no permit
+   * applied), and `approval_id` for a denied approval. Nothing was recorded. Do not retry.
+   * buf:lint:ignore ENUM_VALUE_PREFIX
+   *
+   * @generated from enum value: POLICY_DENIED = 15;
+   */
+  POLICY_DENIED = 15,
+
+  /**
+   * RESOURCE_EXHAUSTED. A budget or velocity cap would be exceeded by this grant; metadata
+   * `budget` (its name) and, when it can free up, `retry_after_ms` with RetryInfo: when enough of
+   * the window has passed. Nothing was recorded.
+   * buf:lint:ignore ENUM_VALUE_PREFIX
+   *
+   * @generated from enum value: BUDGET_EXCEEDED = 16;
+   */
+  BUDGET_EXCEEDED = 16,
+
+  /**
+   * FAILED_PRECONDITION. DecideApproval of an approval that is not pending (unknown, lapsed,
+   * used, or decided the other way); metadata `state`.
+   * buf:lint:ignore ENUM_VALUE_PREFIX
+   *
+   * @generated from enum value: APPROVAL_NOT_PENDING = 17;
+   */
+  APPROVAL_NOT_PENDING = 17,
 }
 
 /**
  * Describes the enum oncegate.v1.ErrorReason.
  */
 export const ErrorReasonSchema: GenEnum<ErrorReason> = /*@__PURE__*/
-  enumDesc(file_oncegate_v1_oncegate, 5);
+  enumDesc(file_oncegate_v1_oncegate, 6);
 
 /**
  * The gate that agents' workers call around every side-effecting action.
@@ -1486,6 +1924,41 @@ export const GateAdminService: GenService<{
     methodKind: "unary";
     input: typeof ExportReceiptsRequestSchema;
     output: typeof ExportReceiptsResponseSchema;
+  },
+  /**
+   * Approves or denies one action held for approval. An approval covers the next RequestToken of
+   * the same action key with the same request hash, once; a denial refuses it (POLICY_DENIED)
+   * until the approval lapses. Deciding the same way again is a no-op; anything else that is not
+   * pending is APPROVAL_NOT_PENDING.
+   *
+   * @generated from rpc oncegate.v1.GateAdminService.DecideApproval
+   */
+  decideApproval: {
+    methodKind: "unary";
+    input: typeof DecideApprovalRequestSchema;
+    output: typeof DecideApprovalResponseSchema;
+  },
+  /**
+   * Lists the approvals of one agent that are pending, approved but unused, or denied, and not
+   * lapsed, oldest first, a page at a time.
+   *
+   * @generated from rpc oncegate.v1.GateAdminService.ListApprovals
+   */
+  listApprovals: {
+    methodKind: "unary";
+    input: typeof ListApprovalsRequestSchema;
+    output: typeof ListApprovalsResponseSchema;
+  },
+  /**
+   * Reads one agent's budgets and velocity caps as they stand: every bucket it has used within
+   * its window, with what is used and the limit.
+   *
+   * @generated from rpc oncegate.v1.GateAdminService.GetBudgets
+   */
+  getBudgets: {
+    methodKind: "unary";
+    input: typeof GetBudgetsRequestSchema;
+    output: typeof GetBudgetsResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_oncegate_v1_oncegate, 1);

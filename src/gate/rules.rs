@@ -1,0 +1,379 @@
+//! Authorization rules: Cedar policies over who asks, which action and its params, evaluated
+//! before the store (they need no state). Allow, deny, or hold for an operator's approval.
+//!
+//! The Cedar request of a RequestToken:
+//! - principal `Agent::"<agent_id>"`, resource `Run::"<run_id>"`;
+//! - action `Action::"<action>"`, a member of `Action::"<prefix>"` for every dotted prefix, so
+//!   `action in Action::"payments"` covers `payments.transfer` and `payments.refund.eu`;
+//! - context `{ principal: "<authenticated principal>", params: {…}, idempotency_key, intent_id }`:
+//!   params as a Cedar record (integers as `Long`, fractions as `decimal` when they have at most 4
+//!   places, else their text; `null` members left out; arrays as sets).
+//!
+//! Cedar's semantics: deny unless a `permit` applies and no `forbid` does. A permit annotated
+//! `@hold("why")` holds instead of allowing: if any satisfied permit carries it, the action needs
+//! an approval (a broad `permit` elsewhere does not lift a hold). A policy that errors while
+//! evaluating (a missing attribute, a type mismatch) denies: an agent must not slip past a
+//! `forbid` by sending a param of the wrong type. Policy ids: `@id("…")` when given, else
+//! `<file name>#<n>`.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    str::FromStr,
+    sync::{Arc, RwLock},
+};
+
+use cedar_policy::{
+    Authorizer, Context, Decision, Entities, Entity, EntityId, EntityTypeName, EntityUid, PolicyId,
+    PolicySet, Request, RestrictedExpression,
+};
+
+/// What the rules say about one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Allow,
+    /// `policy`: the forbidding (or erroring) policy; empty when no permit applied.
+    Deny {
+        policy: String,
+    },
+    /// A permit with `@hold("reason")` applied.
+    Hold {
+        policy: String,
+        reason: String,
+    },
+}
+
+/// The facts of one request the rules see.
+#[derive(Debug, Clone, Copy)]
+pub struct Facts<'a> {
+    pub principal: &'a str,
+    pub agent_id: &'a str,
+    pub run_id: &'a str,
+    pub action: &'a str,
+    pub idempotency_key: &'a str,
+    pub intent_id: &'a str,
+    pub params: &'a serde_json::Value,
+}
+
+/// A validated set of policies, from the files that hold them.
+#[derive(Debug, Clone)]
+pub struct Rules {
+    set: PolicySet,
+    files: Vec<PathBuf>,
+    count: usize,
+    authorizer: Arc<Authorizer>,
+    /// The action hierarchy of each action seen, built once (bounded: action names come from
+    /// clients; past the bound, each request builds its own).
+    hierarchies: Arc<RwLock<HashMap<String, Arc<Entities>>>>,
+}
+
+/// How many actions' hierarchies are kept.
+const HIERARCHIES: usize = 1024;
+
+impl Rules {
+    /// Reads and parses every file; the error is Cedar's own, prefixed with the file.
+    pub fn load(files: &[PathBuf]) -> Result<Self, String> {
+        let mut set = PolicySet::new();
+        let mut ids = HashSet::new();
+        for file in files {
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+            let parsed = PolicySet::from_str(&text).map_err(|e| {
+                let all: Vec<String> = e.iter().map(|e| e.to_string()).collect();
+                format!("{}: {}", file.display(), all.join("; "))
+            })?;
+            let name = file
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            for (n, policy) in parsed.policies().enumerate() {
+                let id = match policy.annotation("id") {
+                    Some(id) if !id.is_empty() => id.to_owned(),
+                    _ => format!("{name}#{n}"),
+                };
+                if !ids.insert(id.clone()) {
+                    return Err(format!(
+                        "{}: policy id {id:?} is used twice",
+                        file.display()
+                    ));
+                }
+                set.add(policy.new_id(PolicyId::new(&id)))
+                    .map_err(|e| format!("{}: {e}", file.display()))?;
+            }
+            if parsed.templates().next().is_some() {
+                return Err(format!(
+                    "{}: policy templates are not supported",
+                    file.display()
+                ));
+            }
+        }
+        Ok(Self {
+            count: ids.len(),
+            set,
+            files: files.to_vec(),
+            authorizer: Arc::new(Authorizer::new()),
+            hierarchies: Arc::default(),
+        })
+    }
+
+    /// Reads the same files again (SIGHUP).
+    pub fn reload(&self) -> Result<Self, String> {
+        Self::load(&self.files)
+    }
+
+    /// How many policies are loaded.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether no policy is loaded (every request is denied).
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The files the policies come from.
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// Evaluates one request.
+    pub fn evaluate(&self, facts: &Facts<'_>) -> Verdict {
+        let request = match request(facts) {
+            Ok(request) => request,
+            Err(why) => {
+                tracing::warn!(error = %why, "the request cannot be put to the authorization policies; denied");
+                return Verdict::Deny {
+                    policy: String::new(),
+                };
+            }
+        };
+        let entities = self.hierarchy(facts.action);
+        let response = self
+            .authorizer
+            .is_authorized(&request, &self.set, &entities);
+        let diagnostics = response.diagnostics();
+        if let Some(error) = diagnostics.errors().next() {
+            let cedar_policy::AuthorizationError::PolicyEvaluationError(e) = error;
+            let policy = e.policy_id().to_string();
+            tracing::warn!(policy, error = %error, "an authorization policy failed to evaluate; denied");
+            return Verdict::Deny { policy };
+        }
+        let reasons: Vec<&PolicyId> = diagnostics.reason().collect();
+        match response.decision() {
+            Decision::Deny => Verdict::Deny {
+                policy: reasons.first().map(|id| id.to_string()).unwrap_or_default(),
+            },
+            Decision::Allow => {
+                let mut held: Vec<_> = reasons
+                    .iter()
+                    .filter_map(|id| {
+                        let reason = self.set.policy(id)?.annotation("hold")?;
+                        Some((id.to_string(), reason.to_owned()))
+                    })
+                    .collect();
+                held.sort();
+                match held.into_iter().next() {
+                    Some((policy, reason)) => Verdict::Hold { policy, reason },
+                    None => Verdict::Allow,
+                }
+            }
+        }
+    }
+}
+
+impl Rules {
+    /// The entity hierarchy of `action`, from the cache when it holds it.
+    fn hierarchy(&self, action: &str) -> Arc<Entities> {
+        let read = self.hierarchies.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(found) = read.get(action) {
+            return found.clone();
+        }
+        let full = read.len() >= HIERARCHIES;
+        drop(read);
+        let built = Arc::new(action_entities(action));
+        if !full {
+            self.hierarchies
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(action.to_owned(), built.clone());
+        }
+        built
+    }
+}
+
+fn uid(kind: &str, id: &str) -> Result<EntityUid, String> {
+    let kind = EntityTypeName::from_str(kind).map_err(|e| e.to_string())?;
+    Ok(EntityUid::from_type_name_and_id(kind, EntityId::new(id)))
+}
+
+fn request(facts: &Facts<'_>) -> Result<Request, String> {
+    let mut context = vec![
+        (
+            "principal".to_owned(),
+            RestrictedExpression::new_string(facts.principal.to_owned()),
+        ),
+        (
+            "idempotency_key".to_owned(),
+            RestrictedExpression::new_string(facts.idempotency_key.to_owned()),
+        ),
+        (
+            "intent_id".to_owned(),
+            RestrictedExpression::new_string(facts.intent_id.to_owned()),
+        ),
+    ];
+    if let Some(params) = value(facts.params) {
+        context.push(("params".to_owned(), params));
+    }
+    let context = Context::from_pairs(context).map_err(|e| e.to_string())?;
+    Request::new(
+        uid("Agent", facts.agent_id)?,
+        uid("Action", facts.action)?,
+        uid("Run", facts.run_id)?,
+        context,
+        None,
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// The action and its dotted prefixes as an entity hierarchy.
+fn action_entities(action: &str) -> Entities {
+    let mut entities = Vec::new();
+    let mut name = action;
+    while let Some((parent, _)) = name.rsplit_once('.') {
+        if let (Ok(child), Ok(up)) = (uid("Action", name), uid("Action", parent)) {
+            entities.push(Entity::new_no_attrs(child, HashSet::from([up])));
+        }
+        name = parent;
+    }
+    Entities::from_entities(entities, None).unwrap_or_else(|_| Entities::empty())
+}
+
+/// A params value as a Cedar value (`None` for `null`).
+fn value(v: &serde_json::Value) -> Option<RestrictedExpression> {
+    use serde_json::Value as J;
+    Some(match v {
+        J::Null => return None,
+        J::Bool(b) => RestrictedExpression::new_bool(*b),
+        J::Number(n) => match n.as_i64() {
+            Some(i) => RestrictedExpression::new_long(i),
+            None => number(&n.to_string()),
+        },
+        J::String(s) => RestrictedExpression::new_string(s.clone()),
+        J::Array(items) => RestrictedExpression::new_set(items.iter().filter_map(value)),
+        J::Object(members) => RestrictedExpression::new_record(
+            members
+                .iter()
+                .filter_map(|(k, v)| value(v).map(|v| (k.clone(), v))),
+        )
+        .ok()?,
+    })
+}
+
+/// A fraction as a Cedar `decimal` when it has at most four places and fits, else its text.
+fn number(text: &str) -> RestrictedExpression {
+    let fits = |s: &str| {
+        let (int, frac) = s.split_once('.').unwrap_or((s, ""));
+        !s.contains(['e', 'E'])
+            && frac.len() <= 4
+            && int.trim_start_matches('-').len() <= 14
+            && !frac.is_empty()
+    };
+    if fits(text) {
+        RestrictedExpression::new_decimal(text)
+    } else {
+        RestrictedExpression::new_string(text.to_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rules(text: &str) -> Rules {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rules.cedar");
+        std::fs::write(&path, text).unwrap();
+        Rules::load(&[path]).unwrap()
+    }
+
+    fn facts<'a>(agent: &'a str, action: &'a str, params: &'a serde_json::Value) -> Facts<'a> {
+        Facts {
+            principal: "worker",
+            agent_id: agent,
+            run_id: "r",
+            action,
+            idempotency_key: "",
+            intent_id: "",
+            params,
+        }
+    }
+
+    const POLICIES: &str = r#"
+        @id("all") permit(principal, action, resource);
+        @id("no-intern") forbid(principal == Agent::"intern", action in Action::"payments", resource);
+        @id("big") forbid(principal, action == Action::"payments.transfer", resource)
+            when { context.params.amount > 1000 };
+        @id("deletes") @hold("deletes need approval")
+        permit(principal, action == Action::"files.delete", resource);
+    "#;
+
+    #[test]
+    fn allow_deny_by_agent_and_param_and_hold() {
+        let r = rules(POLICIES);
+        let small = serde_json::json!({"amount": 10, "currency": "EUR"});
+        let big = serde_json::json!({"amount": 5000});
+        let fraction = serde_json::json!({"amount": 10.5});
+        assert_eq!(
+            r.evaluate(&facts("bot", "payments.transfer", &small)),
+            Verdict::Allow
+        );
+        assert_eq!(
+            r.evaluate(&facts("intern", "payments.transfer.eu", &small)),
+            Verdict::Deny {
+                policy: "no-intern".into()
+            }
+        );
+        assert_eq!(
+            r.evaluate(&facts("bot", "payments.transfer", &big)),
+            Verdict::Deny {
+                policy: "big".into()
+            }
+        );
+        // 10.5 is a decimal: comparing it with `>` is a type error, and errors deny.
+        assert_eq!(
+            r.evaluate(&facts("bot", "payments.transfer", &fraction)),
+            Verdict::Deny {
+                policy: "big".into()
+            }
+        );
+        assert_eq!(
+            r.evaluate(&facts("bot", "files.delete", &small)),
+            Verdict::Hold {
+                policy: "deletes".into(),
+                reason: "deletes need approval".into()
+            }
+        );
+        let none = rules("");
+        assert!(none.is_empty());
+        assert_eq!(
+            none.evaluate(&facts("bot", "x", &small)),
+            Verdict::Deny {
+                policy: String::new()
+            }
+        );
+    }
+
+    #[test]
+    fn a_broken_file_says_what_cedar_says() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bad.cedar");
+        std::fs::write(
+            &path,
+            "permit(principal, action, resource) when { context.x > };",
+        )
+        .unwrap();
+        let err = Rules::load(&[path]).unwrap_err();
+        assert!(err.contains("bad.cedar"), "{err}");
+        assert!(err.contains("unexpected token"), "{err}");
+    }
+}
