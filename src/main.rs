@@ -14,7 +14,7 @@ use oncegate::{
     },
     store::{Store, StoreError},
     tools::{
-        admin_cli, call_cli,
+        admin, call_cli,
         cli::{Cli, Command},
         fingerprint,
     },
@@ -44,7 +44,7 @@ fn main() -> ExitCode {
         Command::Keys(args) => oncegate::tools::keys::run(&args),
         Command::Verify(args) => oncegate::tools::keys::verify(&args),
         Command::Call(args) => with_runtime(|runtime| runtime.block_on(call_cli::run(*args))),
-        Command::Admin(args) => with_runtime(|runtime| runtime.block_on(admin_cli::run(*args))),
+        Command::Admin(args) => with_runtime(|runtime| runtime.block_on(admin::run(*args))),
         Command::Bench(args) => oncegate::tools::bench::main(args),
         Command::Mcp(args) => with_runtime(|runtime| {
             let _telemetry = telemetry::init(args.log_format, None);

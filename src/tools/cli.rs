@@ -1,6 +1,6 @@
 //! The command line: `oncegate serve` (its flags are [`crate::config::ServeArgs`]),
 //! `oncegate fingerprint`, `oncegate hash-key`, `oncegate call …` ([`super::call_cli`]),
-//! `oncegate admin …` ([`super::admin_cli`]), `oncegate bench` ([`super::bench`]), `oncegate mcp`
+//! `oncegate admin …` ([`super::admin`]), `oncegate bench` ([`super::bench`]), `oncegate mcp`
 //! ([`super::mcp`]), `oncegate keys` and `oncegate verify` ([`super::keys`]). `--help` is the
 //! reference.
 
@@ -34,7 +34,7 @@ pub enum Command {
     /// The worker API against a running gate: request-token, complete, release, extend, get.
     Call(Box<super::call_cli::CallArgs>),
     /// The operator API against a running gate: get, complete, resolve, list-unresolved.
-    Admin(Box<super::admin_cli::AdminArgs>),
+    Admin(Box<super::admin::AdminArgs>),
     /// Load a running gate on this machine and report throughput, latency and correctness.
     Bench(super::bench::BenchArgs),
     /// An MCP proxy that puts the gate in front of an MCP server: gated tools run at most once.

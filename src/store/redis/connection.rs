@@ -135,7 +135,7 @@ pub enum Conn {
     /// A Redis Cluster; each lane is a cluster connection (one multiplexed connection per node)
     /// that follows slot moves and failovers by itself.
     Cluster(Arc<Lanes<ClusterConnection>>),
-    /// The master Sentinel names, re-resolved on failover (see `sentinel.rs`).
+    /// The master Sentinel names, re-resolved on failover (see `sentinel/`).
     Sentinel(SentinelConn),
 }
 

@@ -1,14 +1,14 @@
 //! `oncegate admin approve|deny|list-approvals|budgets`: the operator's side of authorization
-//! from a shell (held actions, budgets). Kept apart from [`super::admin_cli`], which owns the
-//! output format and the exit codes (the connection and the credential are [`super::remote`]'s);
+//! from a shell (held actions, budgets). Kept apart from [`super`], which owns the
+//! output format and the exit codes (the connection and the credential are [`crate::tools::remote`]'s);
 //! this module owns only these subcommands and what they print.
 
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use tonic::{Status, client::GrpcService};
 
-use super::remote::ActionArgs;
 use crate::pb::{self, gate_admin_service_client::GateAdminServiceClient};
+use crate::tools::remote::ActionArgs;
 
 /// The authorization subcommands of `oncegate admin`.
 #[derive(Debug, Clone, Subcommand)]

@@ -1,5 +1,5 @@
 //! `oncegate admin get|complete|resolve|list-unresolved|audit` (and the authorization subcommands
-//! of [`super::admin_authz`]): the operator API from a shell, against a running gate. Output is for
+//! of [`authz`]): the operator API from a shell, against a running gate. Output is for
 //! a person by default and one JSON document with `--json`; the connection options
 //! ([`RemoteArgs`]) go before or after the subcommand.
 //!
@@ -18,8 +18,8 @@ use super::{
 };
 use crate::pb::{self, gate_admin_service_client::GateAdminServiceClient};
 
-#[path = "admin_audit.rs"]
 mod audit;
+pub mod authz;
 
 const TOOL: &str = "oncegate admin";
 
@@ -56,7 +56,7 @@ pub enum AdminCommand {
     /// names every entry that does not hold.
     Audit(AuditArgs),
     #[command(flatten)]
-    Authz(super::admin_authz::AuthzCommand),
+    Authz(authz::AuthzCommand),
 }
 
 /// `admin audit`.
@@ -152,7 +152,7 @@ pub async fn run(args: AdminArgs) -> ExitCode {
         AdminCommand::Resolve(r) => resolve(&mut remote.admin, r).await,
         AdminCommand::ListUnresolved(l) => list(&mut remote.admin, l).await.map(Ok),
         AdminCommand::Audit(a) => audit::run(&mut remote.admin, a).await.map(Ok),
-        AdminCommand::Authz(c) => super::admin_authz::run(c, &mut remote.admin).await.map(Ok),
+        AdminCommand::Authz(c) => authz::run(c, &mut remote.admin).await.map(Ok),
     };
     let failed_audit = matches!(args.command, AdminCommand::Audit(_))
         && matches!(&result, Ok(Ok(v)) if v["intact"] != Value::Bool(true));
@@ -165,7 +165,7 @@ pub async fn run(args: AdminArgs) -> ExitCode {
             } else if let AdminCommand::Audit(_) = args.command {
                 print!("{}", audit::human(&value));
             } else if let AdminCommand::Authz(c) = &args.command
-                && let Some(text) = super::admin_authz::human(c, &value)
+                && let Some(text) = authz::human(c, &value)
             {
                 print!("{text}");
             } else {
