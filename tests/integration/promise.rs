@@ -166,24 +166,33 @@ async fn superseded_grants_are_bounded(kind: Kind) {
     let status = client.request_token(req.clone()).await.unwrap_err();
     expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
     req.lease_ttl = ttl_ms(100);
-    let (action, mut last) = grant(client, req.clone()).await;
+    let (action, oldest) = grant(client, req.clone()).await;
+    let mut last = oldest.clone();
     for _ in 0..2 {
         gate.time.pass_beyond(last.lease_expires_at.unwrap()).await;
         last = grant(client, req.clone()).await.1;
     }
     gate.time.pass_beyond(last.lease_expires_at.unwrap()).await;
-    let status = client.request_token(req).await.unwrap_err();
+    let status = client.request_token(req.clone()).await.unwrap_err();
     let meta = expect_error(
         &status,
         Code::FailedPrecondition,
         "LEASE_EXPIRED_UNRESOLVED",
     );
     assert_eq!(meta["token"], last.token);
-    // Every superseded holder can still report: the oldest one completes.
     assert_eq!(
         state(client, &action).await.state(),
         pb::ActionState::Expired
     );
+    // None was dropped at the cap: the oldest superseded holder can still report, and its
+    // outcome is what every later request replays.
+    let done = complete(client, &action, &oldest.token, b"tx-oldest")
+        .await
+        .unwrap();
+    assert_eq!(done.fencing, oldest.fencing);
+    let resp = client.request_token(req).await.unwrap().into_inner();
+    assert_eq!(resp.decision(), pb::Decision::AlreadyCompleted);
+    assert_eq!(resp.completion.unwrap().receipt, b"tx-oldest".to_vec());
 }
 on_stores!(superseded_grants_are_bounded: embedded, redis, cluster, sentinel);
 
