@@ -111,6 +111,10 @@ def test_decimals_are_sent_as_their_double_or_refused() -> None:
     with pytest.raises(ParamsError) as raised:
         encode_params({"amount": Decimal("0.100000000000000001")})
     assert raised.value.kind == "inexact_number"
+    assert "at /amount," in str(raised.value)
+    with pytest.raises(ParamsError) as raised:
+        encode_params({"legs": [{"amount": Decimal("1")}, {"a/b": Decimal("0.30000000000000001")}]})
+    assert "at /legs/1/a~1b," in str(raised.value)
 
 
 def test_an_inexact_literal_is_named_by_its_pointer() -> None:

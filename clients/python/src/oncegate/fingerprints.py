@@ -282,10 +282,34 @@ def encode_params(params: Mapping[str, Any]) -> str:
     """
     try:
         return _PARAMS_ENCODER.encode(dict(params))
-    except ParamsError:
+    except ParamsError as err:
+        if err.kind == "inexact_number":
+            raise _inexact_decimal(params) or err from None
         raise
     except ValueError as err:
         raise ParamsError("unsafe_number", f"params hold a number JSON cannot carry: {err}") from None
+
+
+def _inexact_decimal(value: Any, pointer: str = "") -> ParamsError | None:
+    """The refusal of the first ``Decimal`` no double equals, named by its JSON Pointer (the
+    encoder's hook sees the value, not where it is; this walk runs only on that error path)."""
+    if isinstance(value, Decimal):
+        number = float(value)
+        if math.isfinite(number) and Decimal(repr(number)) != value:
+            return _inexact_number(str(value), pointer or "/", number)
+        return None
+    if isinstance(value, Mapping):
+        members = ((str(name), member) for name, member in value.items())
+    elif isinstance(value, (list, tuple)):
+        members = ((str(index), item) for index, item in enumerate(value))
+    else:
+        return None
+    for name, member in members:
+        escaped = name.replace("~", "~0").replace("/", "~1")
+        found = _inexact_decimal(member, f"{pointer}/{escaped}")
+        if found is not None:
+            return found
+    return None
 
 
 def _decimal_as_double(value: Any) -> Any:
