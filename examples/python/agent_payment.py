@@ -246,6 +246,23 @@ class Agent:
                                statement=granted[0].statement)
         except BankRefused as err:
             say("bank", f"{err}: the params are not the granted ones; nothing paid")
+        else:
+            raise RuntimeError("the bank should have refused a grant for other params")
+        invoice = {"amount": 1000, "currency": "EUR", "to": IBAN, "memo": "Invoice 44"}
+        try:
+            capture(**invoice, idempotency_key="invoice-44")
+        except oncegate.DefiniteFailureError:
+            pass
+        newer, older = granted[1], granted[0]
+        say("agent", f"a retry of invoice 44 was granted again (fencing {newer.fencing}); the bank sees it")
+        self.bank.check_grant(newer.statement, invoice)
+        say("agent", f"the first attempt's worker wakes up late and sends its grant (fencing {older.fencing})")
+        try:
+            self.bank.transfer(**invoice, idempotency_key=older.provider_key, statement=older.statement)
+        except BankRefused as err:
+            say("bank", f"{err}: a newer grant for this action exists; nothing paid")
+        else:
+            raise RuntimeError("the bank should have refused a stale fencing number")
 
     def reconcile(self, unknown: OutcomeUnknownError) -> None:
         """What a reconciler does with an unknown outcome: ask the provider, then settle the gate."""
