@@ -51,9 +51,8 @@ impl Gate {
             Ok(_) => "denied",
             Err(refusal) => audit::refusal_name(refusal),
         };
-        telemetry::record_decision(name);
-        tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id, key = %key.key,
-            decision = name, approval_id = %decision.id, note = %decision.note, "decide_approval");
+        audit::audit!(info, key, decision = name, approval_id = %decision.id,
+            note = %decision.note, "decide_approval");
         reply
             .result
             .map(|(approval, _)| approval)

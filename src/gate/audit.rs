@@ -16,9 +16,22 @@ use crate::{
     observe::{metrics::Decision, telemetry},
 };
 
-/// An audit event about the action `key`: `audit!(info, key, field = value, ..., "message")`. In
-/// an RPC span it carries the given fields; elsewhere the action's agent, run and key as well.
+/// An audit event about the action `key`: `audit!(info, key, decision = name, field = value, ...,
+/// "message")`. The decision is recorded on the RPC span; in one, the event carries the other
+/// fields only (the span names the rest); elsewhere the action's agent, run and key and the
+/// decision as well. Without `decision = ...` the event changes nothing on the span.
 macro_rules! audit {
+    ($level:ident, $key:expr, decision = $decision:expr, $($fields:tt)*) => {{
+        let key: &$crate::domain::ActionKey = $key;
+        let decision: &str = $decision;
+        $crate::observe::telemetry::record_decision(decision);
+        if $crate::observe::telemetry::in_rpc_span() {
+            tracing::$level!(target: $crate::observe::telemetry::AUDIT, $($fields)*)
+        } else {
+            tracing::$level!(target: $crate::observe::telemetry::AUDIT, agent_id = %key.agent_id,
+                run_id = %key.run_id, key = %key.key, decision, $($fields)*)
+        }
+    }};
     ($level:ident, $key:expr, $($fields:tt)*) => {{
         let key: &$crate::domain::ActionKey = $key;
         if $crate::observe::telemetry::in_rpc_span() {
@@ -33,8 +46,8 @@ pub(crate) use audit;
 
 /// The audit event of a RequestToken: the decision and, where there is one, the fencing number of
 /// the grant or completion it names; a reused key names the differing fields, an attempt in
-/// progress the time left on its lease, an exceeded budget its name. `mode` is `shadow` when the
-/// gate grants anyway.
+/// progress the time left on its lease, an exceeded budget its name. `mode="shadow"` when the gate
+/// grants anyway (enforcement, the default, is not repeated on every line).
 pub(super) fn token(
     key: &ActionKey,
     action: &str,
@@ -57,44 +70,59 @@ pub(super) fn token(
         Err(Refusal::LeaseExpired { fencing, .. }) => ("lease_expired", Some(*fencing)),
         Err(refusal) => (refusal_name(refusal), None),
     };
-    telemetry::record_decision(decision);
     let action = (!telemetry::in_rpc_span()).then_some(action);
-    let mode = mode.as_str();
+    let mode = shadow_only(mode);
     match (result, fencing) {
         (Err(Refusal::KeyReused { differing }), _) => {
             let differing = differing.join(",");
-            audit!(info, key, action, decision, %differing, mode, "request_token")
+            audit!(info, key, decision = decision, action, %differing, mode, "request_token")
         }
         (Err(Refusal::InProgress { retry_after }), _) => {
             audit!(
                 info,
                 key,
+                decision = decision,
                 action,
-                decision,
                 retry_after_ms = retry_after,
                 mode,
                 "request_token"
             )
         }
         (Err(Refusal::BudgetExceeded { budget, .. }), _) => {
-            audit!(info, key, action, decision, budget = %budget, mode, "request_token")
+            audit!(info, key, decision = decision, action, budget = %budget, mode, "request_token")
         }
-        (_, Some(fencing)) => audit!(info, key, action, decision, fencing, mode, "request_token"),
-        (_, None) => audit!(info, key, action, decision, mode, "request_token"),
+        (_, Some(fencing)) => {
+            audit!(
+                info,
+                key,
+                decision = decision,
+                action,
+                fencing,
+                mode,
+                "request_token"
+            )
+        }
+        (_, None) => audit!(
+            info,
+            key,
+            decision = decision,
+            action,
+            mode,
+            "request_token"
+        ),
     }
 }
 
 /// The audit event of a RequestToken an authorization rule denied.
 pub(super) fn policy_denied(key: &ActionKey, action: &str, policy: &str, mode: Mode) {
-    telemetry::record_decision("policy_denied");
     let action = (!telemetry::in_rpc_span()).then_some(action);
     audit!(
         info,
         key,
-        action,
         decision = "policy_denied",
+        action,
         policy,
-        mode = mode.as_str(),
+        mode = shadow_only(mode),
         "request_token"
     );
 }
@@ -102,16 +130,15 @@ pub(super) fn policy_denied(key: &ActionKey, action: &str, policy: &str, mode: M
 /// The audit event of a RequestToken a rule holds for approval (`approval_id` empty in shadow
 /// mode, where none is asked for).
 pub(super) fn held(key: &ActionKey, action: &str, policy: &str, approval_id: &str, mode: Mode) {
-    telemetry::record_decision("pending_approval");
     let action = (!telemetry::in_rpc_span()).then_some(action);
     audit!(
         info,
         key,
-        action,
         decision = "pending_approval",
+        action,
         policy,
         approval_id,
-        mode = mode.as_str(),
+        mode = shadow_only(mode),
         "request_token"
     );
 }
@@ -119,7 +146,6 @@ pub(super) fn held(key: &ActionKey, action: &str, policy: &str, approval_id: &st
 /// The audit event of a shadow grant (enforcement would have answered otherwise: the event
 /// before this one says how).
 pub(super) fn shadow_granted(key: &ActionKey, fencing: u64) {
-    telemetry::record_decision("shadow_granted");
     audit!(
         info,
         key,
@@ -131,15 +157,17 @@ pub(super) fn shadow_granted(key: &ActionKey, fencing: u64) {
 
 /// The audit event of a Complete, Release or ExtendLease with a shadow token (nothing stored).
 pub(super) fn shadow_call(rpc: &str, key: &ActionKey, fencing: u64) {
-    telemetry::record_decision("shadow");
     audit!(info, key, decision = "shadow", rpc, fencing, "shadow token");
 }
 
 /// The audit event of a refused call.
 pub(super) fn refused(rpc: &str, key: &ActionKey, refusal: &Refusal) {
-    let decision = refusal_name(refusal);
-    telemetry::record_decision(decision);
-    audit!(info, key, decision, rpc, "refused");
+    audit!(info, key, decision = refusal_name(refusal), rpc, "refused");
+}
+
+/// The mode field of an audit event: only shadow mode's is written.
+fn shadow_only(mode: Mode) -> Option<&'static str> {
+    (mode == Mode::Shadow).then_some("shadow")
 }
 
 /// The event of a possible double execution (a warning: someone should look).

@@ -208,11 +208,10 @@ impl Gate {
                 } else {
                     "complete_repeated"
                 };
-                telemetry::record_decision(decision);
                 audit::audit!(
                     info,
                     key,
-                    decision,
+                    decision = decision,
                     fencing = done.completion.fencing,
                     "complete"
                 );
@@ -254,7 +253,6 @@ impl Gate {
         match &reply.result {
             Ok(fencing) => {
                 self.metrics.release(reason);
-                telemetry::record_decision("released");
                 audit::audit!(info, key, decision = "released", reason, fencing, "release")
             }
             Err(refusal) => audit::refused("release", key, refusal),

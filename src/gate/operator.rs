@@ -83,8 +83,7 @@ impl Gate {
             Ok(done) => ("operator_completion_repeated", done.completion.fencing),
             Err(refusal) => (audit::refusal_name(refusal), 0),
         };
-        telemetry::record_decision(decision);
-        audit::audit!(info, key, decision, fencing, note = %ext.note, "record_external_completion");
+        audit::audit!(info, key, decision = decision, fencing, note = %ext.note, "record_external_completion");
         let done = reply.result.map_err(GateError::Refused)?;
         if done.recorded {
             self.metrics.completion(Source::Operator);
@@ -122,8 +121,14 @@ impl Gate {
             Ok(Resolved::Released { fencing }) => ("resolved_failed", *fencing),
             Err(refusal) => (audit::refusal_name(refusal), 0),
         };
-        telemetry::record_decision(decision);
-        audit::audit!(info, key, decision, fencing, note, "resolve_expired");
+        audit::audit!(
+            info,
+            key,
+            decision = decision,
+            fencing,
+            note,
+            "resolve_expired"
+        );
         let resolved = reply.result.map_err(GateError::Refused)?;
         match &resolved {
             Resolved::Completed(_) => self.metrics.completion(Source::Operator),
