@@ -1,7 +1,8 @@
 //! Budgets and velocity caps through real gRPC: 100 EUR per hour admits 60 + 40, refuses the next
 //! 1 (RESOURCE_EXHAUSTED, BUDGET_EXCEEDED, the budget's name and when it frees up), takes 40 back
-//! on a Release; holds across gate restarts and replicas; never goes over under 50 racing callers;
-//! a velocity cap counts grants; the operator read shows what is used.
+//! on a Release, and counts each decision; holds across gate restarts and replicas; never goes
+//! over under 50 racing callers; a velocity cap counts grants; the operator read shows what is
+//! used.
 
 use std::time::Duration;
 
@@ -14,7 +15,7 @@ use tonic::{Code, transport::Channel};
 use tonic_types::StatusExt;
 
 use crate::support::{
-    GateProcess, Kind, LoggedGate, OPS_KEY, RedisServer, TestGate, authed, backend, config,
+    GateProcess, Kind, LoggedGate, OPS_KEY, RedisServer, Scrape, TestGate, authed, backend, config,
     connect, expect_error, grant, on_stores, principals_toml, token_request, write_file,
 };
 
@@ -75,8 +76,11 @@ async fn budgets_of(
 }
 
 async fn sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back(kind: Kind) {
-    let gate =
-        TestGate::start_with(kind, config(&format!("{BUDGETS}{}", principals_toml("")))).await;
+    let (gate, metrics) = TestGate::start_with_config_and_metrics(
+        kind,
+        config(&format!("{BUDGETS}{}", principals_toml(""))),
+    )
+    .await;
     let mut client = gate.client().await;
     fn worker<T>(req: T) -> tonic::Request<T> {
         authed(req, Some(crate::support::WORKER_KEY))
@@ -153,6 +157,33 @@ async fn sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back(ki
         eur.iter().any(|b| b.group == "EUR" && b.used == "100.00"),
         "{eur:?}"
     );
+
+    // Enforced budget decisions are counted: five grants reserved, two refusals exceeded.
+    let scrape = Scrape::fetch(metrics).await;
+    let budget = |decision: &str, mode: &str| {
+        scrape.sum(
+            "oncegate_budget_decisions_total",
+            &[
+                ("budget", "eur-per-hour"),
+                ("decision", decision),
+                ("mode", mode),
+            ],
+        )
+    };
+    assert_eq!(budget("reserved", "enforce"), 5.0);
+    assert_eq!(budget("exceeded", "enforce"), 2.0);
+    assert_eq!(
+        budget("reserved", "shadow") + budget("exceeded", "shadow"),
+        0.0
+    );
+    let attempts = |decision: &str| {
+        scrape.sum(
+            "oncegate_attempts_total",
+            &[("decision", decision), ("mode", "enforce")],
+        )
+    };
+    assert_eq!(attempts("granted"), 5.0);
+    assert_eq!(attempts("budget_exceeded"), 2.0);
 }
 on_stores!(sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back: embedded, redis, cluster);
 
