@@ -289,3 +289,170 @@ async fn the_guard_surfaces_a_pending_approval_and_the_cli_approves_it() {
     assert!(matches!(outcome, Outcome::Executed { .. }), "{outcome:?}");
     assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// `oncegate admin deny` refuses a held action (the Rust client sees `PolicyDenied` with the
+/// approval's id) and `oncegate admin budgets` shows what is used of what limit, as text and as
+/// JSON; the denied action charged nothing. The client decodes a rule's denial and a budget's
+/// refusal too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_denies_a_held_action_and_shows_the_budgets() {
+    use oncegate::client::{ActionSpec, ClientError, GateClient, TokenReply};
+
+    let dir = TempDir::new().unwrap();
+    let rules = write_file(
+        dir.path(),
+        "rules.cedar",
+        &format!(
+            "{RULES}\n@id(\"no-interns\") forbid(principal == Agent::\"billing-intern\", action, \
+             resource);\n"
+        ),
+    );
+    let text = format!(
+        r#"[authorization]
+policies = [{:?}]
+approval_ttl_seconds = 3600
+
+[[budgets]]
+name = "eur-per-day"
+actions = ["payments.*"]
+window_seconds = 86400
+limit = 1000
+sum = "/amount"
+{}"#,
+        rules.display().to_string(),
+        principals_toml("")
+    );
+    let gate = TestGate::start_with(Kind::Embedded, config(&text)).await;
+    let mut client = GateClient::connect(format!("http://{}", gate.addr))
+        .await
+        .unwrap()
+        .with_api_key(WORKER_KEY)
+        .unwrap();
+    let pay = |amount: u32, key: &str| {
+        ActionSpec::new(
+            "billing-cli",
+            "run-3",
+            "payments.transfer",
+            &format!(r#"{{"amount":{amount}}}"#),
+        )
+        .idempotency_key(key)
+    };
+    let server = format!("http://{}", gate.addr);
+    let cli = |json: bool, args: &[&str]| {
+        let out = crate::support::oncegate_command()
+            .args(["admin", "--server", &server, "--api-key", OPS_KEY])
+            .args(json.then_some("--json"))
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+
+    let reply = client.request_token(&pay(300, "pay-300")).await.unwrap();
+    assert!(matches!(reply, TokenReply::Granted(_)), "{reply:?}");
+    let TokenReply::PendingApproval(approval) =
+        client.request_token(&pay(900, "pay-900")).await.unwrap()
+    else {
+        panic!("900 is held")
+    };
+    assert_eq!(approval.policy_id, "large-payments");
+    let denied = cli(
+        true,
+        &[
+            "deny",
+            "--agent",
+            "billing-cli",
+            "--run",
+            "run-3",
+            "--key",
+            "pay-900",
+            "--id",
+            &approval.id,
+            "--note",
+            "ticket-13",
+        ],
+    );
+    let denied: serde_json::Value = serde_json::from_str(&denied).unwrap();
+    assert_eq!(denied["state"], "DENIED");
+    assert_eq!(denied["id"], approval.id.as_str());
+    assert_eq!(denied["operator"], "ops");
+    assert_eq!(denied["note"], "ticket-13");
+    let refused = client
+        .request_token(&pay(900, "pay-900"))
+        .await
+        .unwrap_err();
+    let ClientError::PolicyDenied {
+        approval_id,
+        policy_id,
+    } = &refused
+    else {
+        panic!("expected PolicyDenied, got {refused:?}")
+    };
+    assert_eq!(approval_id, &approval.id);
+    assert_eq!(policy_id, "");
+    assert!(!refused.is_retryable());
+
+    // Only the granted 300 is used: the held, then denied, 900 charged nothing.
+    let budgets = ["budgets", "--agent", "billing-cli"];
+    let shown = cli(false, &budgets);
+    assert!(
+        shown.starts_with("eur-per-day ") && shown.contains("used 300.00 of 1000.00 per 86400 s"),
+        "{shown}"
+    );
+    let shown: serde_json::Value = serde_json::from_str(&cli(true, &budgets)).unwrap();
+    let list = shown["budgets"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{shown}");
+    assert_eq!(list[0]["budget"], "eur-per-day");
+    assert_eq!(list[0]["used"], "300.00");
+    assert_eq!(list[0]["limit"], "1000.00");
+    assert_eq!(list[0]["window_seconds"], 86400);
+
+    // 300 + 500 fit, 201 more does not: the client's BudgetExceeded names the budget and when
+    // it frees up (a day, and at most one slot of the window's sixty).
+    client.request_token(&pay(500, "pay-500")).await.unwrap();
+    let over = client
+        .request_token(&pay(201, "pay-201"))
+        .await
+        .unwrap_err();
+    let ClientError::BudgetExceeded {
+        budget,
+        retry_after,
+    } = &over
+    else {
+        panic!("expected BudgetExceeded, got {over:?}")
+    };
+    assert_eq!(budget, "eur-per-day");
+    let retry_after = retry_after.expect("when the window frees up");
+    assert!(
+        retry_after > std::time::Duration::from_secs(86_000)
+            && retry_after <= std::time::Duration::from_secs(86_400 + 1_440),
+        "{retry_after:?}"
+    );
+    assert!(!over.is_retryable());
+    let shown = cli(false, &budgets);
+    assert!(shown.contains("used 800.00 of 1000.00"), "{shown}");
+
+    // A rule's denial: the deciding policy, no approval.
+    let intern = ActionSpec::new(
+        "billing-intern",
+        "run-3",
+        "payments.transfer",
+        r#"{"amount":1}"#,
+    );
+    let refused = client.request_token(&intern).await.unwrap_err();
+    let ClientError::PolicyDenied {
+        approval_id,
+        policy_id,
+    } = &refused
+    else {
+        panic!("expected PolicyDenied, got {refused:?}")
+    };
+    assert_eq!(policy_id, "no-interns");
+    assert_eq!(approval_id, "");
+}

@@ -1,18 +1,22 @@
 //! Budgets and velocity caps through real gRPC: 100 EUR per hour admits 60 + 40, refuses the next
 //! 1 (RESOURCE_EXHAUSTED, BUDGET_EXCEEDED, the budget's name and when it frees up), takes 40 back
-//! on a Release; holds across gate restarts and replicas; never goes over under 50 racing callers;
-//! a velocity cap counts grants; the operator read shows what is used.
+//! on a Release, and counts each decision; holds across gate restarts and replicas; never goes
+//! over under 50 racing callers; a velocity cap counts grants; the operator read shows what is
+//! used.
 
 use std::time::Duration;
 
-use oncegate::pb::{self, gate_admin_service_client::GateAdminServiceClient};
+use oncegate::pb::{
+    self, action_gate_service_client::ActionGateServiceClient,
+    gate_admin_service_client::GateAdminServiceClient,
+};
 use tempfile::TempDir;
 use tonic::{Code, transport::Channel};
 use tonic_types::StatusExt;
 
 use crate::support::{
-    GateProcess, Kind, LoggedGate, OPS_KEY, TestGate, authed, backend, config, connect,
-    expect_error, grant, on_stores, principals_toml, token_request, write_file,
+    GateProcess, Kind, LoggedGate, OPS_KEY, RedisServer, Scrape, TestGate, authed, backend, config,
+    connect, expect_error, grant, on_stores, principals_toml, token_request, write_file,
 };
 
 /// 100 EUR (per currency) per hour for payments, and 3 e-mails per hour per agent and action.
@@ -72,8 +76,11 @@ async fn budgets_of(
 }
 
 async fn sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back(kind: Kind) {
-    let gate =
-        TestGate::start_with(kind, config(&format!("{BUDGETS}{}", principals_toml("")))).await;
+    let (gate, metrics) = TestGate::start_with_config_and_metrics(
+        kind,
+        config(&format!("{BUDGETS}{}", principals_toml(""))),
+    )
+    .await;
     let mut client = gate.client().await;
     fn worker<T>(req: T) -> tonic::Request<T> {
         authed(req, Some(crate::support::WORKER_KEY))
@@ -150,6 +157,33 @@ async fn sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back(ki
         eur.iter().any(|b| b.group == "EUR" && b.used == "100.00"),
         "{eur:?}"
     );
+
+    // Enforced budget decisions are counted: five grants reserved, two refusals exceeded.
+    let scrape = Scrape::fetch(metrics).await;
+    let budget = |decision: &str, mode: &str| {
+        scrape.sum(
+            "oncegate_budget_decisions_total",
+            &[
+                ("budget", "eur-per-hour"),
+                ("decision", decision),
+                ("mode", mode),
+            ],
+        )
+    };
+    assert_eq!(budget("reserved", "enforce"), 5.0);
+    assert_eq!(budget("exceeded", "enforce"), 2.0);
+    assert_eq!(
+        budget("reserved", "shadow") + budget("exceeded", "shadow"),
+        0.0
+    );
+    let attempts = |decision: &str| {
+        scrape.sum(
+            "oncegate_attempts_total",
+            &[("decision", decision), ("mode", "enforce")],
+        )
+    };
+    assert_eq!(attempts("granted"), 5.0);
+    assert_eq!(attempts("budget_exceeded"), 2.0);
 }
 on_stores!(sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back: embedded, redis, cluster);
 
@@ -199,21 +233,37 @@ async fn the_budget_holds_across_a_restart_of_the_embedded_gate() {
     assert_eq!(exceeded(&refused).0, "eur-per-hour");
 }
 
+/// A gate process on a Redis of the test's own spends the budget and is killed (SIGKILL: the
+/// process and its connections to Redis gone); a new gate process on the same Redis refuses the
+/// next euro: the window is the store's, not the gate's.
 #[tokio::test]
-async fn the_budget_holds_across_gates_on_the_same_redis() {
-    let first = TestGate::start_with(Kind::Redis, config(BUDGETS)).await;
-    let mut client = first.client().await;
+async fn the_budget_holds_across_a_gate_restart_on_the_same_redis() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new().unwrap();
+    let cfg = write_file(dir.path(), "oncegate.toml", BUDGETS);
+    let url = redis.url();
+    let args = ["--redis-url", &url, "--config", cfg.to_str().unwrap()];
+    let mut first = GateProcess::spawn(&args);
+    let mut client = connect(&first.addr).await;
     grant(&mut client, pay("a", "k1", "60", "EUR")).await;
     grant(&mut client, pay("a", "k2", "40", "EUR")).await;
-    // A second gate on the same Redis, the first one gone: the window is the store's.
-    let second = first.replica(config(BUDGETS)).await;
-    drop(client);
-    let mut client = second.client().await;
+    first.kill9();
+    let gone = ActionGateServiceClient::connect(format!("http://{}", first.addr)).await;
+    assert!(
+        gone.is_err(),
+        "the first gate still listens on {}",
+        first.addr
+    );
+
+    let second = GateProcess::spawn(&args);
+    let mut client = connect(&second.addr).await;
     let refused = client
         .request_token(pay("a", "k3", "1", "EUR"))
         .await
         .unwrap_err();
     assert_eq!(exceeded(&refused).0, "eur-per-hour");
+    // Another agent's budget is untouched: the refusal is the spent window, not a broken gate.
+    grant(&mut client, pay("b", "k3", "100", "EUR")).await;
 }
 
 /// 50 callers race for 10 EUR each against 100 EUR: exactly ten grants, whichever gate they ask.

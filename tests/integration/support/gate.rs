@@ -141,21 +141,6 @@ impl TestGate {
         GateAdminServiceClient::connect(endpoint).await.unwrap()
     }
 
-    /// A second gate (a replica) over the same store, with `config`: its own server, metrics
-    /// and state in memory; only the store is shared.
-    pub async fn replica(&self, config: impl Into<ConfigFile>) -> Self {
-        let backend = Backend {
-            store: self.backend.store.clone(),
-            redis: None,
-            cluster: None,
-            sentinel: None,
-            _dir: None,
-        };
-        let mut gate = Self::serve(backend, config).await;
-        gate.time = self.time.clone();
-        gate
-    }
-
     /// Serves a fresh store of `kind` with `config` (policies, principals, authorization),
     /// counting into a registry served on its own `/metrics` listener, whose address is returned.
     pub async fn start_with_config_and_metrics(
