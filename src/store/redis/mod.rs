@@ -143,10 +143,15 @@ impl RedisStore {
             .map_err(|_| {
                 StoreError::Unavailable(format!(
                     "timed out connecting to Redis ({})",
-                    topology.name()
+                    topology.describe()
                 ))
             })?
-            .map_err(unavailable)?;
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot connect to Redis ({}): {e}",
+                    topology.describe()
+                ))
+            })?;
         let store = Self {
             conn,
             scripts: Arc::new(Scripts::load()),
@@ -290,10 +295,6 @@ fn confirmed(wait: Option<Wait>, acknowledged: u32, what: &str) -> Result<(), St
         ))),
         _ => Ok(()),
     }
-}
-
-fn unavailable(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
 }
 
 /// Server errors that waiting cures: out of memory under `noeviction` (`OOM`), a busy script
