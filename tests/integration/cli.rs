@@ -1,11 +1,12 @@
 //! The command line as a user meets it: `oncegate fingerprint`, `--help` (grouped and wrapped),
-//! configuration errors, exit codes, and the Makefile's `run` and `clean-data`.
+//! configuration errors, exit codes (a port in use, a Redis unreachable at start-up), and the
+//! Makefile's `run` and `clean-data`.
 
 use std::process::Command;
 
 use tempfile::TempDir;
 
-use crate::support::write_file;
+use crate::support::{free_port, serve_to_exit, write_file};
 
 fn oncegate(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_oncegate"))
@@ -263,6 +264,21 @@ fn a_port_in_use_exits_69() {
     ]);
     assert_eq!(out.status.code(), Some(69));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot listen"));
+}
+
+/// A Redis nobody listens on: exit 69 once the connection is refused (or the store timeout has
+/// passed), with a message that names the address the gate tried.
+#[test]
+fn an_unreachable_redis_at_start_up_exits_69_naming_the_address() {
+    let closed = format!("127.0.0.1:{}", free_port());
+    let url = format!("redis://{closed}");
+    let (code, stderr) = serve_to_exit(&["--redis-url", &url, "--store-timeout-ms", "2000"]);
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(stderr.contains("cannot open the store"), "{stderr}");
+    assert!(
+        stderr.contains(&closed),
+        "the address is not named: {stderr}"
+    );
 }
 
 /// What `make <args>` would run (`make -n`), from the repository root.

@@ -1,19 +1,14 @@
 //! A Redis that may evict keys forgets completions (issue 11, item 4): refused at start-up on
 //! every topology, failing closed when the policy changes later, allowed only when the operator
-//! says so; and Redis errors a retry can cure (OOM) are STORE_UNAVAILABLE, so guards retry.
+//! says so (and then warned about in the log); and Redis errors a retry can cure (OOM) are STORE_UNAVAILABLE, so guards retry.
 
-use std::{
-    io::Read,
-    process::Stdio,
-    time::{Duration, Instant},
-};
-
+use tempfile::TempDir;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::{
-    Backend, GateProcess, Kind, RedisServer, TestGate, backend, expect_error, on_stores,
-    oncegate_command, token_request, wait_for_health,
+    Backend, Kind, LoggedGate, RedisServer, TestGate, backend, expect_error, on_stores,
+    serve_to_exit, token_request, wait_for_health,
 };
 
 /// Every data node of a Redis backend, by port.
@@ -42,37 +37,6 @@ fn set_policy(backend: &Backend, policy: &str) {
     }
 }
 
-/// Runs `oncegate serve` to its exit (killed after 20 s): the exit code and standard error.
-fn serve_to_exit(args: &[String]) -> (Option<i32>, String) {
-    let mut child = oncegate_command()
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            break child.wait().unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
-    (status.code(), stderr)
-}
-
 async fn an_evicting_redis_is_refused_at_start(kind: Kind) {
     let backend = backend(kind).await;
     set_policy(&backend, "allkeys-lru");
@@ -85,15 +49,30 @@ async fn an_evicting_redis_is_refused_at_start(kind: Kind) {
         stderr.contains("maxmemory-policy") && stderr.contains("allkeys-lru"),
         "{stderr}"
     );
-    // The operator may accept the risk explicitly; it is said loudly.
+    // The operator may accept the risk explicitly; it is said loudly, as a warning naming the
+    // policy and the flag.
+    let dir = TempDir::new().unwrap();
     let mut args = backend.gate_args();
-    args.push("--allow-redis-eviction".into());
-    let gate = tokio::task::spawn_blocking(move || {
-        GateProcess::spawn(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    args.extend(["--allow-redis-eviction", "--listen", "127.0.0.1:0"].map(String::from));
+    let (gate, _dir) = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        (LoggedGate::serve(&dir, &args), dir)
     })
     .await
     .unwrap();
     assert!(gate.addr.starts_with("127.0.0.1:"));
+    let log = gate.log();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("UNSAFE"))
+        .unwrap_or_else(|| panic!("no UNSAFE line: {log}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(
+        warning.contains("maxmemory-policy")
+            && warning.contains("allkeys-lru")
+            && warning.contains("--allow-redis-eviction"),
+        "{warning}"
+    );
 }
 on_stores!(an_evicting_redis_is_refused_at_start: redis, cluster, sentinel);
 

@@ -54,15 +54,44 @@ impl Topology {
     }
 }
 
-/// `host:port` becomes `redis://host:port`; a URL stays as it is. The configured username and
-/// password apply to data nodes whose URL names none. Nagle is off on every connection.
-pub(super) fn node_info(node: &str, options: &RedisOptions) -> RedisResult<ConnectionInfo> {
-    let url = if node.contains("://") {
+impl Topology {
+    /// Where it is, for messages: its name and addresses (`host:port` or a socket path, never a
+    /// credential), e.g. `standalone at 127.0.0.1:6379`.
+    pub fn describe(&self) -> String {
+        let (nodes, what) = match self {
+            Self::Standalone { url } => (std::slice::from_ref(url), "standalone".to_owned()),
+            Self::Cluster { nodes } => (nodes.as_slice(), "cluster".to_owned()),
+            Self::Sentinel { sentinels, master } => {
+                (sentinels.as_slice(), format!("sentinel master {master}"))
+            }
+        };
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|node| {
+                node_url(node)
+                    .as_str()
+                    .into_connection_info()
+                    .map_or_else(|_| "an unreadable address".into(), |i| i.addr().to_string())
+            })
+            .collect();
+        format!("{what} at {}", addrs.join(", "))
+    }
+}
+
+/// `host:port` becomes `redis://host:port`; a URL stays as it is.
+fn node_url(node: &str) -> String {
+    if node.contains("://") {
         node.to_owned()
     } else {
         format!("redis://{node}")
-    };
-    let info = url.as_str().into_connection_info()?;
+    }
+}
+
+/// A node's connection settings, from its URL or `host:port` ([`node_url`]). The configured
+/// username and password apply to data nodes whose URL names none. Nagle is off on every
+/// connection.
+pub(super) fn node_info(node: &str, options: &RedisOptions) -> RedisResult<ConnectionInfo> {
+    let info = node_url(node).as_str().into_connection_info()?;
     let mut settings = info.redis_settings().clone();
     if settings.password().is_none() {
         if let Some(password) = &options.password {
@@ -354,6 +383,22 @@ mod tests {
         assert!(is_script_call(redis::cmd("eval").arg("return 1").arg(0)));
         assert!(!is_script_call(redis::cmd("SCRIPT").arg("LOAD").arg("x")));
         assert!(!is_script_call(&redis::cmd("PING")));
+    }
+
+    #[test]
+    fn a_topology_is_described_by_its_addresses_without_credentials() {
+        let standalone = Topology::Standalone {
+            url: "redis://gate:s3cret@10.0.0.1:6380/2".into(),
+        };
+        assert_eq!(standalone.describe(), "standalone at 10.0.0.1:6380");
+        let sentinel = Topology::Sentinel {
+            sentinels: vec!["10.0.0.2:26379".into(), "redis://:pw@10.0.0.3:26379".into()],
+            master: "mymaster".into(),
+        };
+        assert_eq!(
+            sentinel.describe(),
+            "sentinel master mymaster at 10.0.0.2:26379, 10.0.0.3:26379"
+        );
     }
 
     #[test]

@@ -143,10 +143,15 @@ impl RedisStore {
             .map_err(|_| {
                 StoreError::Unavailable(format!(
                     "timed out connecting to Redis ({})",
-                    topology.name()
+                    topology.describe()
                 ))
             })?
-            .map_err(unavailable)?;
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot connect to Redis ({}): {e}",
+                    topology.describe()
+                ))
+            })?;
         let store = Self {
             conn,
             scripts: Arc::new(Scripts::load()),
@@ -292,10 +297,6 @@ fn confirmed(wait: Option<Wait>, acknowledged: u32, what: &str) -> Result<(), St
     }
 }
 
-fn unavailable(e: redis::RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
-}
-
 /// Server errors that waiting cures: out of memory under `noeviction` (`OOM`), a busy script
 /// (`BUSY`), too few replicas for `min-replicas-to-write` (`NOREPLICAS`), a failing snapshot that
 /// stops writes (`MISCONF`), a `WAIT` released because its master became a replica during a
@@ -344,6 +345,60 @@ mod classify_tests {
             b"-UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)\r\n",
         );
         assert!(matches!(classify(e), StoreError::Unavailable(_)));
+    }
+
+    /// `reply` is STORE_UNAVAILABLE (retryable), and says what Redis said.
+    fn fails_closed_retryably(reply: &[u8], said: &str) {
+        match classify(server_error(reply)) {
+            StoreError::Unavailable(message) => assert!(message.contains(said), "{message}"),
+            other => panic!(
+                "{:?} classified as {other:?}",
+                String::from_utf8_lossy(reply)
+            ),
+        }
+    }
+
+    #[test]
+    fn out_of_memory_under_noeviction_fails_closed() {
+        fails_closed_retryably(
+            b"-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+            "maxmemory",
+        );
+    }
+
+    #[test]
+    fn a_busy_script_fails_closed() {
+        fails_closed_retryably(
+            b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n",
+            "busy running a script",
+        );
+    }
+
+    #[test]
+    fn too_few_replicas_for_min_replicas_to_write_fails_closed() {
+        fails_closed_retryably(
+            b"-NOREPLICAS Not enough good replicas to write.\r\n",
+            "Not enough good replicas",
+        );
+    }
+
+    #[test]
+    fn writes_stopped_by_a_failing_snapshot_fail_closed() {
+        fails_closed_retryably(
+            b"-MISCONF Redis is configured to save RDB snapshots, but it's currently unable to \
+              persist to disk. Commands that may modify the data set are disabled, because this \
+              instance is configured to report errors during writes if RDB snapshotting fails \
+              (stop-writes-on-bgsave-error option). Please check the Redis logs for details \
+              about the RDB error.\r\n",
+            "unable to persist to disk",
+        );
+    }
+
+    #[test]
+    fn a_code_that_merely_starts_like_a_transient_one_is_not_retried() {
+        // RESTORE's "target key name already exists": not BUSY, and no retry cures it.
+        let e = server_error(b"-BUSYKEY Target key name already exists.\r\n");
+        assert!(matches!(classify(e), StoreError::Corrupt(_)));
     }
 
     #[test]

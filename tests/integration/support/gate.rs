@@ -1,9 +1,11 @@
 //! Gates to test against: in-process on `127.0.0.1:0` over a [`Backend`] ([`TestGate`]), or as real
-//! `oncegate serve` processes ([`GateProcess`]; [`LoggedGate`] when the test reads the log), and a
-//! client that waits for one to listen ([`connect`]).
+//! `oncegate serve` processes ([`GateProcess`]; [`LoggedGate`] when the test reads the log;
+//! [`serve_to_exit`] when it must not start), and a client that waits for one to listen
+//! ([`connect`]).
 
 use std::{
-    io::{BufRead, BufReader},
+    ffi::OsStr,
+    io::{BufRead, BufReader, Read},
     net::SocketAddr,
     path::PathBuf,
     process::{Child, Command, Stdio},
@@ -207,6 +209,38 @@ fn listening_on(child: &mut Child) -> (Option<String>, String) {
     (addr, line)
 }
 
+/// Runs `oncegate serve --listen 127.0.0.1:0 <args>` to its exit, killed after 20 s (the code is
+/// then `None`): the exit code and standard error.
+pub fn serve_to_exit<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String) {
+    let mut child = oncegate_command()
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    (status.code(), stderr)
+}
+
 /// A real `oncegate serve` process, killed (SIGKILL) on drop.
 pub struct GateProcess {
     pub addr: String,
@@ -251,8 +285,8 @@ impl Drop for GateProcess {
     }
 }
 
-/// A real `oncegate serve` process on the embedded store in `dir/data`, logging at `info` into a
-/// file the test reads; killed on drop.
+/// A real `oncegate serve` process on the embedded store in `dir/data` (or on the store its
+/// arguments name), logging at `info` into a file the test reads; killed on drop.
 pub struct LoggedGate {
     pub addr: String,
     child: Child,
@@ -263,10 +297,18 @@ impl LoggedGate {
     /// Starts `oncegate serve --data-dir <dir>/data <args>` (`args` choose the listener) and waits
     /// for its `listening on` line.
     pub fn start(dir: &TempDir, args: &[&str]) -> Self {
+        let data = dir.path().join("data");
+        let mut with_data = vec!["--data-dir", data.to_str().unwrap()];
+        with_data.extend_from_slice(args);
+        Self::serve(dir, &with_data)
+    }
+
+    /// Starts `oncegate serve <args>` (`args` choose the store and the listener), logging into
+    /// `dir/gate.log`, and waits for its `listening on` line.
+    pub fn serve(dir: &TempDir, args: &[&str]) -> Self {
         let log = dir.path().join("gate.log");
         let mut child = oncegate_command()
-            .args(["serve", "--data-dir"])
-            .arg(dir.path().join("data"))
+            .arg("serve")
             .args(args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())

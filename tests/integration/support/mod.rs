@@ -5,7 +5,7 @@
 //! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]), and [`on_stores!`].
 //! - [`clock`]: store time a test moves ([`TestClock`], [`StoreTime`]).
 //! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
-//!   ([`GateProcess`], [`LoggedGate`]), and [`connect`].
+//!   ([`GateProcess`], [`LoggedGate`], [`serve_to_exit`]), and [`connect`].
 //! - [`inputs`]: requests, TTLs, configuration text, files; [`calls`]: one worker RPC each.
 //! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
 //!   [`pki`]: certificates made here and a TLS channel.
@@ -64,7 +64,7 @@ pub use self::{
     calls::{complete, grant, release, state},
     clock::{StoreTime, TestClock, millis_of},
     errors::{expect_error, reason},
-    gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command},
+    gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command, serve_to_exit},
     health::{health, wait_for_health},
     inputs::{config, policies, token_request, ttl_ms, write_file},
     pki::{Ca, Pem, Pki, PkiFiles, tls_channel},
