@@ -31,6 +31,7 @@ mod rows;
 mod security;
 mod services;
 mod signing;
+mod signing_cli;
 mod support;
 mod tls;
 mod traces;
