@@ -27,6 +27,8 @@ pub fn completion(c: &pb::Completion) -> Value {
         "source": c.source().as_str_name(),
         "note": c.note,
         "operator": c.operator,
+        "seq": (c.seq != 0).then_some(c.seq),
+        "statement": c.statement,
     })
 }
 
@@ -42,9 +44,16 @@ pub fn token_answer(r: &pb::RequestTokenResponse) -> Value {
             "lease_expires_at": g.lease_expires_at.map(|t| t.to_string()),
             "provider_key": g.provider_key,
             "replicas_acknowledged": g.replicas_acknowledged,
+            "statement": g.statement,
         })),
         "redelivered": r.redelivered,
         "completion": r.completion.as_ref().map(completion),
+        "approval": r.approval.as_ref().map(|a| json!({
+            "id": a.id,
+            "expires_at": a.expires_at.map(|t| t.to_string()),
+            "policy_id": a.policy_id,
+            "reason": a.reason,
+        })),
     })
 }
 

@@ -321,6 +321,36 @@ async fn a_gate_with_a_retired_key_publishes_both_signs_with_the_current_and_ver
         assert_eq!(verified["iss"], "gate.example.test");
     }
 
+    // A worker in a shell takes the statement from `oncegate call request-token --json` and its
+    // executor checks it with `oncegate verify`.
+    let server = format!("http://{}", gate.addr);
+    let out = oncegate(&[
+        "call",
+        "request-token",
+        "--json",
+        "--server",
+        &server,
+        "--api-key",
+        WORKER_KEY,
+        "--agent",
+        AGENT,
+        "--run",
+        "run-1",
+        "--action",
+        "payments.transfer",
+        "--params",
+        PARAMS,
+        "--idempotency-key",
+        "inv-shell",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let statement = answer["grant"]["statement"].as_str().unwrap();
+    let (code, stdout, stderr) = verify(&jwks, statement, PARAMS, "fake-bank");
+    assert_eq!(code, 0, "{stderr}");
+    let verified: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(verified["fencing"], answer["grant"]["fencing"]);
+
     // Refused, exit 1, with the reason: changed params, another audience, a key set without the
     // key that signed, a tampered statement.
     let (code, stdout, stderr) = verify(
