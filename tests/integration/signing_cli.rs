@@ -474,7 +474,7 @@ async fn after_a_rotation_the_old_keys_statements_still_verify_and_the_audit_spa
     let report = text(&out.stdout);
     assert!(
         report.starts_with(
-            "agent billing-1: 2 entries, 2 verified, unsigned []; keys served by the gate\n"
+            "agent billing-1: 2 entries, 2 verified, 0 unsigned; keys served by the gate\n"
         ) && report.ends_with("intact: no completion removed or rewritten\n"),
         "{report}"
     );

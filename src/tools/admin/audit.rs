@@ -99,12 +99,19 @@ fn entry(e: pb::ReceiptEntry) -> ChainEntry {
 
 /// The verdict for a person.
 pub(super) fn human(value: &Value) -> String {
+    let unsigned: Vec<String> = value["unsigned"]
+        .as_array()
+        .map(|seqs| seqs.iter().map(Value::to_string).collect())
+        .unwrap_or_default();
+    let unsigned = match unsigned.len() {
+        0 => "0 unsigned".to_owned(),
+        n => format!("{n} unsigned (entries {})", unsigned.join(", ")),
+    };
     let mut out = format!(
-        "agent {}: {} entries, {} verified, unsigned {}; keys {}\n",
+        "agent {}: {} entries, {} verified, {unsigned}; keys {}\n",
         value["agent"].as_str().unwrap_or_default(),
         value["entries"],
         value["verified"],
-        value["unsigned"],
         value["keys"].as_str().unwrap_or_default(),
     );
     if let Some(head) = value["head"].as_object() {
