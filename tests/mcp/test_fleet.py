@@ -115,3 +115,37 @@ async def test_a_wrong_api_key_executes_nothing(world: World) -> None:
     assert refused.is_error and "unauthenticated" in content(refused)[0]["text"]
     assert not read.is_error
     assert world.effects() == []
+
+
+async def test_the_in_progress_wait_runs_out_while_another_gateway_holds_the_lease(world: World) -> None:
+    gate = world.start_gate(GATE_CONFIG)
+    holder = world.start_http_gateway(*gateway_to(gate, "--run-id", "run-3"))
+    impatient = world.start_http_gateway(
+        *gateway_to(gate, "--run-id", "run-3", "--in-progress-wait-seconds", "1")
+    )
+    # Longer than the 2 s lease of create_ticket: the holder's heartbeat keeps it over gRPC.
+    call = {"title": "migrate mailbox", "delay": 6}
+    outcome: dict = {}
+
+    async def hold() -> None:
+        async with Client(holder) as client:
+            outcome["result"] = await client.call_tool("create_ticket", call)
+
+    async with Client(impatient) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            while not world.effects():
+                await anyio.sleep(0.05)
+            waited = await client.call_tool("create_ticket", call)
+            assert "result" not in outcome
+        assert waited.is_error and meta(waited)["oncegate/error"] == "IDEMPOTENCY_IN_PROGRESS"
+        text = content(waited)[0]["text"]
+        assert "IDEMPOTENCY_IN_PROGRESS" in str(meta(waited)) and "had not finished after 1 s" in text
+        assert meta(waited)["oncegate/provider_key"] in text
+        # Once the holder has finished, the same call gets its result.
+        later = await client.call_tool("create_ticket", call)
+    held = outcome["result"]
+    assert not held.is_error and content(later) == content(held)
+    assert meta(later)["oncegate/replayed"] is True
+    assert len(world.effects()) == 1
+
