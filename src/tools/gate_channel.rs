@@ -40,6 +40,27 @@ pub async fn connect(
     access: &GateAccess,
     timeout: Duration,
 ) -> Result<Channel, (u8, String)> {
+    endpoint(url, access, timeout)?
+        .connect()
+        .await
+        .map_err(|e| {
+            let why = with_causes(e.to_string(), std::error::Error::source(&e));
+            (EX_UNAVAILABLE, format!("cannot reach {url}: {why}"))
+        })
+}
+
+/// A channel to the gate at `url` that connects on first use and reconnects on its own, for a
+/// long-running process that must start while the gate is down (each call then fails as
+/// unavailable). Only bad settings fail here (exit code 64).
+pub fn connect_lazy(
+    url: &str,
+    access: &GateAccess,
+    timeout: Duration,
+) -> Result<Channel, (u8, String)> {
+    Ok(endpoint(url, access, timeout)?.connect_lazy())
+}
+
+fn endpoint(url: &str, access: &GateAccess, timeout: Duration) -> Result<Endpoint, (u8, String)> {
     let usage = |m: String| (EX_USAGE, m);
     let mut endpoint = Endpoint::from_shared(url.to_owned())
         .map_err(|e| usage(format!("{url:?}: {e}")))?
@@ -64,10 +85,7 @@ pub async fn connect(
             .tls_config(config)
             .map_err(|e| usage(format!("TLS configuration: {e}")))?;
     }
-    endpoint.connect().await.map_err(|e| {
-        let why = with_causes(e.to_string(), std::error::Error::source(&e));
-        (EX_UNAVAILABLE, format!("cannot reach {url}: {why}"))
-    })
+    Ok(endpoint)
 }
 
 /// `message` followed by each error of the `source` chain, joined by ": ", skipping a cause the

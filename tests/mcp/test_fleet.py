@@ -115,3 +115,56 @@ async def test_a_wrong_api_key_executes_nothing(world: World) -> None:
     assert refused.is_error and "unauthenticated" in content(refused)[0]["text"]
     assert not read.is_error
     assert world.effects() == []
+
+
+async def test_the_in_progress_wait_runs_out_while_another_gateway_holds_the_lease(world: World) -> None:
+    gate = world.start_gate(GATE_CONFIG)
+    holder = world.start_http_gateway(*gateway_to(gate, "--run-id", "run-3"))
+    impatient = world.start_http_gateway(
+        *gateway_to(gate, "--run-id", "run-3", "--in-progress-wait-seconds", "1")
+    )
+    # Longer than the 2 s lease of create_ticket: the holder's heartbeat keeps it over gRPC.
+    call = {"title": "migrate mailbox", "delay": 8}
+    outcome: dict = {}
+
+    async def hold() -> None:
+        async with Client(holder) as client:
+            outcome["result"] = await client.call_tool("create_ticket", call)
+
+    async with Client(impatient) as client:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold)
+            while not world.effects():
+                await anyio.sleep(0.05)
+            waited = await client.call_tool("create_ticket", call)
+            # Past the lease, still in progress (extended), not an attempt left unresolved.
+            await anyio.sleep(2.5)
+            still = await client.call_tool("create_ticket", call)
+            assert "result" not in outcome
+        assert meta(still)["oncegate/error"] == "IDEMPOTENCY_IN_PROGRESS"
+        assert waited.is_error and meta(waited)["oncegate/error"] == "IDEMPOTENCY_IN_PROGRESS"
+        text = content(waited)[0]["text"]
+        assert "had not finished after 1 s" in text
+        assert meta(waited)["oncegate/provider_key"] in text
+        # Once the holder has finished, the same call gets its result.
+        later = await client.call_tool("create_ticket", call)
+    held = outcome["result"]
+    assert not held.is_error and content(later) == content(held)
+    assert meta(later)["oncegate/replayed"] is True
+    assert len(world.effects()) == 1
+
+
+
+async def test_an_unreachable_gate_executes_nothing_and_read_only_tools_pass(world: World) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"
+    args = ("--gate", closed, "--agent-id", "support-bot", "--in-progress-wait-seconds", "1")
+    async with world.stdio_client(*args) as client:
+        refused = await client.call_tool("create_ticket", {"title": "nobody home"})
+        read = await client.call_tool("count_tickets", {})
+        listed = await client.list_tools()
+    assert refused.is_error and meta(refused)["oncegate/error"] == "GATE_UNAVAILABLE"
+    text = content(refused)[0]["text"]
+    assert "Nothing was done" in text and "unavailable" in text
+    assert not read.is_error and "0 executions" in content(read)[0]["text"]
+    assert "create_ticket" in [tool.name for tool in listed.tools]
+    assert world.effects() == []

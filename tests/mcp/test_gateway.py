@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import anyio
 import pytest
 from conftest import BIN, UPSTREAM, World, free_port
 from mcp import Client, StdioServerParameters
@@ -162,4 +163,78 @@ async def test_an_upstream_over_streamable_http(world: World) -> None:
         first = await client.call_tool("create_ticket", {"title": "over http"})
         again = await client.call_tool("create_ticket", {"title": "over http"})
     assert content(first) == content(again) and meta(again)["oncegate/replayed"] is True
+    assert len(world.effects()) == 1
+
+
+async def until_executed(world: World, count: int = 1) -> None:
+    """Waits until the upstream has started `count` executions (its effect is written first)."""
+    while len(world.effects()) < count:
+        await anyio.sleep(0.05)
+
+
+async def test_a_call_outlasting_its_lease_is_kept_alive_and_recorded_once(world: World) -> None:
+    world.write_config('[actions."create_ticket"]\nlease_ttl_seconds = 2\n')
+    call = {"title": "slow export", "delay": 6}
+    async with world.stdio_client("--run-id", "r", "--in-progress-wait-seconds", "0") as client:
+        outcome: dict = {}
+
+        async def slow() -> None:
+            outcome["result"] = await client.call_tool("create_ticket", call)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            await until_executed(world)
+            # Past the 2 s lease the tool still runs: the heartbeat has kept the lease, so the
+            # same call is in progress, not an attempt whose lease ended unresolved.
+            await anyio.sleep(3.5)
+            probe = await client.call_tool("create_ticket", call)
+            assert probe.is_error and meta(probe)["oncegate/error"] == "IDEMPOTENCY_IN_PROGRESS"
+        done = outcome["result"]
+        assert not done.is_error and "T-1" in str(content(done))
+        # Recorded as completed: the retry replays without calling the upstream.
+        retry = await client.call_tool("create_ticket", call)
+    assert meta(retry)["oncegate/replayed"] is True and content(retry) == content(done)
+    assert len(world.effects()) == 1
+
+
+async def test_key_fields_decide_what_a_retry_must_repeat(world: World) -> None:
+    world.write_config('[mcp.tools."transfer"]\nkey_fields = ["/to", "/amount"]\n')
+    key = {"oncegate/idempotency_key": "pay-1"}
+    async with world.stdio_client("--run-id", "r") as client:
+        sent = await client.call_tool("transfer", {"to": "alice", "amount": 30, "memo": "rent"}, meta=key)
+        # Only the memo differs, and it is not a key field: the same transfer, replayed.
+        memo = await client.call_tool(
+            "transfer", {"to": "alice", "amount": 30, "memo": "rent for May"}, meta=key
+        )
+        # The amount is a key field: another transfer under the same key, refused.
+        amount = await client.call_tool("transfer", {"to": "alice", "amount": 31, "memo": "rent"}, meta=key)
+        # Without an idempotency key the key fields make the fingerprint: the memo still does not count.
+        bob = await client.call_tool("transfer", {"to": "bob", "amount": 5, "memo": "a"})
+        bob_again = await client.call_tool("transfer", {"to": "bob", "amount": 5, "memo": "b"})
+    assert not sent.is_error and "30 to alice" in content(sent)[0]["text"]
+    assert meta(memo)["oncegate/replayed"] is True and content(memo) == content(sent)
+    assert amount.is_error and meta(amount)["oncegate/error"] == "IDEMPOTENCY_KEY_REUSED"
+    assert meta(amount)["oncegate/differing_fields"] == ["/amount"]
+    assert "/amount" in content(amount)[0]["text"]
+    assert meta(bob_again)["oncegate/replayed"] is True and content(bob_again) == content(bob)
+    assert [(e["to"], e["amount"], e["memo"]) for e in world.effects()] == [
+        ("alice", 30, "rent"),
+        ("bob", 5, "a"),
+    ]
+
+
+async def test_past_the_call_timeout_the_outcome_is_unknown_and_the_lease_kept(world: World) -> None:
+    world.write_config('[actions."create_ticket"]\nlease_ttl_seconds = 1\n')
+    args = ("--run-id", "r", "--call-timeout-seconds", "1", "--in-progress-wait-seconds", "5")
+    call = {"title": "stuck", "delay": 8}
+    async with world.stdio_client(*args) as client:
+        unknown = await client.call_tool("create_ticket", call)
+        assert unknown.is_error and meta(unknown)["oncegate/error"] == "OUTCOME_UNKNOWN"
+        text = content(unknown)[0]["text"]
+        assert "did not answer within 1 s" in text and "may or may not have happened" in text
+        assert meta(unknown)["oncegate/provider_key"] in text
+        # Not released: once the lease ends (no heartbeat now), the retry is refused as
+        # unresolved instead of executing again.
+        retry = await client.call_tool("create_ticket", call)
+    assert retry.is_error and meta(retry)["oncegate/error"] == "LEASE_EXPIRED_UNRESOLVED"
     assert len(world.effects()) == 1

@@ -53,6 +53,13 @@ def charge_card(amount: int) -> str:
 
 
 @server.tool()
+def transfer(to: str, amount: int, memo: str = "") -> str:
+    """Sends money; the memo is free text that does not change the transfer."""
+    number = _effect("transfer", to=to, amount=amount, memo=memo)
+    return f"transfer {number}: {amount} to {to}"
+
+
+@server.tool()
 def reserve_seat(seat: str) -> str:
     """Reserves a seat; an unknown seat is refused as invalid params before anything happens."""
     if not seat.startswith("A"):

@@ -35,7 +35,8 @@ pub struct McpArgs {
     pub allowed_hosts: Vec<String>,
 
     /// A gate over gRPC (http://host:port, https:// with --ca). Without it, the gateway runs the
-    /// gate in-process on the embedded store under --data-dir.
+    /// gate in-process on the embedded store under --data-dir. Connected on first use: while it
+    /// is unreachable, gated calls answer GATE_UNAVAILABLE and nothing is forwarded.
     #[arg(long, env = "ONCEGATE_GATE")]
     pub gate: Option<String>,
 

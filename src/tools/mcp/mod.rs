@@ -81,7 +81,7 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         .or_else(|| settings.agent_id.clone())
         .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
     let gate = match &args.gate {
-        Some(url) => remote_gate(url, args).await?,
+        Some(url) => remote_gate(url, args)?,
         None => local_gate(args, &file.policies, file.authorization.clone()).await?,
     };
     Ok(Shared {
@@ -98,9 +98,10 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
     })
 }
 
-async fn remote_gate(url: &str, args: &McpArgs) -> Result<gate::GateLink, (u8, String)> {
-    let channel = super::gate_channel::connect(url, &args.access, Duration::from_secs(10))
-        .await
+/// The gate server, connected on first use: a gateway started while the gate is down still
+/// serves (its gated calls fail closed with `GATE_UNAVAILABLE`, the others pass through).
+fn remote_gate(url: &str, args: &McpArgs) -> Result<gate::GateLink, (u8, String)> {
+    let channel = super::gate_channel::connect_lazy(url, &args.access, Duration::from_secs(10))
         .map_err(|(code, m)| (code, format!("--gate: {m}")))?;
     let mut client = GateClient::from_channel(channel);
     if let Some(key) = &args.access.api_key {
