@@ -150,7 +150,7 @@ def test_unmarked_exception_is_outcome_unknown_and_keeps_the_token(
     assert fake_gate.get_action(unknown.action).state is ActionState.AUTHORIZED
     with pytest.raises(InProgress):
         fake_gate.run(
-            "payments.transfer", TRANSFER, lambda grant: "again", wait_timeout=0, **scope_kwargs(run_id)
+            "payments.transfer", TRANSFER, lambda grant: "again", max_wait=0, **scope_kwargs(run_id)
         )
     fake_gate.complete(unknown.action, unknown.token, b'"reconciled"')
     assert (
@@ -178,7 +178,7 @@ def test_waits_while_in_progress_then_replays(fake_gate: Gate, run_id: str) -> N
         "pay",
         {"a": 1},
         lambda grant: ran.append(1),
-        wait_timeout=5,
+        max_wait=5,
         poll_interval=0.05,
         **scope_kwargs(run_id),
     )

@@ -109,7 +109,7 @@ def test_in_progress_for_a_second_caller(gate: Gate, run_id: str) -> None:
     again = gate.request_token("pay", {"a": 1}, holder="worker-a", **scope_kwargs(run_id))
     assert again.redelivered and again.grant == first.grant
     with pytest.raises(InProgress):
-        gate.run("pay", {"a": 1}, lambda grant: "second", wait_timeout=0, **scope_kwargs(run_id))
+        gate.run("pay", {"a": 1}, lambda grant: "second", max_wait=0, **scope_kwargs(run_id))
 
 
 def test_guard_waits_for_the_first_caller_and_replays(gate: Gate, run_id: str) -> None:
@@ -125,7 +125,7 @@ def test_guard_waits_for_the_first_caller_and_replays(gate: Gate, run_id: str) -
     worker.start()
     assert started.wait(10)
     ran: list[Grant] = []
-    result = gate.run("pay", {"b": 2}, ran.append, wait_timeout=20, poll_interval=0.1, **scope_kwargs(run_id))
+    result = gate.run("pay", {"b": 2}, ran.append, max_wait=20, poll_interval=0.1, **scope_kwargs(run_id))
     worker.join()
     assert result == "first" and not ran
 
