@@ -20,6 +20,7 @@ mod layers;
 mod limits;
 mod metrics;
 mod metrics_endpoint;
+mod metrics_operator;
 mod operator;
 mod promise;
 mod properties;
