@@ -211,17 +211,7 @@ group_by = "/currency"
     assert_eq!(count("replayed", "shadow"), 1.0);
     assert_eq!(count("granted", "shadow"), 1.0);
     assert_eq!(count("policy_denied", "enforce"), 0.0);
-    assert_eq!(
-        scrape.sum(
-            "oncegate_budget_decisions_total",
-            &[
-                ("budget", "eur-per-hour"),
-                ("decision", "exceeded"),
-                ("mode", "shadow")
-            ],
-        ),
-        1.0
-    );
+    assert_eq!(scrape.budget("eur-per-hour", "exceeded", "shadow"), 1.0);
     assert_eq!(
         scrape.sum(
             "oncegate_blocked_duplicates_total",
@@ -507,16 +497,7 @@ shadow = true
     assert_eq!(all("files.delete", "enforce"), 0.0);
     assert_eq!(attempts("files.purge", "pending_approval", "enforce"), 2.0);
     assert_eq!(all("files.purge", "shadow"), 0.0);
-    let budget = |decision: &str, mode: &str| {
-        scrape.sum(
-            "oncegate_budget_decisions_total",
-            &[
-                ("budget", "eur-per-hour"),
-                ("decision", decision),
-                ("mode", mode),
-            ],
-        )
-    };
+    let budget = |decision: &str, mode: &str| scrape.budget("eur-per-hour", decision, mode);
     assert_eq!(budget("reserved", "shadow"), 1.0);
     assert_eq!(budget("exceeded", "shadow"), 1.0);
     assert_eq!(budget("exceeded", "enforce"), 1.0);

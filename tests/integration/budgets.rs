@@ -160,16 +160,7 @@ async fn sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back(ki
 
     // Enforced budget decisions are counted: five grants reserved, two refusals exceeded.
     let scrape = Scrape::fetch(metrics).await;
-    let budget = |decision: &str, mode: &str| {
-        scrape.sum(
-            "oncegate_budget_decisions_total",
-            &[
-                ("budget", "eur-per-hour"),
-                ("decision", decision),
-                ("mode", mode),
-            ],
-        )
-    };
+    let budget = |decision: &str, mode: &str| scrape.budget("eur-per-hour", decision, mode);
     assert_eq!(budget("reserved", "enforce"), 5.0);
     assert_eq!(budget("exceeded", "enforce"), 2.0);
     assert_eq!(

@@ -80,6 +80,15 @@ impl Scrape {
             .sum()
     }
 
+    /// `oncegate_budget_decisions_total` of `budget` for one decision (`reserved`, `exceeded`) in
+    /// one mode (`enforce`, `shadow`).
+    pub fn budget(&self, budget: &str, decision: &str, mode: &str) -> f64 {
+        self.sum(
+            "oncegate_budget_decisions_total",
+            &[("budget", budget), ("decision", decision), ("mode", mode)],
+        )
+    }
+
     /// Every series name in the scrape.
     pub fn names(&self) -> BTreeSet<&str> {
         self.series.iter().map(|(n, _, _)| n.as_str()).collect()
