@@ -32,6 +32,8 @@ const STARTUP_TIMEOUT_MS = 60_000;
 export interface RunningGate {
   /** `127.0.0.1:PORT`. */
   readonly address: string;
+  /** Its data directory (the embedded store, and the signing key it generated). */
+  readonly dataDir: string;
   /** Stops the process and removes its directory. */
   stop(): Promise<void>;
 }
@@ -51,9 +53,10 @@ export async function startGate(policy: string = POLICY): Promise<RunningGate> {
   const config = join(workdir, "policy.toml");
   writeFileSync(config, policy);
   const logPath = join(workdir, "gate.log");
+  const dataDir = join(workdir, "data");
   const child = spawn(
     gateBinary(),
-    ["serve", "--listen", "127.0.0.1:0", "--data-dir", join(workdir, "data"), "--config", config],
+    ["serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--config", config],
     { stdio: ["ignore", "pipe", "pipe"] },
   );
   child.stderr.pipe(createWriteStream(logPath));
@@ -63,7 +66,7 @@ export async function startGate(policy: string = POLICY): Promise<RunningGate> {
   };
   try {
     const address = await listeningAddress(child, () => readFileSync(logPath, "utf8"));
-    return { address, stop };
+    return { address, dataDir, stop };
   } catch (error) {
     await stop();
     throw error;
