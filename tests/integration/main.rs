@@ -31,6 +31,7 @@ mod reflection;
 mod rows;
 mod security;
 mod services;
+mod shadow;
 mod signing;
 mod signing_cli;
 mod support;

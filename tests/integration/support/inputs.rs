@@ -47,3 +47,21 @@ pub fn write_file(dir: &Path, name: &str, text: &str) -> PathBuf {
     std::fs::write(&path, text).unwrap();
     path
 }
+
+/// A configuration file's `[authorization]` table naming `rules` (written into `dir` as
+/// `rules.cedar`), with `extra` TOML after it.
+pub fn with_rules(dir: &Path, rules: &str, extra: &str) -> String {
+    let path = write_file(dir, "rules.cedar", rules);
+    format!(
+        "[authorization]\npolicies = [{:?}]\n{extra}",
+        path.display().to_string()
+    )
+}
+
+/// Everything allowed, except the agent `intern` and transfers above 1000.
+pub const BASIC_RULES: &str = r#"
+@id("all") permit(principal, action, resource);
+@id("no-intern") forbid(principal == Agent::"intern", action, resource);
+@id("big-transfers") forbid(principal, action == Action::"payments.transfer", resource)
+  when { context.params has amount && context.params.amount > 1000 };
+"#;

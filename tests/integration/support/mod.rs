@@ -66,7 +66,7 @@ pub use self::{
     errors::{expect_error, reason},
     gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command, serve_to_exit},
     health::{health, wait_for_health},
-    inputs::{config, policies, token_request, ttl_ms, write_file},
+    inputs::{BASIC_RULES, config, policies, token_request, ttl_ms, with_rules, write_file},
     pki::{Ca, Pem, Pki, PkiFiles, tls_channel},
     principals::{OPS_KEY, WORKER_KEY, authed, principals_toml},
     redis::{RedisServer, free_port},
