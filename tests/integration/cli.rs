@@ -89,17 +89,14 @@ fn bad_configuration_exits_64_with_a_clear_message() {
         "bad.toml",
         "[defaults]\nlease_ttl_seconds = -1\n",
     );
-    let out = oncegate(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
+    let (code, stderr) = serve_to_exit(&[
         "--data-dir",
         dir.path().to_str().unwrap(),
         "--config",
         config.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(64));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("lease_ttl_seconds"));
+    assert_eq!(code, Some(64));
+    assert!(stderr.contains("lease_ttl_seconds"), "{stderr}");
     let out = oncegate(&["serve", "--listen", "not-an-address"]);
     assert_eq!(out.status.code(), Some(64));
 }
@@ -233,17 +230,13 @@ fn a_quoted_number_of_seconds_says_what_is_expected() {
         "p.toml",
         "[defaults]\nlease_ttl_seconds = \"5\"\n",
     );
-    let out = oncegate(&[
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
+    let (code, stderr) = serve_to_exit(&[
         "--data-dir",
         dir.path().to_str().unwrap(),
         "--config",
         config.to_str().unwrap(),
     ]);
-    assert_eq!(out.status.code(), Some(64));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code, Some(64));
     assert!(
         stderr.contains("lease_ttl_seconds") && stderr.contains("expected a number of seconds"),
         "{stderr}"

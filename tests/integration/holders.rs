@@ -14,8 +14,8 @@ use oncegate::{
 use tonic::{Code, transport::Channel};
 
 use crate::support::{
-    Kind, OPS_KEY, Pki, TestGate, WORKER_KEY, authed, backend, config, expect_error, grant,
-    on_stores, principals_toml, tls_channel, token_request,
+    Kind, OPS_KEY, Pki, TestGate, WORKER_KEY, authed, backend, complete_as, config, expect_error,
+    grant, grant_as, on_stores, principals_toml, tls_channel, token_request,
 };
 
 /// Mutual TLS without `[[principals]]` (the shape of a quick production start): every certificate
@@ -131,20 +131,8 @@ async fn listing_every_agent_is_bounded_and_prunes_settled_agents(kind: Kind) {
     let mut admin = GateAdminServiceClient::new(channel);
     for i in 0..300 {
         let req = token_request(&format!("billing-{i:03}"), "run", "pay", r#"{"n":1}"#);
-        let resp = client
-            .request_token(authed(req, Some(WORKER_KEY)))
-            .await
-            .unwrap()
-            .into_inner();
-        client
-            .complete(authed(
-                pb::CompleteRequest {
-                    action: resp.action,
-                    token: resp.grant.unwrap().token,
-                    receipt: b"ok".to_vec(),
-                },
-                Some(WORKER_KEY),
-            ))
+        let (action, grant) = grant_as(&mut client, req, Some(WORKER_KEY)).await;
+        complete_as(&mut client, &action, &grant.token, b"ok", Some(WORKER_KEY))
             .await
             .unwrap();
     }

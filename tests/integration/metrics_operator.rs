@@ -8,7 +8,7 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::{
-    Kind, OPS_KEY, Scrape, TestGate, WORKER_KEY, authed, expect_error, principals_toml,
+    Kind, OPS_KEY, Scrape, TestGate, WORKER_KEY, authed, expect_error, grant_as, principals_toml,
     token_request, ttl_ms, wait_for_health,
 };
 
@@ -66,14 +66,9 @@ async fn operator_calls_are_timed_and_counted_by_operation() {
         );
         req.idempotency_key = key.into();
         req.lease_ttl = ttl_ms(300);
-        let resp = client
-            .request_token(authed(req, Some(WORKER_KEY)))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(resp.decision(), pb::Decision::Granted, "{resp:?}");
-        last_end = resp.grant.unwrap().lease_expires_at;
-        expired.push(resp.action.unwrap());
+        let (action, grant) = grant_as(&mut client, req, Some(WORKER_KEY)).await;
+        last_end = grant.lease_expires_at;
+        expired.push(action);
     }
     gate.time.pass_beyond(last_end.unwrap()).await;
     let before = Scrape::fetch(metrics_addr).await;

@@ -23,8 +23,8 @@ use oncegate::{
 use tonic::transport::Channel;
 
 use crate::support::{
-    Kind, OPS_KEY, STORE_TIMEOUT, TestGate, authed, config, on_stores, principals_toml,
-    test_signer, token_request,
+    Kind, OPS_KEY, STORE_TIMEOUT, TestGate, authed, complete_as, config, grant_as, on_stores,
+    principals_toml, test_signer, token_request,
 };
 
 /// Every entry of `agent`'s chain, read a page of 5 at a time through ExportReceipts.
@@ -144,20 +144,8 @@ async fn completions_form_one_chain_per_agent(kind: Kind) {
     let mut client = gate.client().await;
     let mut other = token_request("billing-b", "run-1", "pay", "{}");
     other.idempotency_key = "b1".into();
-    let resp = client
-        .request_token(authed(other.clone(), Some(OPS_KEY)))
-        .await
-        .unwrap()
-        .into_inner();
-    client
-        .complete(authed(
-            pb::CompleteRequest {
-                action: resp.action,
-                token: resp.grant.unwrap().token,
-                receipt: b"b".to_vec(),
-            },
-            Some(OPS_KEY),
-        ))
+    let (action, grant) = grant_as(&mut client, other.clone(), Some(OPS_KEY)).await;
+    complete_as(&mut client, &action, &grant.token, b"b", Some(OPS_KEY))
         .await
         .unwrap();
 

@@ -18,8 +18,8 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::support::{
-    LoggedGate, OPS_KEY, WORKER_KEY, authed, connect, http_get, oncegate_command, principals_toml,
-    token_request, ttl_ms, write_file,
+    LoggedGate, OPS_KEY, WORKER_KEY, complete_as, connect, grant_as, http_get, oncegate_command,
+    principals_toml, token_request, ttl_ms, write_file,
 };
 
 const POLICY: &str = r#"
@@ -132,17 +132,10 @@ fn start_gate(dir: &TempDir, flags: &[&str]) -> LoggedGate {
 /// A transfer granted by the gate at `addr` (a lease of ten minutes, so that its statement
 /// outlives the test): the action and the grant.
 async fn transfer(addr: &str, key: &str) -> (pb::ActionRef, pb::Grant) {
-    let mut client = connect(addr).await;
     let mut req = token_request(AGENT, "run-1", "payments.transfer", PARAMS);
     req.idempotency_key = key.into();
     req.lease_ttl = ttl_ms(600_000);
-    let resp = client
-        .request_token(authed(req, Some(WORKER_KEY)))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(resp.decision(), pb::Decision::Granted, "{resp:?}");
-    (resp.action.unwrap(), resp.grant.unwrap())
+    grant_as(&mut connect(addr).await, req, Some(WORKER_KEY)).await
 }
 
 /// The worker's Complete of `action`, which must succeed: the completion.
@@ -152,18 +145,9 @@ async fn complete(
     token: &str,
     receipt: &[u8],
 ) -> pb::Completion {
-    let request = pb::CompleteRequest {
-        action: Some(action.clone()),
-        token: token.into(),
-        receipt: receipt.to_vec(),
-    };
-    connect(addr)
+    let mut client = connect(addr).await;
+    complete_as(&mut client, action, token, receipt, Some(WORKER_KEY))
         .await
-        .complete(authed(request, Some(WORKER_KEY)))
-        .await
-        .unwrap()
-        .into_inner()
-        .completion
         .unwrap()
 }
 

@@ -1,15 +1,31 @@
-//! One worker RPC each, as most tests call them without credentials: the reply unwrapped, or the
-//! error status to check.
+//! One worker RPC each, without credentials as most tests call them or with an API key (`_as`):
+//! the reply unwrapped, or the error status to check.
 
 use oncegate::pb::{self, action_gate_service_client::ActionGateServiceClient};
 use tonic::{Status, transport::Channel};
+
+use super::authed;
 
 /// RequestToken, which must grant: the action and its grant.
 pub async fn grant(
     client: &mut ActionGateServiceClient<Channel>,
     req: pb::RequestTokenRequest,
 ) -> (pb::ActionRef, pb::Grant) {
-    let resp = client.request_token(req).await.unwrap().into_inner();
+    grant_as(client, req, None).await
+}
+
+/// RequestToken with `key`'s credential (none: anonymous), which must grant: the action and its
+/// grant.
+pub async fn grant_as(
+    client: &mut ActionGateServiceClient<Channel>,
+    req: pb::RequestTokenRequest,
+    key: Option<&str>,
+) -> (pb::ActionRef, pb::Grant) {
+    let resp = client
+        .request_token(authed(req, key))
+        .await
+        .unwrap()
+        .into_inner();
     assert_eq!(resp.decision(), pb::Decision::Granted, "{resp:?}");
     (resp.action.unwrap(), resp.grant.unwrap())
 }
@@ -21,12 +37,25 @@ pub async fn complete(
     token: &str,
     receipt: &[u8],
 ) -> Result<pb::Completion, Status> {
+    complete_as(client, action, token, receipt, None).await
+}
+
+/// Complete with `token` and `receipt` and `key`'s credential (none: anonymous): the completion,
+/// or the refusal.
+pub async fn complete_as(
+    client: &mut ActionGateServiceClient<Channel>,
+    action: &pb::ActionRef,
+    token: &str,
+    receipt: &[u8],
+    key: Option<&str>,
+) -> Result<pb::Completion, Status> {
+    let request = pb::CompleteRequest {
+        action: Some(action.clone()),
+        token: token.into(),
+        receipt: receipt.to_vec(),
+    };
     client
-        .complete(pb::CompleteRequest {
-            action: Some(action.clone()),
-            token: token.into(),
-            receipt: receipt.to_vec(),
-        })
+        .complete(authed(request, key))
         .await
         .map(|r| r.into_inner().completion.unwrap())
 }

@@ -68,28 +68,7 @@ impl TestGate {
     /// Serves a fresh store of `kind` with `policies`, counting into a registry served on its own
     /// `/metrics` listener, whose address is returned.
     pub async fn start_with_metrics(kind: Kind, policies: Policies) -> (Self, SocketAddr) {
-        let backend = backend(kind).await;
-        let mut registry = prometheus_client::registry::Registry::default();
-        let metrics = Metrics::register(
-            &mut registry,
-            policies.names(),
-            metrics::DEFAULT_OTHER_ACTION,
-        );
-        let gate = Gate::with_metrics(backend.store.clone(), policies, metrics);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let metrics_addr = listener.local_addr().unwrap();
-        tokio::spawn(metrics::endpoint::serve(
-            listener,
-            std::sync::Arc::new(registry),
-            std::future::pending(),
-        ));
-        // The unresolved actions are counted often, so that a test sees the gauge move.
-        let options = ServerOptions {
-            unresolved_interval: Duration::from_millis(200),
-            ..defaults::server()
-        };
-        let gate = Self::serve_gate(backend, gate, options).await;
-        (gate, metrics_addr)
+        Self::start_with_config_and_metrics(kind, policies.into()).await
     }
 
     /// Serves an existing backend with server options (TLS, message size) and the configuration
@@ -165,8 +144,10 @@ impl TestGate {
             std::sync::Arc::new(registry),
             std::future::pending(),
         ));
+        // The unresolved actions are counted often, so that a test sees the gauge move.
         let options = ServerOptions {
             principals: config.principals,
+            unresolved_interval: Duration::from_millis(200),
             ..defaults::server()
         };
         (Self::serve_gate(backend, gate, options).await, metrics_addr)

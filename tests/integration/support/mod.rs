@@ -61,7 +61,7 @@ pub mod topology;
     reason = "re-exports for every test file, present and future"
 )]
 pub use self::{
-    calls::{complete, grant, release, state},
+    calls::{complete, complete_as, grant, grant_as, release, state},
     clock::{StoreTime, TestClock, millis_of},
     errors::{expect_error, reason},
     gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command, serve_to_exit},

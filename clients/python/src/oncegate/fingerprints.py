@@ -294,9 +294,10 @@ def _inexact_decimal(value: Any, pointer: str = "") -> ParamsError | None:
     """The refusal of the first ``Decimal`` no double equals, named by its JSON Pointer (the
     encoder's hook sees the value, not where it is; this walk runs only on that error path)."""
     if isinstance(value, Decimal):
-        number = float(value)
-        if math.isfinite(number) and Decimal(repr(number)) != value:
-            return _inexact_number(str(value), pointer or "/", number)
+        try:
+            _double(value, pointer or "/")
+        except ParamsError as err:
+            return err
         return None
     if isinstance(value, Mapping):
         members = ((str(name), member) for name, member in value.items())
@@ -315,9 +316,14 @@ def _inexact_decimal(value: Any, pointer: str = "") -> ParamsError | None:
 def _decimal_as_double(value: Any) -> Any:
     if not isinstance(value, Decimal):
         raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    return _double(value, "(a Decimal param)")
+
+
+def _double(value: Decimal, pointer: str) -> float:
+    """The double ``value`` equals; ``inexact_number`` (naming ``pointer``) when none does."""
     number = float(value)
     if math.isfinite(number) and Decimal(repr(number)) != value:
-        raise _inexact_number(str(value), "(a Decimal param)", number)
+        raise _inexact_number(str(value), pointer, number)
     return number
 
 

@@ -1,0 +1,104 @@
+"""Where the Python guard's cost goes, in one process: client CPU per cycle (RequestToken +
+Complete around a no-op) through the bare stubs, the RPC layer (`oncegate.rpc.GateRpc`) and the
+decorator, against a running gate. An A/B aid for BENCHMARKS.md's Python section; `make bench`
+is the reproducible comparison.
+
+    target/release/oncegate serve --listen 127.0.0.1:50999 --data-dir /tmp/ab --unsigned &
+    .venv-bench/bin/python scripts/bench_python_guard.py --target 127.0.0.1:50999 --rounds 3
+
+Prints one line per layer and round: client CPU and wall time per cycle. `--profile` prints the
+decorator's cProfile instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import time
+from typing import Any, Callable
+
+import grpc
+
+from oncegate import Gate
+from oncegate.rpc import GateRpc
+from oncegate.v1 import oncegate_pb2 as pb
+from oncegate.v1 import oncegate_pb2_grpc as pb_grpc
+
+RUN = f"run-{os.getpid()}"
+
+
+def stubs(target: str) -> Callable[[str], None]:
+    stub = pb_grpc.ActionGateServiceStub(grpc.insecure_channel(target))
+    scope = pb.Scope(agent_id="bench-agent", run_id=RUN)
+
+    def cycle(key: str) -> None:
+        params = json.dumps({"order_id": key, "amount": 100})
+        resp = stub.RequestToken(pb.RequestTokenRequest(scope=scope, action="bench.noop", params_json=params))
+        stub.Complete(pb.CompleteRequest(action=resp.action, token=resp.grant.token, receipt=b'{"ok":true}'))
+
+    return cycle
+
+
+def rpc_layer(target: str) -> Callable[[str], None]:
+    rpc = GateRpc(target)
+
+    def cycle(key: str) -> None:
+        answer = rpc.request_token("bench.noop", {"order_id": key, "amount": 100}, agent_id="bench-agent", run_id=RUN)
+        assert answer.grant is not None
+        rpc.complete(answer.action, answer.grant.token, b'{"ok":true}')
+
+    return cycle
+
+
+def decorator(target: str) -> Callable[[str], None]:
+    gate = Gate(target)
+
+    @gate.action("bench.noop")
+    def tool(order_id: str, amount: int, *, grant: Any) -> dict[str, bool]:
+        return {"ok": True}
+
+    def cycle(key: str) -> None:
+        with gate.scope(agent_id="bench-agent", run_id=RUN):
+            tool(order_id=key, amount=100)
+
+    return cycle
+
+
+LAYERS = {"stubs": stubs, "rpc": rpc_layer, "decorator": decorator}
+
+
+def measure(name: str, cycle: Callable[[str], None], cycles: int, round_: int) -> None:
+    for i in range(200):  # warm-up: connection, caches
+        cycle(f"{name}-{round_}-warm-{i}")
+    cpu, wall = time.process_time(), time.perf_counter()
+    for i in range(cycles):
+        cycle(f"{name}-{round_}-{i}")
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    print(f"round {round_} {name:9} client CPU {cpu / cycles * 1e6:6.0f} µs/cycle, wall {wall / cycles * 1e6:6.0f} µs/cycle")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="127.0.0.1:50051", help="the gate (host:port)")
+    parser.add_argument("--cycles", type=int, default=3000, help="cycles per layer and round")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--profile", action="store_true", help="cProfile the decorator instead")
+    args = parser.parse_args()
+    cycles = {name: make(args.target) for name, make in LAYERS.items()}
+    if args.profile:
+        profile = cProfile.Profile()
+        profile.enable()
+        measure("decorator", cycles["decorator"], args.cycles, 0)
+        profile.disable()
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+        return
+    for round_ in range(args.rounds):
+        for name, cycle in cycles.items():
+            measure(name, cycle, args.cycles, round_)
+
+
+if __name__ == "__main__":
+    main()
