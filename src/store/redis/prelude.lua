@@ -8,7 +8,7 @@ local FINGERPRINT = 3       -- the request hash every later request must match
 local DIGESTS = 4           -- per-field digests (idempotency-keyed actions only), opaque here
 local RETENTION = 5         -- how long a completed record is kept, in ms
 local SLIDING = 6           -- 1 when a replay pushes retention forward
-local EXPIRES_AT = 7        -- store expiry in ms (the key's PX); 0: kept until settled
+local EXPIRES_AT = 7        -- store expiry in ms (the key's PXAT); 0: kept until settled
 local TOKEN = 8             -- live token (authorized), released token, completing token
 local HOLDER = 9            -- the holder named at grant time
 local LEASE_END = 10        -- lease_expires_at; for a released record, when it was released
@@ -90,11 +90,14 @@ local function index(rec)
   end
 end
 
+-- Expiries are absolute (PXAT, PEXPIREAT) on NOW's clock: a relative one (PX) counts from the
+-- time Redis froze for the script, which can differ from TIME by a millisecond, and the key would
+-- then outlive (or predecease) the expiry every script compares with NOW.
 local function save(key, rec)
   if rec[EXPIRES_AT] == 0 then
     redis.call('SET', key, cmsgpack.pack(rec))
   else
-    redis.call('SET', key, cmsgpack.pack(rec), 'PX', rec[EXPIRES_AT] - NOW)
+    redis.call('SET', key, cmsgpack.pack(rec), 'PXAT', rec[EXPIRES_AT])
   end
   index(rec)
 end
@@ -307,7 +310,7 @@ local function budget_give_back(hash, rec, fencing)
   rec[RESERVED] = kept
 end
 
--- An approval (og:{<agent digest>}:<action digest>:approval, with PX until it lapses):
+-- An approval (og:{<agent digest>}:<action digest>:approval, with PXAT when it lapses):
 -- { id, fingerprint, digests, state, created_at, expires_at, policy, reason, action, operator, note }
 local A_ID, A_FINGERPRINT, A_DIGESTS, A_STATE, A_CREATED, A_EXPIRES = 1, 2, 3, 4, 5, 6
 local A_POLICY, A_REASON, A_ACTION, A_OPERATOR, A_NOTE = 7, 8, 9, 10, 11
@@ -328,7 +331,7 @@ end
 -- Stores an approval until it lapses, and keeps the agent's approvals index (score: the lapse
 -- time) in step, dropping lapsed members.
 local function approval_save(key, index, member, a)
-  redis.call('SET', key, cmsgpack.pack(a), 'PX', a[A_EXPIRES] - NOW)
+  redis.call('SET', key, cmsgpack.pack(a), 'PXAT', a[A_EXPIRES])
   redis.call('ZADD', index, a[A_EXPIRES], member)
   redis.call('ZREMRANGEBYSCORE', index, '-inf', NOW)
 end

@@ -83,7 +83,7 @@ end
 if rec[STATE] == COMPLETED then
   if rec[SLIDING] == 1 then
     -- The retention slides: the key's expiry moves, the record is not rewritten.
-    redis.call('PEXPIRE', key, rec[RETENTION])
+    redis.call('PEXPIREAT', key, NOW + rec[RETENTION])
   end
   return completion_reply('completed', rec, 0, 0)
 end
