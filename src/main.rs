@@ -1,24 +1,34 @@
 //! The `oncegate` binary: parse the command line, start tracing, build the [`Config`] (exit 64 when
-//! it is bad), open the store (exit 69 when it cannot), and hand over to `server::run`.
+//! it is bad), open the store (exit 69 when it cannot), and hand over to `server::run`. The other
+//! subcommands are the tools that talk to a gate from outside: the worker calls (`oncegate call`,
+//! [`call_cli`]) and the operator client (`oncegate admin`, [`admin`]) over what they share
+//! ([`remote`], [`views`]), the load generator ([`bench`]), the signing keys and `oncegate verify`
+//! ([`keys`]), `oncegate fingerprint`, and the MCP gateway (the `oncegate-mcp` crate).
+//!
+//! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc → config
+//! → client, mcp → this binary.
+
+mod admin;
+mod bench;
+mod call_cli;
+mod cli;
+mod fingerprint;
+mod keys;
+mod remote;
+mod views;
 
 use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
-use oncegate::{
-    config::{Config, Notice, ServeArgs, exit},
-    gate::Gate,
-    grpc::{auth, server},
-    observe::{
-        metrics::{self, Metrics},
-        telemetry,
-    },
-    store::{Store, StoreError},
-    tools::{
-        admin, call_cli,
-        cli::{Cli, Command},
-        fingerprint,
-    },
+use cli::{Cli, Command};
+use oncegate_config::{Config, Notice, ServeArgs, exit};
+use oncegate_gate::Gate;
+use oncegate_grpc::{auth, server};
+use oncegate_observe::{
+    metrics::{self, Metrics},
+    telemetry,
 };
+use oncegate_store::{Store, StoreError};
 use prometheus_client::registry::Registry;
 
 /// mimalloc instead of the system allocator: malloc/free were about 17% of the gate's CPU per call
@@ -41,14 +51,14 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Fingerprint(args) => fingerprint::run(&args),
         Command::HashKey => hash_key_command(),
-        Command::Keys(args) => oncegate::tools::keys::run(&args),
-        Command::Verify(args) => oncegate::tools::keys::verify(&args),
+        Command::Keys(args) => keys::run(&args),
+        Command::Verify(args) => keys::verify(&args),
         Command::Call(args) => with_runtime(|runtime| runtime.block_on(call_cli::run(*args))),
         Command::Admin(args) => with_runtime(|runtime| runtime.block_on(admin::run(*args))),
-        Command::Bench(args) => oncegate::tools::bench::main(args),
+        Command::Bench(args) => bench::main(args),
         Command::Mcp(args) => with_runtime(|runtime| {
             let _telemetry = telemetry::init(args.log_format, None);
-            runtime.block_on(oncegate::tools::mcp::run(*args))
+            runtime.block_on(oncegate_mcp::run(*args))
         }),
         Command::Serve(args) => with_runtime(|runtime| {
             // Inside the runtime: an OTLP exporter's channel lives on it.

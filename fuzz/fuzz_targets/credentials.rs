@@ -3,10 +3,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use oncegate::{
-    domain::ActionKey,
-    grpc::{auth, tls},
-};
+use oncegate_domain::ActionKey;
+use oncegate_grpc::{auth, tls};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

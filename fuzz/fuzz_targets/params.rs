@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use oncegate::domain::fingerprint::{self, KeyFields, ParamsLimits};
+use oncegate_domain::fingerprint::{self, KeyFields, ParamsLimits};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

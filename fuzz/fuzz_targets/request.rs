@@ -4,12 +4,10 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use oncegate::{
-    config::ConfigFile,
-    gate::{TokenCall, policy::Policies, request::prepare_token},
-    pb,
-    store::ListCursor,
-};
+use oncegate_config::ConfigFile;
+use oncegate_gate::{TokenCall, policy::Policies, request::prepare_token};
+use oncegate_proto::{self as pb};
+use oncegate_store::ListCursor;
 use prost::Message;
 
 fn policies() -> &'static Policies {
@@ -63,11 +61,11 @@ fuzz_target!(|data: &[u8]| {
                 }
                 assert!(prepared.request.lease > 0);
                 let key = prepared.key.encode();
-                assert_eq!(oncegate::domain::ActionKey::decode(&key), Some(prepared.key));
+                assert_eq!(oncegate_domain::ActionKey::decode(&key), Some(prepared.key));
             }
             Err(e) => assert_eq!(
-                oncegate::grpc::status::reason(&e),
-                oncegate::pb::ErrorReason::InvalidRequest
+                oncegate_grpc::status::reason(&e),
+                oncegate_proto::ErrorReason::InvalidRequest
             ),
         }
     }

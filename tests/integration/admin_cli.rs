@@ -5,10 +5,8 @@
 
 use std::{io::Write, process::Stdio};
 
-use oncegate::{
-    grpc::auth::hash_key,
-    pb::{self, action_gate_service_client::ActionGateServiceClient},
-};
+use oncegate_grpc::auth::hash_key;
+use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
 use tempfile::TempDir;
 use tonic::Code;
 

@@ -3,7 +3,7 @@
 //! covers the next identical request once, never a changed one; pending approvals are listed and
 //! lapse.
 
-use oncegate::pb::{self, gate_admin_service_client::GateAdminServiceClient};
+use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
 use tempfile::TempDir;
 use tonic::{Code, transport::Channel};
 
@@ -214,7 +214,7 @@ on_stores!(hold_approve_grant_once: embedded, redis);
 /// call through once; `list-approvals` shows it on the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guard_surfaces_a_pending_approval_and_the_cli_approves_it() {
-    use oncegate::client::{ActionSpec, Failure, GateClient, GuardError, GuardOptions, Outcome};
+    use oncegate_client::{ActionSpec, Failure, GateClient, GuardError, GuardOptions, Outcome};
 
     let dir = TempDir::new().unwrap();
     let gate = TestGate::start_with(Kind::Embedded, config(&setup(&dir))).await;
@@ -296,7 +296,7 @@ async fn the_guard_surfaces_a_pending_approval_and_the_cli_approves_it() {
 /// refusal too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_denies_a_held_action_and_shows_the_budgets() {
-    use oncegate::client::{ActionSpec, ClientError, GateClient, TokenReply};
+    use oncegate_client::{ActionSpec, ClientError, GateClient, TokenReply};
 
     let dir = TempDir::new().unwrap();
     let rules = write_file(

@@ -3,7 +3,7 @@
 //! and, on SIGHUP, leaves the previous policies in force; the README's example. Shadow mode is in
 //! `shadow.rs`.
 
-use oncegate::pb;
+use oncegate_proto as pb;
 use tempfile::TempDir;
 use tonic::Code;
 
@@ -145,7 +145,7 @@ async fn the_readme_example_does_what_the_readme_says() {
     let dir = TempDir::new().unwrap();
     write_file(dir.path(), "rules.cedar", &block("cedar"));
     let path = write_file(dir.path(), "oncegate.toml", &block("toml"));
-    let file = oncegate::config::ConfigFile::load(&path).unwrap();
+    let file = oncegate_config::ConfigFile::load(&path).unwrap();
     let gate = TestGate::start_with(Kind::Embedded, file).await;
     let mut client = gate.client().await;
     let pay = |agent: &str, amount: &str, key: &str| {

@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use oncegate::pb::{
-    self, action_gate_service_client::ActionGateServiceClient,
+use oncegate_proto::{
+    self as pb, action_gate_service_client::ActionGateServiceClient,
     gate_admin_service_client::GateAdminServiceClient,
 };
 use tempfile::TempDir;

@@ -10,13 +10,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use oncegate::{
-    client::{
-        ActionSpec, ClientError, Failure, GateClient, GuardError, GuardOptions, Outcome, TokenReply,
-    },
-    gate::policy::Policies,
-    pb,
+use oncegate_client::{
+    ActionSpec, ClientError, Failure, GateClient, GuardError, GuardOptions, Outcome, TokenReply,
 };
+use oncegate_gate::policy::Policies;
+use oncegate_proto::{self as pb};
 
 use crate::support::{Kind, StoreTime, TestGate, millis_of};
 

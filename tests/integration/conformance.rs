@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use std::collections::BTreeMap;
 
-use oncegate::{
-    domain::ActionKey,
-    domain::authorization::{self, Bucket, Charge, Guarded, Hold, Side, SideWrite, approval},
-    domain::fingerprint::{self, KeyFields, ParamsLimits},
-    domain::ledger::{
+use oncegate_domain::{
+    ActionKey,
+    authorization::{self, Bucket, Charge, Guarded, Hold, Side, SideWrite, approval},
+    fingerprint::{self, KeyFields, ParamsLimits},
+    ledger::{
         self, ExternalCompletion, Millis, OnExpiry, Record, RequestHash, Resolution, Step,
         TokenRequest, Write,
     },
-    store::{Reply, Store},
 };
+use oncegate_store::{Reply, Store};
 
 use crate::support::{Kind, StoreTime, backend_with_test_clock, on_stores};
 

@@ -92,7 +92,7 @@ fn the_prod_overlay_names_its_principals() {
     let root = env!("CARGO_MANIFEST_DIR");
     let text = std::fs::read_to_string(format!("{root}/deploy/overlays/prod/policies.toml"))
         .expect("the prod overlay has its own policies file");
-    let file = oncegate::config::ConfigFile::parse(&text).unwrap();
+    let file = oncegate_config::ConfigFile::parse(&text).unwrap();
     assert!(!file.principals.is_empty());
     let kustomization =
         std::fs::read_to_string(format!("{root}/deploy/overlays/prod/kustomization.yaml")).unwrap();

@@ -5,7 +5,10 @@
 
 use std::time::Duration;
 
-use oncegate::{domain::ActionKey, gate::policy::Policies, pb, store::redis::keys};
+use oncegate_domain::ActionKey;
+use oncegate_gate::policy::Policies;
+use oncegate_proto::{self as pb};
+use oncegate_store::redis::keys;
 use tonic::Code;
 
 use crate::support::{
@@ -13,8 +16,8 @@ use crate::support::{
     topology::{RedisCluster, info, query, wait_until},
 };
 
-fn level(replicas: u32) -> oncegate::store::redis::RedisOptions {
-    oncegate::store::redis::RedisOptions {
+fn level(replicas: u32) -> oncegate_store::redis::RedisOptions {
+    oncegate_store::redis::RedisOptions {
         durability_replicas: replicas,
         durability_timeout: Duration::from_millis(300),
         ..test_options()
@@ -174,10 +177,10 @@ async fn cluster_wait_reaches_the_node_that_owns_the_action() {
         || slot_map(seed).iter().all(|r| r.3.len() == 1),
     );
     let map = slot_map(seed);
-    let topology = oncegate::store::redis::Topology::Cluster {
+    let topology = oncegate_store::redis::Topology::Cluster {
         nodes: cluster.addrs(),
     };
-    let store = oncegate::store::redis::RedisStore::connect_to(&topology, level(1))
+    let store = oncegate_store::redis::RedisStore::connect_to(&topology, level(1))
         .await
         .unwrap();
     let mut cluster = cluster;
@@ -196,7 +199,7 @@ async fn cluster_wait_reaches_the_node_that_owns_the_action() {
         || in_sync(weak_master, 0),
     );
     let backend = Backend {
-        store: oncegate::store::Store::Redis(store),
+        store: oncegate_store::Store::Redis(store),
         redis: None,
         cluster: Some(cluster),
         sentinel: None,

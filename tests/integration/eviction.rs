@@ -117,7 +117,7 @@ async fn out_of_memory_is_store_unavailable() {
     )
     .unwrap();
     let backend = crate::support::backend_with_server(server).await;
-    let gate = TestGate::serve(backend, oncegate::gate::policy::Policies::default()).await;
+    let gate = TestGate::serve(backend, oncegate_gate::policy::Policies::default()).await;
     let client = &mut gate.client().await;
     let status = client
         .request_token(token_request("a", "r", "x", r#"{"n":1}"#))

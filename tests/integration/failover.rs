@@ -11,14 +11,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use oncegate::{
-    domain::ActionKey,
-    gate::policy::Policies,
-    pb::{self, action_gate_service_client::ActionGateServiceClient},
-    store::{
-        Store,
-        redis::{RedisOptions, RedisStore, Topology, keys},
-    },
+use oncegate_domain::ActionKey;
+use oncegate_gate::policy::Policies;
+use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
+use oncegate_store::{
+    Store,
+    redis::{RedisOptions, RedisStore, Topology, keys},
 };
 use tonic::{Code, transport::Channel};
 

@@ -7,15 +7,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use oncegate::{
-    config::keys,
-    domain::statement::{
-        PublicKeys,
-        receipt::{receipt_digest, verify_chain},
-    },
-    pb,
-    store::embedded::{EmbeddedStore, system_clock},
+use oncegate_config::keys;
+use oncegate_domain::statement::{
+    PublicKeys,
+    receipt::{receipt_digest, verify_chain},
 };
+use oncegate_proto::{self as pb};
+use oncegate_store::embedded::{EmbeddedStore, system_clock};
 use tempfile::TempDir;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;

@@ -2,15 +2,13 @@
 //! agents index (item 6): the operator role needs a named principal, a holder name is no
 //! credential, and the agents index forgets agents with nothing left to list.
 
-use oncegate::{
-    config::defaults,
-    grpc::{server::ServerOptions, tls},
-    pb::{
-        self, action_gate_service_client::ActionGateServiceClient,
-        gate_admin_service_client::GateAdminServiceClient,
-    },
-    store::redis::keys,
+use oncegate_config::defaults;
+use oncegate_grpc::{server::ServerOptions, tls};
+use oncegate_proto::{
+    self as pb, action_gate_service_client::ActionGateServiceClient,
+    gate_admin_service_client::GateAdminServiceClient,
 };
+use oncegate_store::redis::keys;
 use tonic::{Code, transport::Channel};
 
 use crate::support::{
@@ -36,7 +34,7 @@ async fn without_principals_a_certificate_is_no_operator(kind: Kind) {
     };
     let gate = TestGate::serve_with_options(
         backend(kind).await,
-        oncegate::gate::policy::Policies::default(),
+        oncegate_gate::policy::Policies::default(),
         options,
     )
     .await;
@@ -74,7 +72,7 @@ async fn a_holder_name_is_no_credential(kind: Kind) {
     const OTHER_KEY: &str = "second-worker-key-2";
     let second = format!(
         "[[principals]]\nname = \"billing-worker-2\"\nrole = \"agent\"\nagents = [\"billing-*\"]\napi_key_sha256 = \"{}\"\n",
-        oncegate::grpc::auth::hash_key(OTHER_KEY)
+        oncegate_grpc::auth::hash_key(OTHER_KEY)
     );
     let gate =
         TestGate::start_with(kind, config(&format!("{}\n{second}", principals_toml("")))).await;

@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
-use oncegate::{
-    config::defaults, domain::ActionKey, gate::policy::Policies, grpc::server::ServerOptions, pb,
-};
+use oncegate_config::defaults;
+use oncegate_domain::ActionKey;
+use oncegate_gate::policy::Policies;
+use oncegate_grpc::server::ServerOptions;
+use oncegate_proto::{self as pb};
 use tonic::Code;
 use tonic_types::StatusExt;
 
@@ -82,17 +84,17 @@ async fn oversized_messages_are_refused_before_the_service() {
 async fn embedded_store_calls_have_a_deadline() {
     let dir = tempfile::TempDir::new().unwrap();
     // A clock that takes half a second: the writer is as slow as a stuck disk.
-    let slow: oncegate::store::embedded::Clock = std::sync::Arc::new(|| {
+    let slow: oncegate_store::embedded::Clock = std::sync::Arc::new(|| {
         std::thread::sleep(Duration::from_millis(500));
         1_700_000_000_000
     });
     let store =
-        oncegate::store::embedded::EmbeddedStore::open(dir.path(), slow, Duration::from_millis(50))
+        oncegate_store::embedded::EmbeddedStore::open(dir.path(), slow, Duration::from_millis(50))
             .unwrap();
     let started = std::time::Instant::now();
     let result = store.get(&ActionKey::new("a", "r", "k")).await;
     assert!(
-        matches!(result, Err(oncegate::store::StoreError::Unavailable(_))),
+        matches!(result, Err(oncegate_store::StoreError::Unavailable(_))),
         "{result:?}"
     );
     assert!(started.elapsed() < Duration::from_millis(400));

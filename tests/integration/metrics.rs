@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use oncegate::pb::{self, action_gate_service_client::ActionGateServiceClient};
+use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
 use tonic::{Code, transport::Channel};
 use tonic_health::pb::health_check_response::ServingStatus;
 

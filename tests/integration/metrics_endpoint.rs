@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use oncegate::gate::policy::Policies;
+use oncegate_gate::policy::Policies;
 
 use crate::support::{
     GateProcess, Kind, Scrape, TestGate, connect, free_port, http_get, token_request, write_file,

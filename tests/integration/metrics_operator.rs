@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use oncegate::pb;
+use oncegate_proto as pb;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 

@@ -5,12 +5,10 @@
 
 use std::collections::BTreeSet;
 
-use oncegate::{
-    config::ConfigFile,
-    pb::{
-        self, action_gate_service_client::ActionGateServiceClient,
-        gate_admin_service_client::GateAdminServiceClient,
-    },
+use oncegate_config::ConfigFile;
+use oncegate_proto::{
+    self as pb, action_gate_service_client::ActionGateServiceClient,
+    gate_admin_service_client::GateAdminServiceClient,
 };
 use tonic::{Code, transport::Channel};
 

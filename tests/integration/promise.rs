@@ -2,7 +2,7 @@
 //! action run a second time, each through real gRPC on every store. Eviction and authorization,
 //! which concern the deployment, are in `eviction.rs` and `holders.rs`.
 
-use oncegate::pb::{self, gate_admin_service_client::GateAdminServiceClient};
+use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
 use tonic::Code;
 
 use crate::support::{
@@ -118,7 +118,7 @@ async fn an_unresolved_lease_outlives_its_retention(kind: Kind) {
 }
 on_stores!(an_unresolved_lease_outlives_its_retention: embedded, redis, cluster, sentinel);
 
-fn regrant_policies(extra_limits: &str) -> oncegate::gate::policy::Policies {
+fn regrant_policies(extra_limits: &str) -> oncegate_gate::policy::Policies {
     crate::support::policies(&format!(
         "[limits]\nmin_lease_ttl_seconds = 0.05\n{extra_limits}\n[actions.\"pay\"]\non_expiry = \"regrant\"\n"
     ))

@@ -2,15 +2,13 @@
 //! canonicalisation, request validation, credentials and cursors. They run in `make test`; the
 //! fuzzers search the same code for longer with coverage guidance.
 
-use oncegate::{
-    domain::{
-        ActionKey,
-        fingerprint::{self, KeyFields, ParamsLimits},
-    },
-    gate::{TokenCall, policy::Policies, request::prepare_token},
-    grpc::auth,
-    store::ListCursor,
+use oncegate_domain::{
+    ActionKey,
+    fingerprint::{self, KeyFields, ParamsLimits},
 };
+use oncegate_gate::{TokenCall, policy::Policies, request::prepare_token};
+use oncegate_grpc::auth;
+use oncegate_store::ListCursor;
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 
@@ -134,7 +132,7 @@ proptest! {
                 prop_assert_eq!(&p.key.key, if key.is_empty() { &p.request.fingerprint } else { &key });
                 prop_assert_eq!(ActionKey::decode(&p.key.encode()), Some(p.key.clone()));
             }
-            Err(e) => prop_assert_eq!(oncegate::grpc::status::reason(&e).as_str_name(), "INVALID_REQUEST"),
+            Err(e) => prop_assert_eq!(oncegate_grpc::status::reason(&e).as_str_name(), "INVALID_REQUEST"),
         }
     }
 
@@ -142,7 +140,7 @@ proptest! {
     fn cursors_and_credentials_never_panic(text in "\\PC{0,40}", bytes in prop::collection::vec(any::<u8>(), 0..64)) {
         let _ = ListCursor::decode(&text);
         let _ = auth::bearer(&text);
-        let _ = oncegate::grpc::tls::identities(&bytes);
+        let _ = oncegate_grpc::tls::identities(&bytes);
         if let Some(key) = ActionKey::decode(&bytes) {
             prop_assert_eq!(key.encode(), bytes, "one key, one encoding");
         }

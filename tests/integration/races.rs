@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use oncegate::pb;
+use oncegate_proto as pb;
 use tonic::Code;
 
 use crate::support::{

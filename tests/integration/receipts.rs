@@ -7,18 +7,16 @@ use std::{sync::Arc, time::Duration};
 
 use redb::ReadableTable as _;
 
-use oncegate::{
-    domain::{
-        ActionKey,
-        ledger::{OnExpiry, TokenRequest},
-        statement::receipt::{ChainEntry, ReceiptCore, verify_chain},
-    },
-    pb::{self, gate_admin_service_client::GateAdminServiceClient},
-    store::{
-        Receipts, Store,
-        embedded::{EmbeddedStore, system_clock},
-        redis::keys,
-    },
+use oncegate_domain::{
+    ActionKey,
+    ledger::{OnExpiry, TokenRequest},
+    statement::receipt::{ChainEntry, ReceiptCore, verify_chain},
+};
+use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
+use oncegate_store::{
+    Receipts, Store,
+    embedded::{EmbeddedStore, system_clock},
+    redis::keys,
 };
 use tonic::transport::Channel;
 

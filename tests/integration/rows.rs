@@ -5,7 +5,8 @@
 
 use std::time::Duration;
 
-use oncegate::{gate::policy::Policies, pb};
+use oncegate_gate::policy::Policies;
+use oncegate_proto::{self as pb};
 use tonic::Code;
 use tonic_types::StatusExt;
 

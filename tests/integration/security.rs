@@ -4,14 +4,12 @@
 //! store. Untrusted certificates and the exposure rule are in `tls.rs`; rate and size limits in
 //! `limits.rs`.
 
-use oncegate::{
-    config::defaults,
-    domain::ActionKey,
-    grpc::{server::ServerOptions, tls},
-    pb::{
-        self, action_gate_service_client::ActionGateServiceClient,
-        gate_admin_service_client::GateAdminServiceClient,
-    },
+use oncegate_config::defaults;
+use oncegate_domain::ActionKey;
+use oncegate_grpc::{server::ServerOptions, tls};
+use oncegate_proto::{
+    self as pb, action_gate_service_client::ActionGateServiceClient,
+    gate_admin_service_client::GateAdminServiceClient,
 };
 use tonic::{Code, Status, transport::Channel};
 use tonic_types::StatusExt;

@@ -152,17 +152,14 @@ fn startup_warns_when_redis_keeps_nothing_and_json_logs_are_json() {
 async fn a_plaintext_health_only_listener_answers_probes() {
     let port = crate::support::free_port();
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let options = oncegate::grpc::server::ServerOptions {
+    let options = oncegate_grpc::server::ServerOptions {
         health_listen: Some(addr),
-        ..oncegate::config::defaults::server()
+        ..oncegate_config::defaults::server()
     };
     let backend = crate::support::backend(Kind::Embedded).await;
-    let _gate = TestGate::serve_with_options(
-        backend,
-        oncegate::gate::policy::Policies::default(),
-        options,
-    )
-    .await;
+    let _gate =
+        TestGate::serve_with_options(backend, oncegate_gate::policy::Policies::default(), options)
+            .await;
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_timeout(std::time::Duration::from_secs(5));
@@ -180,9 +177,11 @@ async fn a_plaintext_health_only_listener_answers_probes() {
                 if status == ServingStatus::Serving {
                     // Only health lives there: the gate service is not served on it.
                     let mut gate =
-                        oncegate::pb::action_gate_service_client::ActionGateServiceClient::new(ch);
+                        oncegate_proto::action_gate_service_client::ActionGateServiceClient::new(
+                            ch,
+                        );
                     let err = gate
-                        .get_action(oncegate::pb::GetActionRequest { action: None })
+                        .get_action(oncegate_proto::GetActionRequest { action: None })
                         .await
                         .unwrap_err();
                     assert_eq!(err.code(), tonic::Code::Unimplemented);

@@ -2,7 +2,7 @@
 //! counted as enforcement would make it (`mode="shadow"`), and granted anyway with a token
 //! recorded nowhere; the other actions stay enforced.
 
-use oncegate::pb;
+use oncegate_proto as pb;
 use tempfile::TempDir;
 use tonic::Code;
 

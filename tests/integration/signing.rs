@@ -4,7 +4,8 @@
 //! refused for changed params, another audience, or once tampered with. A redelivered grant gets a
 //! fresh statement; a replay carries none.
 
-use oncegate::{client::verify_grant, pb};
+use oncegate_client::verify_grant;
+use oncegate_proto::{self as pb};
 
 use crate::support::{
     Kind, TestGate, complete, config, grant, on_stores, test_signer, token_request,

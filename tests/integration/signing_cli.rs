@@ -13,7 +13,7 @@ use std::{
 };
 
 use base64::Engine;
-use oncegate::pb;
+use oncegate_proto as pb;
 use serde_json::Value;
 use tempfile::TempDir;
 

@@ -3,13 +3,11 @@
 //! refuses to listen off loopback without principals unless told `--insecure` (and then says so
 //! in its log).
 
-use oncegate::{
-    config::defaults,
-    grpc::{server::ServerOptions, tls},
-    pb::{
-        self, action_gate_service_client::ActionGateServiceClient,
-        gate_admin_service_client::GateAdminServiceClient,
-    },
+use oncegate_config::defaults;
+use oncegate_grpc::{server::ServerOptions, tls};
+use oncegate_proto::{
+    self as pb, action_gate_service_client::ActionGateServiceClient,
+    gate_admin_service_client::GateAdminServiceClient,
 };
 use tempfile::TempDir;
 use tonic::Code;

@@ -7,7 +7,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use oncegate::pb;
+use oncegate_proto as pb;
 
 use crate::support::{Kind, TestGate, token_request};
 

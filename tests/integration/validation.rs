@@ -2,7 +2,7 @@
 //! refused with INVALID_REQUEST naming that field (and a BadRequest violation), and creates nothing;
 //! strict mode refuses actions no policy names.
 
-use oncegate::pb;
+use oncegate_proto as pb;
 use tonic::Code;
 use tonic_types::StatusExt;
 

@@ -1,7 +1,7 @@
 //! The shared fingerprint vectors (`tests/vectors/fingerprints.json`), checked against the Rust
 //! implementation; the Python client checks the same file.
 
-use oncegate::domain::fingerprint::{self, KeyFields, ParamsError, ParamsLimits};
+use oncegate_domain::fingerprint::{self, KeyFields, ParamsError, ParamsLimits};
 use serde_json::Value;
 
 fn error_name(e: &ParamsError) -> &'static str {
@@ -77,7 +77,7 @@ fn every_shared_vector_matches() {
 /// gate's signer reproduces every statement the file marks, byte for byte.
 #[test]
 fn every_statement_vector_verifies_and_the_rust_signer_reproduces_them() {
-    use oncegate::domain::statement::{
+    use oncegate_domain::statement::{
         PublicKeys, StatementKey,
         grant::{GrantCheck, GrantClaims, verify_grant},
     };

@@ -1,7 +1,7 @@
 //! One worker RPC each, without credentials as most tests call them or with an API key (`_as`):
 //! the reply unwrapped, or the error status to check.
 
-use oncegate::pb::{self, action_gate_service_client::ActionGateServiceClient};
+use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
 use tonic::{Status, transport::Channel};
 
 use super::authed;

@@ -11,7 +11,8 @@ use std::{
     time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
-use oncegate::{domain::ledger::Millis, store::embedded::Clock};
+use oncegate_domain::ledger::Millis;
+use oncegate_store::embedded::Clock;
 
 /// A clock in Unix milliseconds that moves only when the test moves it. It starts at the system
 /// time, so the timestamps a gate returns look like real ones.
@@ -39,7 +40,7 @@ impl TestClock {
         self.0.fetch_max(at, Ordering::SeqCst);
     }
 
-    /// The clock as [`oncegate::store::embedded::EmbeddedStore::open`] takes it.
+    /// The clock as [`oncegate_store::embedded::EmbeddedStore::open`] takes it.
     pub fn clock(&self) -> Clock {
         let clock = self.clone();
         Arc::new(move || clock.now())

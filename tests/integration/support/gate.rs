@@ -12,15 +12,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use oncegate::{
-    config::{ConfigFile, defaults},
-    gate::{Gate, policy::Policies},
-    grpc::server::{self, ServerOptions},
-    observe::metrics::{self, Metrics},
-    pb::{
-        action_gate_service_client::ActionGateServiceClient,
-        gate_admin_service_client::GateAdminServiceClient,
-    },
+use oncegate_config::{ConfigFile, defaults};
+use oncegate_gate::{Gate, policy::Policies};
+use oncegate_grpc::server::{self, ServerOptions};
+use oncegate_observe::metrics::{self, Metrics};
+use oncegate_proto::{
+    action_gate_service_client::ActionGateServiceClient,
+    gate_admin_service_client::GateAdminServiceClient,
 };
 use tempfile::TempDir;
 use tonic::transport::Channel;

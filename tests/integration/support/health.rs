@@ -28,7 +28,7 @@ pub async fn health(addr: &str, service: &str) -> ServingStatus {
 /// Polls (up to 10 s) until the gate service's readiness entry is `want`.
 pub async fn wait_for_health(addr: &str, want: ServingStatus) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while health(addr, oncegate::grpc::server::SERVICE_NAME).await != want {
+    while health(addr, oncegate_grpc::server::SERVICE_NAME).await != want {
         assert!(Instant::now() < deadline, "health never became {want:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -3,7 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use oncegate::{config::ConfigFile, gate::policy::Policies, pb};
+use oncegate_config::ConfigFile;
+use oncegate_gate::policy::Policies;
+use oncegate_proto::{self as pb};
 
 /// A RequestToken with the common fields filled in.
 pub fn token_request(

@@ -1,7 +1,7 @@
 //! Who calls a gate with principals configured: a worker for the `billing-*` agents and an operator,
 //! each with an API key and a certificate identity, and requests carrying a key.
 
-use oncegate::grpc::auth::hash_key;
+use oncegate_grpc::auth::hash_key;
 use tonic::Request;
 
 /// The worker principal's API key.

@@ -3,12 +3,10 @@
 
 use std::sync::Arc;
 
-use oncegate::{
-    config::{ConfigFile, defaults},
-    domain::statement::StatementKey,
-    gate::{Gate, Signer},
-    grpc::server::ServerOptions,
-};
+use oncegate_config::{ConfigFile, defaults};
+use oncegate_domain::statement::StatementKey;
+use oncegate_gate::{Gate, Signer};
+use oncegate_grpc::server::ServerOptions;
 
 use super::{gate::TestGate, stores::Kind};
 

@@ -3,13 +3,11 @@
 
 use std::time::Duration;
 
-use oncegate::{
-    config::defaults,
-    store::{
-        Store,
-        embedded::{Clock, EmbeddedStore, system_clock},
-        redis::{RedisOptions, RedisStore, Topology},
-    },
+use oncegate_config::defaults;
+use oncegate_store::{
+    Store,
+    embedded::{Clock, EmbeddedStore, system_clock},
+    redis::{RedisOptions, RedisStore, Topology},
 };
 use tempfile::TempDir;
 

@@ -1,0 +1,106 @@
+//! The connection to a gate over gRPC, shared by `oncegate call`, `oncegate admin` and `oncegate
+//! mcp --gate`: the TLS settings ([`Access`]) and the channel they open ([`connect`]), whose
+//! failure names its cause. Owns no RPC and no command-line flags (the config crate's
+//! `GateAccess`).
+
+use std::{path::PathBuf, time::Duration};
+
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+/// How to reach a gate: TLS files and the server name to verify (the API key travels per call, see
+/// [`crate::GateClient::with_api_key`]).
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    /// PEM file of the CA that signed the gate's certificate (enables TLS).
+    pub ca: Option<PathBuf>,
+    /// PEM file of the client certificate, for mutual TLS (with `key`).
+    pub cert: Option<PathBuf>,
+    /// PEM file of the client certificate's private key, for mutual TLS (with `cert`).
+    pub key: Option<PathBuf>,
+    /// The server name to verify in the gate's certificate (default: the host of the URL).
+    pub tls_domain: Option<String>,
+}
+
+/// Why a channel could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The settings are wrong (a bad URL, an unreadable PEM file, TLS without a CA).
+    #[error("{0}")]
+    Settings(String),
+    /// The gate could not be reached; the message carries the cause chain.
+    #[error("{0}")]
+    Unreachable(String),
+}
+
+/// Opens a channel to the gate at `url` (`http://` or, with `--ca`, `https://`). On failure, the
+/// settings it found wrong or why the gate is unreachable, with the cause chain.
+pub async fn connect(
+    url: &str,
+    access: &Access,
+    timeout: Duration,
+) -> Result<Channel, ConnectError> {
+    endpoint(url, access, timeout)?
+        .connect()
+        .await
+        .map_err(|e| {
+            let why = with_causes(e.to_string(), std::error::Error::source(&e));
+            ConnectError::Unreachable(format!("cannot reach {url}: {why}"))
+        })
+}
+
+/// A channel to the gate at `url` that connects on first use and reconnects on its own, for a
+/// long-running process that must start while the gate is down (each call then fails as
+/// unavailable). Only bad settings fail here.
+pub fn connect_lazy(
+    url: &str,
+    access: &Access,
+    timeout: Duration,
+) -> Result<Channel, ConnectError> {
+    Ok(endpoint(url, access, timeout)?.connect_lazy())
+}
+
+fn endpoint(url: &str, access: &Access, timeout: Duration) -> Result<Endpoint, ConnectError> {
+    let usage = ConnectError::Settings;
+    let mut endpoint = Endpoint::from_shared(url.to_owned())
+        .map_err(|e| usage(format!("{url:?}: {e}")))?
+        .connect_timeout(timeout);
+    let tls = access.ca.is_some() || access.cert.is_some() || url.starts_with("https://");
+    if tls {
+        let read =
+            |p: &PathBuf| std::fs::read(p).map_err(|e| usage(format!("{}: {e}", p.display())));
+        let Some(ca) = &access.ca else {
+            return Err(usage(
+                "TLS needs --ca (the CA that signed the gate's certificate)".into(),
+            ));
+        };
+        let mut config = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(read(ca)?));
+        if let (Some(cert), Some(key)) = (&access.cert, &access.key) {
+            config = config.identity(Identity::from_pem(read(cert)?, read(key)?));
+        }
+        if let Some(domain) = &access.tls_domain {
+            config = config.domain_name(domain.clone());
+        }
+        endpoint = endpoint
+            .tls_config(config)
+            .map_err(|e| usage(format!("TLS configuration: {e}")))?;
+    }
+    Ok(endpoint)
+}
+
+/// `message` followed by each error of the `source` chain, joined by ": ", skipping a cause the
+/// text already says: `transport error: tcp connect error: Connection refused (os error 111)`, not
+/// tonic's bare `transport error`.
+pub fn with_causes(
+    mut message: String,
+    mut source: Option<&(dyn std::error::Error + 'static)>,
+) -> String {
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !text.is_empty() && !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}

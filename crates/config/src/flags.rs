@@ -1,0 +1,228 @@
+//! The flags of `oncegate serve`, each with an environment fallback, as clap parses them. `--help`
+//! is the reference; [`super::Config::from_flags`] validates them once. Every default is one of
+//! [`super::defaults`].
+
+use std::{net::SocketAddr, path::PathBuf};
+
+use super::defaults;
+use oncegate_observe::telemetry::LogFormat;
+use oncegate_store::redis::Topology;
+
+// The groups of `oncegate serve --help`, in the order they are listed.
+const LISTENER: &str = "Listener";
+const STORE: &str = "Store";
+const REDIS: &str = "Redis topologies (set one; none: the embedded store)";
+const DURABILITY: &str = "Durability";
+const SECURITY: &str = "Security";
+const OBSERVABILITY: &str = "Observability";
+const LIMITS: &str = "Limits (more in the config file's [limits])";
+
+/// Settings of `oncegate serve`, validated once at start-up.
+#[derive(Debug, Clone, clap::Args)]
+#[command(next_line_help = true)]
+pub struct ServeArgs {
+    /// Address of the gRPC listener. Port 0 picks a free port; the bound address is printed on
+    /// standard output as `listening on ADDR`.
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_LISTEN", default_value = defaults::LISTEN)]
+    pub listen: SocketAddr,
+
+    /// The config file (TOML): action policies (strict, [defaults], [actions."name"]), [limits] and
+    /// [[principals]]; see the README. Without it: built-in defaults and an open gate.
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// A second, plaintext listener serving only gRPC health, for probes that cannot speak TLS
+    /// (Kubernetes gRPC probes) when the main listener uses it. Off when unset.
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+
+    /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = defaults::DRAIN_SECONDS)]
+    pub drain_seconds: u64,
+
+    /// Directory of the embedded store's file (created if missing). Ignored with --redis-url.
+    #[arg(help_heading = STORE, long, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR)]
+    pub data_dir: PathBuf,
+
+    /// Deadline of one store call in milliseconds; past it the call fails closed with UNAVAILABLE.
+    #[arg(help_heading = STORE, long, env = "ONCEGATE_STORE_TIMEOUT_MS", default_value_t = defaults::STORE_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub store_timeout_ms: u64,
+
+    /// Redis URL (redis://[user:pass@]host:port[/db], rediss:// for TLS) of a standalone Redis.
+    /// Without it (and without --redis-cluster-nodes or --redis-sentinels) the gate uses the
+    /// embedded store under --data-dir.
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_URL")]
+    pub redis_url: Option<String>,
+
+    /// Redis Cluster seed nodes, comma-separated host:port (or redis:// URLs); the gate discovers
+    /// the rest. Excludes --redis-url and --redis-sentinels.
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_CLUSTER_NODES", value_delimiter = ',')]
+    pub redis_cluster_nodes: Vec<String>,
+
+    /// Redis Sentinel addresses, comma-separated host:port (or redis:// URLs with the sentinels'
+    /// own credentials); needs --redis-sentinel-master. Excludes --redis-url and
+    /// --redis-cluster-nodes.
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_SENTINELS", value_delimiter = ',')]
+    pub redis_sentinels: Vec<String>,
+
+    /// The name Sentinel knows the master by (`sentinel monitor <name> ...`).
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_SENTINEL_MASTER")]
+    pub redis_sentinel_master: Option<String>,
+
+    /// Username for the Redis data nodes (Cluster nodes, the Sentinel-managed master, or the
+    /// --redis-url server), unless their URL names one.
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_USERNAME")]
+    pub redis_username: Option<String>,
+
+    /// Password for the Redis data nodes, unless their URL names one. Prefer the environment
+    /// variable (from a Secret) to the flag, which shows in process lists.
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_PASSWORD", hide_env_values = true)]
+    pub redis_password: Option<String>,
+
+    /// Sentinel only: how often the master's ROLE and the sentinels' answer are re-checked, in
+    /// milliseconds (failover events are followed at once; this catches missed ones).
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_REDIS_SENTINEL_CHECK_MS", default_value_t = defaults::SENTINEL_CHECK_MS,
+          value_parser = clap::value_parser!(u64).range(50..=60_000))]
+    pub redis_sentinel_check_ms: u64,
+
+    /// UNSAFE: serve although Redis may evict keys (its maxmemory-policy is not noeviction, or
+    /// cannot be read). An evicted completion runs its action again. Without it such a Redis is
+    /// refused at start-up (exit 64) and, if its policy changes later, every call fails closed.
+    #[arg(help_heading = REDIS, long, env = "ONCEGATE_ALLOW_REDIS_EVICTION")]
+    pub allow_redis_eviction: bool,
+
+    /// Durability level: replicas that must confirm every state change (Redis WAIT) before it is
+    /// acknowledged. When fewer confirm, a grant is not handed out and a Complete returns
+    /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas.
+    #[arg(help_heading = DURABILITY, long, env = "ONCEGATE_DURABILITY_REPLICAS", default_value_t = defaults::DURABILITY_REPLICAS)]
+    pub durability_replicas: u32,
+
+    /// How long WAIT lets the replicas take, in milliseconds; must be below --store-timeout-ms.
+    #[arg(help_heading = DURABILITY, long, env = "ONCEGATE_DURABILITY_TIMEOUT_MS", default_value_t = defaults::DURABILITY_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    pub durability_timeout_ms: u64,
+
+    /// PEM certificate chain of the listener: serve TLS (with --tls-key).
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+
+    /// PEM private key of --tls-cert.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+
+    /// PEM CA bundle for client certificates: mutual TLS (needs --tls-cert). Principals with a
+    /// cert_identity authenticate with such a certificate; without principals, every caller must
+    /// present one.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
+
+    /// Serve a non-loopback address without principals or client certificates, open to anyone
+    /// who can reach it. Without it such a start is refused (exit 64).
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_INSECURE")]
+    pub insecure: bool,
+
+    /// Ed25519 private key (PKCS#8 PEM: `oncegate keys generate`, or `openssl genpkey -algorithm
+    /// ed25519`) that signs grant and receipt statements. Without it the embedded store generates
+    /// one into --data-dir at first start; on Redis the gate then serves unsigned (warned), since
+    /// every replica must sign with the same key: give them all this file.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_SIGNING_KEY")]
+    pub signing_key: Option<PathBuf>,
+
+    /// Retired signing keys, comma-separated PEM files (private or public): still published and
+    /// still verifying what they signed, never signing. Remove one once its last grant expired
+    /// (the longest lease) and no auditor needs it: statements it signed are then refused.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_RETIRED_SIGNING_KEYS", value_delimiter = ',')]
+    pub retired_signing_keys: Vec<PathBuf>,
+
+    /// The issuer (`iss`) every statement names.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_SIGNING_ISSUER", default_value = defaults::SIGNING_ISSUER)]
+    pub signing_issuer: String,
+
+    /// Serve without signing: no grant statements, no receipt chains.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_UNSIGNED", conflicts_with = "signing_key")]
+    pub unsigned: bool,
+
+    /// Log format.
+    #[arg(help_heading = OBSERVABILITY, long, env = "ONCEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Address of the Prometheus endpoint (`GET /metrics`, plain HTTP), e.g. 0.0.0.0:9464. Off
+    /// when unset. Keep it off the public network: the series name the configured actions.
+    #[arg(help_heading = OBSERVABILITY, long, env = "ONCEGATE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
+    /// The `action` metric label of every action that no policy names, so that agents inventing
+    /// action names cannot grow the number of series. Must not be a policy's name.
+    #[arg(help_heading = OBSERVABILITY, long, env = "ONCEGATE_METRICS_OTHER_ACTION_LABEL", default_value = defaults::OTHER_ACTION_LABEL)]
+    pub metrics_other_action_label: String,
+
+    /// OTLP/gRPC endpoint for trace export, e.g. http://otel-collector:4317 (builds with the `otel`
+    /// feature only). Off when unset.
+    #[cfg(feature = "otel")]
+    #[arg(help_heading = OBSERVABILITY, long, env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Largest accepted gRPC request message, in bytes.
+    #[arg(help_heading = LIMITS, long, env = "ONCEGATE_MAX_MESSAGE_BYTES", default_value_t = defaults::MAX_MESSAGE_BYTES,
+          value_parser = clap::value_parser!(u64).range(1024..=64 * 1024 * 1024))]
+    pub max_message_bytes: u64,
+}
+
+impl ServeArgs {
+    /// The OTLP endpoint, if trace export is configured (always `None` without the `otel` feature).
+    pub fn otlp_endpoint(&self) -> Option<&str> {
+        #[cfg(feature = "otel")]
+        return self.otlp_endpoint.as_deref();
+        #[cfg(not(feature = "otel"))]
+        None
+    }
+
+    /// The Redis deployment to use, `None` for the embedded store. Exactly one of --redis-url,
+    /// --redis-cluster-nodes and --redis-sentinels may be set; the error names the settings.
+    pub fn redis_topology(&self) -> Result<Option<Topology>, String> {
+        let set = [
+            self.redis_url.is_some(),
+            !self.redis_cluster_nodes.is_empty(),
+            !self.redis_sentinels.is_empty(),
+        ];
+        if set.iter().filter(|s| **s).count() > 1 {
+            return Err("set only one of --redis-url, --redis-cluster-nodes and --redis-sentinels \
+                        (ONCEGATE_REDIS_URL, ONCEGATE_REDIS_CLUSTER_NODES, ONCEGATE_REDIS_SENTINELS)"
+                .into());
+        }
+        let blank = |list: &[String]| list.iter().any(|n| n.trim().is_empty());
+        if blank(&self.redis_cluster_nodes) || blank(&self.redis_sentinels) {
+            return Err(
+                "--redis-cluster-nodes / --redis-sentinels: empty address in the list".into(),
+            );
+        }
+        if self.redis_sentinels.is_empty() != self.redis_sentinel_master.is_none() {
+            return Err("--redis-sentinels and --redis-sentinel-master go together".into());
+        }
+        let topology = if let Some(url) = &self.redis_url {
+            Topology::Standalone { url: url.clone() }
+        } else if !self.redis_cluster_nodes.is_empty() {
+            Topology::Cluster {
+                nodes: self.redis_cluster_nodes.clone(),
+            }
+        } else if let Some(master) = &self.redis_sentinel_master {
+            Topology::Sentinel {
+                sentinels: self.redis_sentinels.clone(),
+                master: master.clone(),
+            }
+        } else {
+            if self.durability_replicas > 0 {
+                return Err(
+                    "--durability-replicas needs Redis with replicas; the embedded store has none"
+                        .into(),
+                );
+            }
+            return Ok(None);
+        };
+        if self.durability_timeout_ms >= self.store_timeout_ms {
+            return Err("--durability-timeout-ms must be below --store-timeout-ms".into());
+        }
+        Ok(Some(topology))
+    }
+}

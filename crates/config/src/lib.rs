@@ -1,0 +1,250 @@
+//! Configuration: the flags of `oncegate serve` ([`flags`]) and the configuration file ([`file`],
+//! with the MCP gateway's `[mcp]` table in [`mcp`]) become one validated [`Config`], once, at
+//! start-up; nothing else reads flags or the file. Every command-line default is in [`defaults`],
+//! every exit code in [`exit`].
+
+pub mod authorization;
+pub mod defaults;
+pub mod file;
+pub mod flags;
+pub mod gate_access;
+pub mod keys;
+pub mod mcp;
+
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+pub use file::ConfigFile;
+pub use flags::ServeArgs;
+pub use gate_access::GateAccess;
+pub use keys::SigningConfig;
+
+use oncegate_gate::policy::Policies;
+use oncegate_grpc::{
+    server::ServerOptions,
+    tls::{self, Exposure},
+};
+use oncegate_observe::metrics::Metrics;
+use oncegate_store::{
+    Store, StoreError,
+    embedded::{EmbeddedStore, system_clock},
+    redis::{RedisOptions, RedisStore, Topology},
+};
+
+/// The process exit codes of every `oncegate` command (sysexits).
+pub mod exit {
+    /// Bad command line or configuration (EX_USAGE).
+    pub const USAGE: u8 = 64;
+    /// Bad input data (EX_DATAERR).
+    pub const DATAERR: u8 = 65;
+    /// A service the command needs is unavailable: the store, a port, a gate (EX_UNAVAILABLE).
+    pub const UNAVAILABLE: u8 = 69;
+}
+
+/// A configuration that cannot be used, with the reason (exit [`exit::USAGE`]).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+/// Where the gate keeps its records.
+#[derive(Debug, Clone)]
+pub enum StoreConfig {
+    /// The embedded redb file under `data_dir`.
+    Embedded {
+        data_dir: PathBuf,
+        call_timeout: Duration,
+    },
+    /// A Redis deployment.
+    Redis {
+        topology: Topology,
+        options: RedisOptions,
+    },
+}
+
+impl StoreConfig {
+    /// Opens the store (connects to Redis, or opens the file and starts its writer).
+    pub async fn open(&self) -> Result<Store, StoreError> {
+        match self {
+            Self::Embedded {
+                data_dir,
+                call_timeout,
+            } => EmbeddedStore::open(data_dir, system_clock(), *call_timeout).map(Store::Embedded),
+            Self::Redis { topology, options } => RedisStore::connect_to(topology, options.clone())
+                .await
+                .map(Store::Redis),
+        }
+    }
+
+    /// A short name for logs: `embedded`, `redis`, `cluster` or `sentinel`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Embedded { .. } => "embedded",
+            Self::Redis { topology, .. } => topology.name(),
+        }
+    }
+}
+
+/// Something the operator should read at start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Notice {
+    Info(String),
+    Warn(String),
+}
+
+/// Everything `oncegate serve` runs with, validated.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub store: StoreConfig,
+    pub policies: Policies,
+    pub server: ServerOptions,
+    /// The deployment's durability level (replicas per state change).
+    pub durability_replicas: u32,
+    pub metrics_listen: Option<SocketAddr>,
+    pub metrics_other_action_label: String,
+    /// How the gate signs grants and receipts; `None`: it does not.
+    pub signing: Option<SigningConfig>,
+    /// Rules, budgets, approvals and shadow mode.
+    pub authorization: oncegate_gate::authorization::Settings,
+    /// What the operator should hear at start-up, in order.
+    pub notices: Vec<Notice>,
+}
+
+impl Config {
+    /// Validates the flags and the configuration file they name.
+    pub fn from_flags(args: &ServeArgs) -> Result<Self, ConfigError> {
+        let file = match &args.config {
+            Some(path) => ConfigFile::load(path).map_err(|e| ConfigError(e.to_string()))?,
+            None => ConfigFile::default(),
+        };
+        let mut notices = Vec::new();
+        let principals_configured = !file.principals.is_empty();
+        let tls = listener_tls(args, principals_configured, &mut notices)?;
+        Metrics::check_other_action_label(&args.metrics_other_action_label, file.policies.names())
+            .map_err(|e| ConfigError(format!("--metrics-other-action-label: {e}")))?;
+        let store = store_config(args, &file.policies)?;
+        let signing = signing_config(args, &store, &mut notices);
+        let server = ServerOptions {
+            drain_timeout: Duration::from_secs(args.drain_seconds),
+            max_message_bytes: args.max_message_bytes as usize,
+            tls,
+            health_listen: args.health_listen,
+            principals: file.principals,
+            ..defaults::server()
+        };
+        Ok(Self {
+            listen: args.listen,
+            store,
+            policies: file.policies,
+            server,
+            durability_replicas: args.durability_replicas,
+            metrics_listen: args.metrics_listen,
+            metrics_other_action_label: args.metrics_other_action_label.clone(),
+            signing,
+            authorization: file.authorization,
+            notices,
+        })
+    }
+}
+
+/// The listener's TLS settings and the secure-by-default check.
+fn listener_tls(
+    args: &ServeArgs,
+    principals_configured: bool,
+    notices: &mut Vec<Notice>,
+) -> Result<Option<tls::TlsSettings>, ConfigError> {
+    let settings = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            tls::load(
+                cert,
+                key,
+                args.tls_client_ca.as_deref(),
+                !principals_configured,
+            )
+            .map_err(|e| ConfigError(e.to_string()))?,
+        ),
+        _ => None,
+    };
+    match tls::judge_listener(
+        &args.listen,
+        principals_configured,
+        settings.as_ref(),
+        args.insecure,
+    ) {
+        Exposure::Fine => {}
+        Exposure::Warn(message) => notices.push(Notice::Warn(message)),
+        Exposure::Refuse(message) => return Err(ConfigError(message)),
+    }
+    if !principals_configured {
+        notices.push(Notice::Info(
+            "no principals configured: every caller may act for every agent".into(),
+        ));
+    }
+    Ok(settings)
+}
+
+/// How the gate signs: the key file when given; else a key generated into the embedded store's
+/// data directory; on Redis without a key file, not at all (a key per replica would not verify
+/// across replicas), with a warning.
+fn signing_config(
+    args: &ServeArgs,
+    store: &StoreConfig,
+    notices: &mut Vec<Notice>,
+) -> Option<SigningConfig> {
+    let active = match (&args.signing_key, store) {
+        _ if args.unsigned => {
+            notices.push(Notice::Warn(
+                "--unsigned: grants carry no signed statement and completions no receipt chain"
+                    .into(),
+            ));
+            return None;
+        }
+        (Some(path), _) => keys::ActiveKey::File(path.clone()),
+        (None, StoreConfig::Embedded { data_dir, .. }) => {
+            keys::ActiveKey::Generated(data_dir.join(keys::GENERATED_KEY_FILE))
+        }
+        (None, StoreConfig::Redis { .. }) => {
+            notices.push(Notice::Warn(
+                "no --signing-key on Redis: serving UNSIGNED (no grant statements, no receipt \
+                 chains); give every replica the same key file to sign"
+                    .into(),
+            ));
+            return None;
+        }
+    };
+    Some(SigningConfig {
+        issuer: args.signing_issuer.clone(),
+        active,
+        retired: args.retired_signing_keys.clone(),
+    })
+}
+
+/// The store the flags name, with the durability level checked against it.
+fn store_config(args: &ServeArgs, policies: &Policies) -> Result<StoreConfig, ConfigError> {
+    let call_timeout = Duration::from_millis(args.store_timeout_ms);
+    let Some(topology) = args.redis_topology().map_err(ConfigError)? else {
+        if policies.highest_durability() > 0 {
+            return Err(ConfigError(
+                "a policy sets durability_replicas, which needs Redis with replicas".into(),
+            ));
+        }
+        return Ok(StoreConfig::Embedded {
+            data_dir: args.data_dir.clone(),
+            call_timeout,
+        });
+    };
+    let mut options = RedisOptions {
+        call_timeout,
+        durability_replicas: args.durability_replicas,
+        durability_timeout: Duration::from_millis(args.durability_timeout_ms),
+        sentinel_check_interval: Duration::from_millis(args.redis_sentinel_check_ms),
+        username: args.redis_username.clone(),
+        password: args.redis_password.clone(),
+        allow_eviction: args.allow_redis_eviction,
+        ..defaults::redis()
+    };
+    if args.durability_replicas == 0 && policies.highest_durability() == 0 {
+        // Nothing ever waits for replicas: no connections reserved for WAIT.
+        options.wait_lanes = 0;
+    }
+    Ok(StoreConfig::Redis { topology, options })
+}

@@ -1,0 +1,167 @@
+//! The operator transitions: an external completion (an action done by hand) and the settlement
+//! of an expired lease, and what ListUnresolved lists.
+
+use super::{
+    CompleteOutcome, Completion, ExternalCompletion, Millis, Phase, Record, Refusal, Resolution,
+    Resolved, Source, State, Step, TokenGrant, Write, live, view,
+};
+use crate::fingerprint;
+
+/// A completion recorded by an operator, with the live token (if any) moved to `older` so that
+/// its holder's later Complete hears COMPLETED_BY_OTHER: the action may then have run twice.
+fn operator_completion(
+    rec: &Record,
+    receipt: &[u8],
+    note: &str,
+    operator: &str,
+    now: Millis,
+) -> (Completion, Record) {
+    let completion = Completion {
+        receipt: receipt.to_vec(),
+        completed_at: now,
+        fencing: rec.fencing,
+        token: String::new(),
+        source: Source::Operator,
+        note: note.to_owned(),
+        operator: operator.to_owned(),
+        seq: 0,
+        statement: String::new(),
+    };
+    let mut older = rec.older.clone();
+    if let Phase::Authorized { token, .. } = &rec.phase {
+        older.push(TokenGrant {
+            token: token.clone(),
+            fencing: rec.fencing,
+        });
+    }
+    let record = Record {
+        expires_at: Some(now + rec.retention),
+        older,
+        phase: Phase::Completed(completion.clone()),
+        ..rec.clone()
+    };
+    (completion, record)
+}
+
+/// RecordExternalCompletion: an operator marks an action completed (done by hand). Works on an
+/// absent action (with the request hash), a live or expired lease, or superseded grants still out
+/// (their holders later hear COMPLETED_BY_OTHER); repeating the same operator completion is a
+/// no-op; an action already completed otherwise is refused.
+pub fn record_external(
+    record: Option<&Record>,
+    ext: &ExternalCompletion,
+    now: Millis,
+) -> Step<CompleteOutcome> {
+    let record = live(record, now);
+    // A plain tombstone binds nothing; any other record binds the key to its request.
+    let bound =
+        record.filter(|r| !(matches!(r.phase, Phase::Released { .. }) && r.older.is_empty()));
+    if let (Some(rec), Some(req)) = (bound, &ext.request)
+        && rec.fingerprint != req.fingerprint
+    {
+        let differing = fingerprint::differing_fields(&rec.digests, &req.digests);
+        return Step::refuse(Refusal::KeyReused { differing });
+    }
+    let Some(rec) = bound else {
+        let Some(req) = &ext.request else {
+            return Step::refuse(Refusal::RequestRequired);
+        };
+        let base = Record {
+            fencing: record.map_or(0, |r| r.fencing),
+            fingerprint: req.fingerprint.clone(),
+            digests: req.digests.clone(),
+            retention: req.retention,
+            sliding: req.sliding,
+            expires_at: Some(now + req.retention),
+            older: Vec::new(),
+            reservations: Vec::new(),
+            phase: Phase::Released {
+                token: String::new(),
+                at: now,
+            },
+        };
+        let (completion, record) =
+            operator_completion(&base, &ext.receipt, &ext.note, &ext.operator, now);
+        let outcome = CompleteOutcome {
+            completion,
+            recorded: true,
+            double_execution: false,
+        };
+        return Step::reply(outcome, Write::Put(record));
+    };
+    match &rec.phase {
+        Phase::Completed(done)
+            if done.source == Source::Operator
+                && done.receipt == ext.receipt
+                && done.operator == ext.operator =>
+        {
+            let outcome = CompleteOutcome {
+                completion: done.clone(),
+                recorded: false,
+                double_execution: false,
+            };
+            Step::reply(outcome, Write::Nothing)
+        }
+        Phase::Completed(_) => Step::refuse(Refusal::AlreadyCompleted),
+        _ => {
+            let (completion, record) =
+                operator_completion(rec, &ext.receipt, &ext.note, &ext.operator, now);
+            let outcome = CompleteOutcome {
+                completion,
+                recorded: true,
+                double_execution: false,
+            };
+            Step::reply(outcome, Write::Put(record))
+        }
+    }
+}
+
+/// ResolveExpired: settles an action whose lease ended without Complete or Release, as completed
+/// (an operator completion) or failed (released, fencing kept). A released action with
+/// superseded grants still out is settled one grant at a time, the newest first: failed removes
+/// that grant (the action stays unresolved while older ones remain). Anything else is refused.
+pub fn resolve_expired(
+    record: Option<&Record>,
+    resolution: &Resolution,
+    now: Millis,
+) -> Step<Resolved> {
+    let current = view(record, now);
+    let rec = match (live(record, now), current.state) {
+        (Some(rec), State::Expired) => rec,
+        (_, State::Completed) => return Step::refuse(Refusal::AlreadyCompleted),
+        (_, state) => return Step::refuse(Refusal::NotExpired { state }),
+    };
+    match resolution {
+        Resolution::Completed {
+            receipt,
+            note,
+            operator,
+        } => {
+            let (completion, record) = operator_completion(rec, receipt, note, operator, now);
+            Step::reply(Resolved::Completed(completion), Write::Put(record))
+        }
+        Resolution::Failed => {
+            let mut record = rec.clone();
+            if let Phase::Authorized { token, .. } = &rec.phase {
+                record.phase = Phase::Released {
+                    token: token.clone(),
+                    at: now,
+                };
+            } else {
+                record.older.pop();
+            }
+            record.expires_at = record.settled_expiry(now);
+            Step::reply(
+                Resolved::Released {
+                    fencing: current.fencing,
+                },
+                Write::Put(record),
+            )
+        }
+    }
+}
+
+/// Whether a record is an unresolved expired lease at `now` (what ListUnresolved lists).
+pub fn is_unresolved(record: Option<&Record>, now: Millis) -> bool {
+    view(record, now).state == State::Expired
+}

@@ -1,0 +1,312 @@
+//! The gate: every worker and operator operation as validation, one policy lookup and one store
+//! call, each timed, counted and audited here and nowhere else.
+//!
+//! Owns: what a well-formed request is ([`request`]), which key identifies an action, minting
+//! tokens, the action policies ([`policy`]), RequestToken with its rules, budgets and shadow mode
+//! (`token`, [`rules`], [`authorization`], `shadow`), signing grants and receipts ([`signing`]),
+//! the operator operations ([`operator`], [`approvals`]) and the audit trail ([`audit`]). Knows
+//! no gRPC types (the `grpc` layer converts) and decides no state transition (the store applies
+//! the ledger).
+
+pub mod approvals;
+pub mod audit;
+pub mod authorization;
+pub mod error;
+pub mod operator;
+pub mod policy;
+pub mod request;
+pub mod rules;
+mod shadow;
+pub mod signing;
+mod token;
+
+use std::{future::Future, sync::Arc, time::Instant};
+
+pub use error::GateError;
+pub use operator::ExternalCall;
+pub use request::{Prepared, TokenCall};
+pub use signing::Signer;
+
+use authorization::Authorization;
+use oncegate_domain::{
+    ActionKey,
+    ledger::{ActionView, CompleteOutcome, Millis, Refusal, TokenOutcome},
+};
+use oncegate_observe::{
+    metrics::{Decision, DoubleExecution, Metrics},
+    telemetry,
+};
+use oncegate_store::{Receipts, Store, StoreError};
+use policy::{ActionPolicy, Policies};
+
+/// A RequestToken that was answered (granted or replayed).
+#[derive(Debug, Clone)]
+pub struct TokenAnswer {
+    pub key: ActionKey,
+    pub fingerprint: String,
+    pub provider_key: String,
+    pub outcome: TokenOutcome,
+    /// Replicas that confirmed the grant before it was handed out (Redis `WAIT`; 0 without a
+    /// durability level).
+    pub replicas_acknowledged: u32,
+    /// The signed grant statement (empty for a replay, or when the gate does not sign).
+    pub statement: String,
+    /// True when the grant is shadow mode's: enforcement would have answered otherwise, and the
+    /// token is not recorded (Complete, Release and ExtendLease with it touch nothing).
+    pub shadow: bool,
+}
+
+/// The gate over one store. Cheap to clone.
+#[derive(Clone)]
+pub struct Gate {
+    store: Store,
+    policies: Arc<Policies>,
+    metrics: Metrics,
+    /// Signs grants and receipts; `None`: the gate hands out no statements and keeps no chains.
+    signer: Option<Arc<Signer>>,
+    authz: Arc<Authorization>,
+}
+
+impl Gate {
+    /// A gate over `store` with `policies`, counting into metrics nobody reads.
+    pub fn new(store: Store, policies: Policies) -> Self {
+        Self::with_metrics(store, policies, Metrics::default())
+    }
+
+    /// A gate over `store` with `policies` that counts every decision into `metrics` (registered
+    /// by the caller with the same policies' names, see [`Metrics::register`]).
+    pub fn with_metrics(store: Store, policies: Policies, metrics: Metrics) -> Self {
+        Self {
+            store,
+            policies: Arc::new(policies),
+            metrics,
+            signer: None,
+            authz: Arc::default(),
+        }
+    }
+
+    /// This gate, signing every grant and every recorded completion with `signer`.
+    pub fn with_signer(mut self, signer: Arc<Signer>) -> Self {
+        self.signer = Some(signer);
+        self
+    }
+
+    /// The signer, when the gate signs.
+    pub fn signer(&self) -> Option<&Arc<Signer>> {
+        self.signer.as_ref()
+    }
+
+    /// The signer as the stores take it for receipt chains.
+    fn receipts(&self) -> Option<Receipts> {
+        self.signer.clone().map(|s| s as Receipts)
+    }
+
+    /// This gate with `authz`: rules, budgets, approvals and shadow mode (none by default). The
+    /// budgets' metric series start at zero.
+    pub fn with_authorization(mut self, authz: impl Into<Authorization>) -> Self {
+        let authz: Authorization = authz.into();
+        self.metrics
+            .register_budgets(authz.budgets.iter().map(|b| b.name.as_str()));
+        self.authz = Arc::new(authz);
+        self
+    }
+
+    /// The authorization settings (rules reload through it).
+    pub fn authorization(&self) -> &Authorization {
+        &self.authz
+    }
+
+    /// The metric handles this gate counts into.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The store this gate uses (for health probes; every state change goes through the gate).
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The policies this gate enforces.
+    pub fn policies(&self) -> &Policies {
+        &self.policies
+    }
+
+    /// Counts a RequestToken refused as malformed (decision `invalid`) and returns its error. The
+    /// `grpc` layer calls this for requests it cannot even convert (a missing scope, a bad
+    /// duration).
+    pub fn invalid_attempt(&self, action: &str, error: GateError) -> GateError {
+        self.invalid(self.policies.for_action(action), error)
+    }
+
+    fn invalid(&self, policy: Option<&ActionPolicy>, error: GateError) -> GateError {
+        self.metrics.attempt(policy_name(policy), Decision::Invalid);
+        telemetry::record_decision(Decision::Invalid.as_str());
+        error
+    }
+
+    /// Runs one store call, timing it and counting its failure.
+    async fn timed<T>(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let start = Instant::now();
+        let result = call.await;
+        self.metrics.store_call(
+            operation,
+            start.elapsed(),
+            result.as_ref().err().map(StoreError::kind),
+        );
+        if result.is_err() {
+            telemetry::record_decision("store_error");
+        }
+        result
+    }
+
+    /// Complete: record the outcome of an attempt.
+    pub async fn complete(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        receipt: &[u8],
+    ) -> Result<CompleteOutcome, GateError> {
+        self.check_ref(key)?;
+        self.check_token(token)?;
+        telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
+        let limits = &self.policies.limits;
+        request::check_bytes("receipt", receipt.len(), limits.max_receipt_bytes)?;
+        if let Some(done) = shadow::complete(key, token, receipt) {
+            return Ok(done);
+        }
+        let durability = self.policies.highest_durability();
+        let reply = self
+            .timed(
+                "complete",
+                self.store
+                    .complete(key, token, receipt, durability, self.receipts().as_ref()),
+            )
+            .await?
+            .reply;
+        match &reply.result {
+            Ok(done) => {
+                if done.recorded {
+                    self.metrics.completion(done.completion.source);
+                }
+                if done.double_execution {
+                    self.metrics
+                        .double_execution(DoubleExecution::SupersededCompletion);
+                    audit::double_execution(
+                        key,
+                        done.completion.fencing,
+                        "a superseded token completed",
+                    );
+                }
+                let decision = if done.recorded {
+                    "completed"
+                } else {
+                    "complete_repeated"
+                };
+                audit::audit!(
+                    info,
+                    key,
+                    decision = decision,
+                    fencing = done.completion.fencing,
+                    "complete"
+                );
+            }
+            Err(refusal @ Refusal::CompletedByOther { fencing, .. }) => {
+                // The holder ran an action someone else (a newer token or an operator) completed.
+                self.metrics
+                    .double_execution(DoubleExecution::CompletedByOther);
+                audit::double_execution(
+                    key,
+                    *fencing,
+                    "the action was completed by another token or an operator",
+                );
+                audit::refused("complete", key, refusal);
+            }
+            Err(refusal) => audit::refused("complete", key, refusal),
+        }
+        reply.result.map_err(GateError::Refused)
+    }
+
+    /// Release: give a token back after a definite failure or a non-attempt.
+    pub async fn release(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        reason: &str,
+    ) -> Result<u64, GateError> {
+        self.check_ref(key)?;
+        self.check_token(token)?;
+        telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
+        if let Some(fencing) = shadow::release(key, token) {
+            return Ok(fencing);
+        }
+        let durability = self.policies.highest_durability();
+        let reply = self
+            .timed("release", self.store.release(key, token, durability))
+            .await?
+            .reply;
+        match &reply.result {
+            Ok(fencing) => {
+                self.metrics.release(reason);
+                audit::audit!(info, key, decision = "released", reason, fencing, "release")
+            }
+            Err(refusal) => audit::refused("release", key, refusal),
+        }
+        reply.result.map_err(GateError::Refused)
+    }
+
+    /// ExtendLease: move a live lease to now + ttl.
+    pub async fn extend_lease(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        ttl: Option<Millis>,
+    ) -> Result<Millis, GateError> {
+        self.check_ref(key)?;
+        self.check_token(token)?;
+        telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
+        let ttl = ttl.ok_or_else(|| GateError::invalid("ttl", "is required"))?;
+        let ttl = request::check_ttl(&self.policies.limits, "ttl", ttl)?;
+        if let Some(at) = shadow::extend(key, token, ttl) {
+            return Ok(at);
+        }
+        let durability = self.policies.highest_durability();
+        let reply = self
+            .timed(
+                "extend_lease",
+                self.store.extend_lease(key, token, ttl, durability),
+            )
+            .await?
+            .reply;
+        match &reply.result {
+            Ok(_) => telemetry::record_decision("extended"),
+            Err(refusal) => audit::refused("extend_lease", key, refusal),
+        }
+        reply.result.map_err(GateError::Refused)
+    }
+
+    /// GetAction: the record as it stands.
+    pub async fn get(&self, key: &ActionKey) -> Result<ActionView, GateError> {
+        self.check_ref(key)?;
+        telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
+        let reply = self.timed("get_action", self.store.get(key)).await?;
+        reply.result.map_err(GateError::Refused)
+    }
+
+    /// Validates an action reference (ids present and within the limits).
+    pub fn check_ref(&self, key: &ActionKey) -> Result<(), GateError> {
+        request::check_ref(&self.policies.limits, key)
+    }
+
+    fn check_token(&self, token: &str) -> Result<(), GateError> {
+        request::check_id(&self.policies.limits, "token", token, true)
+    }
+}
+
+/// The metrics' `action` label of a policy (`None`: no policy names the action).
+fn policy_name(policy: Option<&ActionPolicy>) -> Option<&str> {
+    policy.and_then(|p| p.name.as_deref())
+}

@@ -1,0 +1,255 @@
+//! The operator API, `GateAdminService`: proto ↔ domain and the operator check, nothing else. The
+//! operations themselves (validation, timing, counting, audit) are the gate's
+//! ([`oncegate_gate::operator`]).
+//!
+//! Every RPC needs an operator principal acting within its agents; agent principals get
+//! PERMISSION_DENIED (`FORBIDDEN_SCOPE`) before anything is read.
+
+use std::sync::Arc;
+
+use tonic::{Request, Response, Status};
+
+use super::{
+    auth::{self, Principal},
+    convert::{
+        action_key, action_ref, approval_entry, completion, duration, receipt_entry, timestamp,
+    },
+    status::answer,
+};
+use oncegate_domain::{
+    authorization::approval::Decision,
+    ledger::{Resolution, Resolved},
+};
+use oncegate_gate::{ExternalCall, Gate, GateError};
+use oncegate_observe::telemetry;
+use oncegate_proto::{self as pb, gate_admin_service_server::GateAdminService};
+
+/// The gRPC face of the operator API over a [`Gate`].
+#[derive(Clone)]
+pub struct AdminService {
+    gate: Gate,
+}
+
+impl AdminService {
+    /// Serves the operator API of `gate`.
+    pub fn new(gate: Gate) -> Self {
+        Self { gate }
+    }
+}
+
+/// The operator check: an operator principal acting within its agents.
+fn operator(principal: &Arc<Principal>, agent_id: &str) -> Result<(), GateError> {
+    telemetry::record_principal(&principal.name);
+    principal.authorize(agent_id, true)
+}
+
+#[tonic::async_trait]
+impl GateAdminService for AdminService {
+    async fn record_external_completion(
+        &self,
+        request: Request<pb::RecordExternalCompletionRequest>,
+    ) -> Result<Response<pb::RecordExternalCompletionResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            let req = request.into_inner();
+            let key = action_key(req.action)?;
+            operator(&principal, &key.agent_id)?;
+            let call = ExternalCall {
+                key,
+                receipt: req.receipt,
+                note: req.note,
+                operator: principal.name.clone(),
+                action_name: req.action_name,
+                params_json: req.params_json,
+                intent_id: req.intent_id,
+            };
+            let done = self.gate.record_external(call).await?;
+            Ok(pb::RecordExternalCompletionResponse {
+                completion: Some(completion(done.completion)),
+                recorded: done.recorded,
+            })
+        })
+        .await
+    }
+
+    async fn resolve_expired(
+        &self,
+        request: Request<pb::ResolveExpiredRequest>,
+    ) -> Result<Response<pb::ResolveExpiredResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            let req = request.into_inner();
+            let key = action_key(req.action)?;
+            operator(&principal, &key.agent_id)?;
+            let resolution = match pb::Resolution::try_from(req.resolution) {
+                Ok(pb::Resolution::Completed) => Resolution::Completed {
+                    receipt: req.receipt,
+                    note: req.note.clone(),
+                    operator: principal.name.clone(),
+                },
+                Ok(pb::Resolution::Failed) if req.receipt.is_empty() => Resolution::Failed,
+                Ok(pb::Resolution::Failed) => {
+                    return Err(GateError::invalid(
+                        "receipt",
+                        "a failed action has no receipt; leave it empty",
+                    ));
+                }
+                _ => {
+                    return Err(GateError::invalid(
+                        "resolution",
+                        "must be RESOLUTION_COMPLETED or RESOLUTION_FAILED",
+                    ));
+                }
+            };
+            let resolved = self
+                .gate
+                .resolve_expired(&key, resolution, &req.note)
+                .await?;
+            let response = match resolved {
+                Resolved::Completed(done) => pb::ResolveExpiredResponse {
+                    fencing: done.fencing,
+                    completion: Some(completion(done)),
+                },
+                Resolved::Released { fencing } => pb::ResolveExpiredResponse {
+                    fencing,
+                    completion: None,
+                },
+            };
+            Ok(response)
+        })
+        .await
+    }
+
+    async fn list_unresolved(
+        &self,
+        request: Request<pb::ListUnresolvedRequest>,
+    ) -> Result<Response<pb::ListUnresolvedResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            let req = request.into_inner();
+            let agent = (!req.agent_id.is_empty()).then_some(req.agent_id.as_str());
+            telemetry::record_principal(&principal.name);
+            match agent {
+                Some(agent) => operator(&principal, agent)?,
+                None if principal.role == auth::Role::Operator && principal.acts_for_all() => {}
+                None => return Err(principal.forbidden()),
+            }
+            let page = self
+                .gate
+                .list_unresolved(agent, &req.page_token, req.page_size)
+                .await?;
+            Ok(pb::ListUnresolvedResponse {
+                actions: page
+                    .items
+                    .into_iter()
+                    .map(|u| pb::UnresolvedAction {
+                        action: Some(action_ref(&u.key)),
+                        fencing: u.view.fencing,
+                        lease_expired_at: u.view.lease_expires_at.map(timestamp),
+                        holder: u.view.holder,
+                        fingerprint: u.view.fingerprint,
+                        token: u.view.token,
+                        provider_key: u.key.provider_key(),
+                    })
+                    .collect(),
+                next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
+            })
+        })
+        .await
+    }
+
+    async fn export_receipts(
+        &self,
+        request: Request<pb::ExportReceiptsRequest>,
+    ) -> Result<Response<pb::ExportReceiptsResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            let req = request.into_inner();
+            operator(&principal, &req.agent_id)?;
+            let page = self
+                .gate
+                .receipt_chain(&req.agent_id, req.after_seq, req.page_size)
+                .await?;
+            Ok(pb::ExportReceiptsResponse {
+                next_after_seq: page.next_after,
+                jwks: page.jwks,
+                entries: page.entries.into_iter().map(receipt_entry).collect(),
+            })
+        })
+        .await
+    }
+
+    async fn decide_approval(
+        &self,
+        request: Request<pb::DecideApprovalRequest>,
+    ) -> Result<Response<pb::DecideApprovalResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            let req = request.into_inner();
+            let key = action_key(req.action)?;
+            operator(&principal, &key.agent_id)?;
+            let decision = Decision {
+                id: req.approval_id,
+                approve: req.approve,
+                operator: principal.name.clone(),
+                note: req.note,
+            };
+            let approval = self.gate.decide_approval(&key, decision).await?;
+            Ok(pb::DecideApprovalResponse {
+                approval: Some(approval_entry(&key, approval)),
+            })
+        })
+        .await
+    }
+
+    async fn list_approvals(
+        &self,
+        request: Request<pb::ListApprovalsRequest>,
+    ) -> Result<Response<pb::ListApprovalsResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            let req = request.into_inner();
+            operator(&principal, &req.agent_id)?;
+            let page = self
+                .gate
+                .list_approvals(&req.agent_id, &req.page_token, req.page_size)
+                .await?;
+            Ok(pb::ListApprovalsResponse {
+                approvals: page
+                    .items
+                    .into_iter()
+                    .map(|e| approval_entry(&e.key, e.approval))
+                    .collect(),
+                next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
+            })
+        })
+        .await
+    }
+
+    async fn get_budgets(
+        &self,
+        request: Request<pb::GetBudgetsRequest>,
+    ) -> Result<Response<pb::GetBudgetsResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            let req = request.into_inner();
+            operator(&principal, &req.agent_id)?;
+            let usage = self.gate.budgets(&req.agent_id).await?;
+            Ok(pb::GetBudgetsResponse {
+                budgets: usage
+                    .into_iter()
+                    .map(|u| pb::BudgetUsage {
+                        budget: u.budget,
+                        action_name: u.action,
+                        group: u.group,
+                        used: u.used,
+                        limit: u.limit,
+                        window: Some(duration(u.window)),
+                        next_release_at: u.next_release_at.map(timestamp),
+                    })
+                    .collect(),
+            })
+        })
+        .await
+    }
+}

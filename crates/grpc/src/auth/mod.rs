@@ -1,0 +1,219 @@
+//! Who may do what: the principals of the config file, how a call proves it is one of them, what
+//! each may act on, and its rate limit.
+//!
+//! Authentication happens in one place, [`Authenticator`] (a tonic interceptor in front of both
+//! gate services), which resolves the caller to a [`Principal`] and puts it in the request's
+//! extensions. The scope check needs the request body, so the services make it, through
+//! [`Principal::authorize`], before touching the store. Health and reflection are not behind the
+//! interceptor: Kubernetes probes health without credentials, and reflection only describes the
+//! public contract.
+//!
+//! Credentials: an API key sent as `authorization: Bearer <key>` (only its SHA-256 is configured,
+//! and the comparison is constant-time over every principal), or, under mutual TLS, a client
+//! certificate whose subject CN or a SAN equals a principal's `cert_identity`. A call that sends
+//! an `authorization` header is judged by it alone: a wrong key is refused even with a valid
+//! certificate. Keys are never logged.
+
+mod principal;
+mod principals;
+
+use std::sync::Arc;
+
+use tonic::{Request, Status, service::Interceptor};
+
+pub use principal::{Principal, Role};
+pub use principals::{PrincipalConfig, Principals, hash_key};
+
+use super::{status::status, tls};
+use oncegate_gate::GateError;
+
+/// The principal a call was authenticated as, in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct Authenticated(pub Arc<Principal>);
+
+/// The principal of a request that went through [`Authenticator`].
+pub fn principal<T>(request: &Request<T>) -> Result<Arc<Principal>, GateError> {
+    request
+        .extensions()
+        .get::<Authenticated>()
+        .map(|a| a.0.clone())
+        .ok_or(GateError::Unauthenticated)
+}
+
+/// The interceptor in front of the gate services: resolves the caller, applies its rate limit,
+/// and records it in the request's extensions.
+#[derive(Debug, Clone)]
+pub struct Authenticator {
+    principals: Principals,
+    anonymous: Arc<Principal>,
+}
+
+impl Authenticator {
+    /// With no principals every call is [`Principal::anonymous`].
+    pub fn new(principals: Principals) -> Self {
+        Self {
+            principals,
+            anonymous: Arc::new(Principal::anonymous()),
+        }
+    }
+
+    /// Resolves the caller of `request`.
+    pub fn authenticate<T>(&self, request: &Request<T>) -> Result<Arc<Principal>, GateError> {
+        if self.principals.is_empty() {
+            return Ok(self.anonymous.clone());
+        }
+        if let Some(header) = request.metadata().get("authorization") {
+            let key = header
+                .to_str()
+                .ok()
+                .and_then(bearer)
+                .ok_or(GateError::Unauthenticated)?;
+            return self
+                .principals
+                .by_api_key(key)
+                .ok_or(GateError::Unauthenticated);
+        }
+        request
+            .peer_certs()
+            .and_then(|certs| certs.first().map(|leaf| tls::identities(leaf.as_ref())))
+            .and_then(|ids| self.principals.by_cert_identity(&ids))
+            .ok_or(GateError::Unauthenticated)
+    }
+}
+
+/// The key of an `authorization: Bearer <key>` value (scheme case-insensitive).
+pub fn bearer(value: &str) -> Option<&str> {
+    let (scheme, key) = value.trim().split_once(' ')?;
+    let key = key.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
+}
+
+impl Interceptor for Authenticator {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let principal = self.authenticate(&request).inspect_err(|_| {
+            tracing::info!(target: oncegate_observe::telemetry::AUDIT, decision = "unauthenticated", "refused");
+        }).map_err(status)?;
+        principal.check_rate().inspect_err(|_| {
+            tracing::info!(target: oncegate_observe::telemetry::AUDIT, principal = %principal.name, decision = "rate_limited", "refused");
+        }).map_err(status)?;
+        request.extensions_mut().insert(Authenticated(principal));
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{principal::Agents, principals::limiter, *};
+    use serde::Deserialize;
+
+    fn config(toml_text: &str) -> Result<Principals, String> {
+        #[derive(Deserialize)]
+        struct File {
+            principals: Vec<PrincipalConfig>,
+        }
+        let file: File = toml::from_str(toml_text).map_err(|e| e.to_string())?;
+        Principals::from_config(&file.principals)
+    }
+
+    #[test]
+    fn keys_are_matched_by_hash_and_patterns_scope_agents() {
+        let p = config(&format!(
+            r#"
+            [[principals]]
+            name = "billing"
+            role = "agent"
+            agents = ["billing-*", "ledger"]
+            api_key_sha256 = "{}"
+            [[principals]]
+            name = "ops"
+            role = "operator"
+            cert_identity = "ops.example"
+            "#,
+            hash_key("k1")
+        ))
+        .unwrap();
+        let billing = p.by_api_key("k1").unwrap();
+        assert_eq!(billing.name, "billing");
+        assert!(p.by_api_key("k2").is_none());
+        assert!(billing.may_act_for("billing-eu") && billing.may_act_for("ledger"));
+        assert!(!billing.may_act_for("ledger-2") && !billing.may_act_for("bill"));
+        assert!(
+            billing.authorize("billing-eu", true).is_err(),
+            "agents are not operators"
+        );
+        let ops = p
+            .by_cert_identity(&["x".into(), "ops.example".into()])
+            .unwrap();
+        assert!(ops.acts_for_all() && ops.authorize("anything", true).is_ok());
+    }
+
+    #[test]
+    fn bad_principals_say_what_is_wrong() {
+        let h = hash_key("k");
+        for (text, needle) in [
+            (
+                "name = \"a\"\nrole = \"agent\"\nagents = [\"x\"]",
+                "needs api_key_sha256",
+            ),
+            (
+                &format!("name = \"a\"\nrole = \"agent\"\napi_key_sha256 = \"{h}\""),
+                "agents must list",
+            ),
+            (
+                "name = \"a\"\nrole = \"operator\"\napi_key_sha256 = \"abc\"",
+                "64 hex",
+            ),
+            (
+                &format!(
+                    "name = \"a\"\nrole = \"operator\"\napi_key_sha256 = \"{h}\"\nrate_limit_per_second = 0"
+                ),
+                "rate_limit",
+            ),
+            (
+                &format!("name = \"a\"\nrole = \"operator\"\napi_key_sha256 = \"{h}\"\nburst = 3"),
+                "burst needs",
+            ),
+            (
+                "name = \"a\"\nrole = \"admin\"\ncert_identity = \"x\"",
+                "unknown variant",
+            ),
+        ] {
+            let err = config(&format!("[[principals]]\n{text}")).unwrap_err();
+            assert!(err.contains(needle), "{text}: {err}");
+        }
+        let dup = format!(
+            "[[principals]]\nname = \"a\"\nrole = \"operator\"\napi_key_sha256 = \"{h}\"\n[[principals]]\nname = \"b\"\nrole = \"operator\"\napi_key_sha256 = \"{h}\""
+        );
+        assert!(config(&dup).unwrap_err().contains("same api_key_sha256"));
+    }
+
+    #[test]
+    fn bearer_values() {
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
+        assert_eq!(bearer("Bearer "), None);
+        assert_eq!(bearer("abc"), None);
+    }
+
+    #[test]
+    fn rate_limit_spends_the_burst_then_says_when() {
+        let limiter = limiter(1.0, Some(2)).unwrap();
+        let principal = Principal {
+            name: "p".into(),
+            role: Role::Agent,
+            agents: Agents::All,
+            limiter: Some(limiter),
+        };
+        assert!(principal.check_rate().is_ok());
+        assert!(principal.check_rate().is_ok());
+        match principal.check_rate() {
+            Err(GateError::RateLimited { retry_after }) => {
+                assert!(retry_after > Duration::ZERO && retry_after <= Duration::from_secs(1))
+            }
+            other => panic!("expected a rate limit, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! The one translation of [`GateError`] to the wire.
+//!
+//! Every client-visible error is a gRPC status carrying exactly one `google.rpc.ErrorInfo`
+//! (domain `oncegate`, reason a [`pb::ErrorReason`] name), plus `RetryInfo` or `BadRequest` where
+//! they help (docs/CONTRACT.md, "Errors"). Internal failures are logged with their source and reach
+//! the client tersely.
+
+use std::{collections::HashMap, time::Duration};
+
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, StatusExt};
+
+use super::convert::timestamp;
+use oncegate_domain::{
+    ActionKey,
+    ledger::{Millis, Refusal, State},
+};
+use oncegate_gate::GateError;
+use oncegate_proto::ErrorReason;
+use oncegate_store::StoreError;
+
+/// The ErrorInfo domain of every oncegate error.
+pub const DOMAIN: &str = "oncegate";
+
+/// The ErrorInfo reason `error` carries.
+pub fn reason(error: &GateError) -> ErrorReason {
+    match error {
+        GateError::Refused(refusal) | GateError::Unresolved { refusal, .. } => match refusal {
+            Refusal::KeyReused { .. } => ErrorReason::IdempotencyKeyReused,
+            Refusal::InProgress { .. } => ErrorReason::IdempotencyInProgress,
+            Refusal::LeaseExpired { .. } => ErrorReason::LeaseExpiredUnresolved,
+            Refusal::TokenMismatch => ErrorReason::TokenMismatch,
+            Refusal::TokenUnknown => ErrorReason::TokenUnknown,
+            Refusal::CompletedByOther { .. } => ErrorReason::CompletedByOther,
+            Refusal::AlreadyCompleted => ErrorReason::AlreadyCompleted,
+            Refusal::RequestRequired => ErrorReason::InvalidRequest,
+            Refusal::NotExpired { .. } => ErrorReason::LeaseNotExpired,
+            Refusal::BudgetExceeded { .. } => ErrorReason::BudgetExceeded,
+            Refusal::ApprovalDenied { .. } => ErrorReason::PolicyDenied,
+            Refusal::ApprovalNotPending { .. } => ErrorReason::ApprovalNotPending,
+        },
+        GateError::PolicyDenied { .. } => ErrorReason::PolicyDenied,
+        GateError::Invalid { .. } => ErrorReason::InvalidRequest,
+        GateError::Unauthenticated => ErrorReason::Unauthenticated,
+        GateError::ForbiddenScope { .. } => ErrorReason::ForbiddenScope,
+        GateError::RateLimited { .. } => ErrorReason::RateLimited,
+        GateError::Store(StoreError::Unavailable(_) | StoreError::Misconfigured(_)) => {
+            ErrorReason::StoreUnavailable
+        }
+        GateError::Store(StoreError::Corrupt(_)) => ErrorReason::Internal,
+    }
+}
+
+/// What one error puts on the wire besides its reason.
+struct Wire {
+    code: Code,
+    message: String,
+    metadata: HashMap<String, String>,
+    details: ErrorDetails,
+}
+
+impl Wire {
+    fn new(code: Code, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+            metadata: HashMap::new(),
+            details: ErrorDetails::new(),
+        }
+    }
+
+    fn meta(mut self, key: &str, value: impl ToString) -> Self {
+        self.metadata.insert(key.to_owned(), value.to_string());
+        self
+    }
+
+    fn retry_after(mut self, delay: Duration) -> Self {
+        self.details.set_retry_info(Some(delay));
+        self
+    }
+
+    /// INVALID_ARGUMENT with one BadRequest field violation.
+    fn invalid(field: &str, description: &str) -> Self {
+        let mut wire = Self::new(
+            Code::InvalidArgument,
+            format!("invalid {field}: {description}"),
+        )
+        .meta("field", field);
+        wire.details.add_bad_request_violation(field, description);
+        wire
+    }
+}
+
+/// Answers an RPC: the body's value as the response, or its error as the one [`status`] mapping.
+/// The services write their bodies in an `async` block, so `?` works on every [`GateError`].
+pub async fn answer<T>(
+    body: impl std::future::Future<Output = Result<T, GateError>>,
+) -> Result<tonic::Response<T>, Status> {
+    body.await.map(tonic::Response::new).map_err(status)
+}
+
+/// The one mapping of a gate error to the wire: its code, message, `ErrorInfo` and details.
+pub fn status(err: GateError) -> Status {
+    let reason = reason(&err);
+    let wire = match err {
+        GateError::Refused(refusal) => refused(refusal),
+        GateError::Unresolved { key, refusal } => unresolved(&key, refusal),
+        GateError::Invalid { field, description } => Wire::invalid(&field, &description),
+        GateError::Store(e) => store(e),
+        GateError::Unauthenticated => Wire::new(
+            Code::Unauthenticated,
+            "a credential is required: `authorization: Bearer <api key>` or a client certificate",
+        ),
+        GateError::ForbiddenScope { principal } => Wire::new(
+            Code::PermissionDenied,
+            format!("principal {principal:?} may not act on this scope or call this RPC"),
+        )
+        .meta("principal", principal),
+        GateError::RateLimited { retry_after } => rate_limited(retry_after),
+        GateError::PolicyDenied { policy } => Wire::new(
+            Code::PermissionDenied,
+            if policy.is_empty() {
+                "no authorization policy permits this action; nothing was recorded".to_owned()
+            } else {
+                format!("authorization policy {policy:?} forbids this action; nothing was recorded")
+            },
+        )
+        .meta("policy_id", policy),
+    };
+    let Wire {
+        code,
+        message,
+        metadata,
+        mut details,
+    } = wire;
+    details.set_error_info(reason.as_str_name(), DOMAIN, metadata);
+    Status::with_error_details(code, message, details)
+}
+
+fn millis(ms: Millis) -> Duration {
+    Duration::from_millis(ms.max(0) as u64)
+}
+
+fn refused(refusal: Refusal) -> Wire {
+    match refusal {
+        Refusal::KeyReused { differing } => key_reused(&differing),
+        Refusal::InProgress { retry_after } => Wire::new(
+            Code::Aborted,
+            format!(
+                "another attempt holds a live lease; retry the same request in {retry_after} ms"
+            ),
+        )
+        .meta("retry_after_ms", retry_after)
+        .retry_after(millis(retry_after)),
+        Refusal::LeaseExpired {
+            token,
+            fencing,
+            expired_at,
+        } => Wire::new(
+            Code::FailedPrecondition,
+            format!(
+                "the lease of fencing {fencing} ended without Complete or Release; reconcile with \
+                 the provider, then Complete or Release with that token"
+            ),
+        )
+        .meta("token", token)
+        .meta("fencing", fencing)
+        .meta("lease_expired_at", timestamp(expired_at)),
+        Refusal::TokenMismatch => Wire::new(
+            Code::FailedPrecondition,
+            "this token was not granted for this action (or was released)",
+        ),
+        Refusal::TokenUnknown => Wire::new(Code::FailedPrecondition, "the action has no record"),
+        Refusal::CompletedByOther {
+            fencing,
+            completed_at,
+        } => Wire::new(
+            Code::FailedPrecondition,
+            "the action was already completed by another token or by an operator: it may have \
+             run twice",
+        )
+        .meta("fencing", fencing)
+        .meta("completed_at", timestamp(completed_at)),
+        Refusal::AlreadyCompleted => Wire::new(
+            Code::FailedPrecondition,
+            "the action is completed; it cannot be released, extended or completed by an operator",
+        ),
+        Refusal::RequestRequired => Wire::invalid(
+            "params_json",
+            "the action has no record: give action_name and params_json so that its request \
+             hash can be stored",
+        ),
+        Refusal::NotExpired { state } => not_expired(state),
+        Refusal::BudgetExceeded {
+            budget,
+            retry_after,
+        } => budget_exceeded(&budget, retry_after),
+        Refusal::ApprovalDenied { id } => Wire::new(
+            Code::PermissionDenied,
+            "an operator denied the approval this action needs; nothing was recorded",
+        )
+        .meta("policy_id", "")
+        .meta("approval_id", id),
+        Refusal::ApprovalNotPending { state } => {
+            let state = state.map_or("ABSENT", |s| s.as_str());
+            Wire::new(
+                Code::FailedPrecondition,
+                format!("the approval is {state}, not pending; there is nothing to decide"),
+            )
+            .meta("state", state)
+        }
+    }
+}
+
+fn budget_exceeded(budget: &str, retry_after: Option<Millis>) -> Wire {
+    let wire = Wire::new(
+        Code::ResourceExhausted,
+        match retry_after {
+            Some(ms) => format!(
+                "budget {budget:?} would be exceeded; nothing was recorded; it frees up in {ms} ms"
+            ),
+            None => format!(
+                "budget {budget:?} is smaller than this action by itself; nothing was recorded"
+            ),
+        },
+    )
+    .meta("budget", budget);
+    match retry_after {
+        Some(ms) => wire.meta("retry_after_ms", ms).retry_after(millis(ms)),
+        None => wire,
+    }
+}
+
+/// A refusal about an unsettled action, naming the action and its provider key: everything
+/// settling it needs is in the metadata (and the message says where to ask).
+fn unresolved(key: &ActionKey, refusal: Refusal) -> Wire {
+    let provider_key = key.provider_key();
+    let mut wire = refused(refusal);
+    wire.message = format!(
+        "{}; ask the provider with provider key {provider_key}",
+        wire.message
+    );
+    wire.meta("agent_id", &key.agent_id)
+        .meta("run_id", &key.run_id)
+        .meta("key", &key.key)
+        .meta("provider_key", provider_key)
+}
+
+fn key_reused(differing: &[String]) -> Wire {
+    Wire::new(
+        Code::FailedPrecondition,
+        format!(
+            "the idempotency key was already used for a request whose key fields differ ({}); do \
+             not retry, and do not mint a new key on your own",
+            differing.join(", ")
+        ),
+    )
+    .meta("differing_fields", differing.join(","))
+}
+
+fn not_expired(state: State) -> Wire {
+    let state = match state {
+        State::Absent => "ABSENT",
+        State::Authorized => "AUTHORIZED",
+        State::Completed => "COMPLETED",
+        State::Expired => "EXPIRED",
+    };
+    Wire::new(
+        Code::FailedPrecondition,
+        format!("the action is {state}, not an expired lease; there is nothing to resolve"),
+    )
+    .meta("state", state)
+}
+
+fn store(error: StoreError) -> Wire {
+    match error {
+        StoreError::Unavailable(source) | StoreError::Misconfigured(source) => {
+            tracing::warn!(error = %source, "store unavailable; failing closed");
+            Wire::new(
+                Code::Unavailable,
+                "the store is unavailable; nothing was granted; retry with backoff",
+            )
+        }
+        StoreError::Corrupt(source) => {
+            tracing::error!(error = %source, "store returned something unreadable");
+            Wire::new(Code::Internal, "internal store error")
+        }
+    }
+}
+
+fn rate_limited(retry_after: Duration) -> Wire {
+    let ms = retry_after.as_millis().max(1);
+    Wire::new(
+        Code::ResourceExhausted,
+        format!("rate limit reached; retry in {ms} ms"),
+    )
+    .meta("retry_after_ms", ms)
+    .retry_after(retry_after)
+}

@@ -1,0 +1,159 @@
+//! `oncegate mcp`: an MCP proxy that puts the gate in front of one upstream MCP server, so an
+//! agent's side-effecting tool calls run at most once without a line of agent code.
+//!
+//! It speaks MCP to the agent (stdio, or Streamable HTTP with `--listen`) and to one upstream (a
+//! child process or a Streamable HTTP URL), built on the official Rust SDK (`rmcp`). Everything
+//! passes through unchanged except `tools/call` of gated tools ([`call`]). The gate is the same
+//! [`oncegate_gate::Gate`] the gRPC server runs, in process on the embedded store, or a gate server
+//! over gRPC (`--gate`); either way its decisions are counted and audited as gRPC ones are.
+//!
+//! Reading order: [`args`] (flags) → [`run`] (wiring) → [`serve`] (stdio, HTTP) → [`handler`]
+//! (each MCP method) → [`session`] (one session's upstream) → [`call`] (the gated call) →
+//! [`identity`], [`gate`], [`answers`]; [`upstream`] (the client side).
+
+pub mod answers;
+pub mod args;
+pub mod call;
+pub mod gate;
+pub mod handler;
+pub mod identity;
+pub mod serve;
+pub mod session;
+pub mod upstream;
+
+use std::{process::ExitCode, sync::Arc, time::Duration};
+
+pub use args::McpArgs;
+
+use oncegate_client::GateClient;
+use oncegate_config::{ConfigFile, StoreConfig, defaults, exit, mcp::McpSettings};
+use oncegate_gate::{Gate, policy::Policies};
+use oncegate_observe::metrics::{self, Metrics};
+use upstream::Target;
+
+/// What every session of one gateway shares.
+pub struct Shared {
+    pub target: Target,
+    pub gate: gate::GateLink,
+    /// The policies of the configuration file (the in-process gate's; with `--gate`, used only
+    /// to name actions in the texts operators read).
+    pub policies: Arc<Policies>,
+    pub settings: McpSettings,
+    pub identity: identity::Defaults,
+    pub in_progress_wait: Duration,
+    pub call_timeout: Duration,
+}
+
+/// Runs `oncegate mcp` until its client goes away (stdio) or SIGINT/SIGTERM (HTTP).
+pub async fn run(args: McpArgs) -> ExitCode {
+    // An https upstream (reqwest, built without a provider of its own) uses ring, as tonic does.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    match build(&args).await {
+        Ok(shared) => serve::serve(&args, Arc::new(shared)).await,
+        Err((code, message)) => {
+            tracing::error!("{message}");
+            eprintln!("oncegate mcp: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
+    let usage = |m: String| (exit::USAGE, m);
+    let (file, settings) = match &args.config {
+        Some(path) => ConfigFile::load_with_mcp(path).map_err(|e| usage(e.to_string()))?,
+        None => Default::default(),
+    };
+    let target = match (&args.upstream_url, args.upstream_command.is_empty()) {
+        (Some(url), true) => Target::Url(url.clone()),
+        (None, false) => Target::Command(args.upstream_command.clone()),
+        _ => {
+            return Err(usage(
+                "give one of --upstream-command and --upstream-url".into(),
+            ));
+        }
+    };
+    let agent_id = args
+        .agent_id
+        .clone()
+        .or_else(|| settings.agent_id.clone())
+        .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
+    let gate = match &args.gate {
+        Some(url) => remote_gate(url, args)?,
+        None => local_gate(args, &file.policies, file.authorization.clone()).await?,
+    };
+    Ok(Shared {
+        target,
+        gate,
+        policies: Arc::new(file.policies),
+        settings,
+        identity: identity::Defaults {
+            agent_id,
+            run_id: args.run_id.clone(),
+        },
+        in_progress_wait: Duration::from_secs(args.in_progress_wait_seconds),
+        call_timeout: Duration::from_secs(args.call_timeout_seconds),
+    })
+}
+
+/// The gate server, connected on first use: a gateway started while the gate is down still
+/// serves (its gated calls fail closed with `GATE_UNAVAILABLE`, the others pass through).
+fn remote_gate(url: &str, args: &McpArgs) -> Result<gate::GateLink, (u8, String)> {
+    let channel = args
+        .access
+        .connect_lazy(url, Duration::from_secs(10))
+        .map_err(|(code, m)| (code, format!("--gate: {m}")))?;
+    let mut client = GateClient::from_channel(channel);
+    if let Some(key) = &args.access.api_key {
+        client = client.with_api_key(key).map_err(|_| {
+            (
+                exit::USAGE,
+                "the API key holds characters a header cannot carry".into(),
+            )
+        })?;
+    }
+    Ok(gate::GateLink::Remote(client))
+}
+
+async fn local_gate(
+    args: &McpArgs,
+    policies: &Policies,
+    authorization: oncegate_gate::authorization::Settings,
+) -> Result<gate::GateLink, (u8, String)> {
+    let store = StoreConfig::Embedded {
+        data_dir: args.data_dir.clone(),
+        call_timeout: Duration::from_millis(defaults::STORE_TIMEOUT_MS),
+    }
+    .open()
+    .await
+    .map_err(|e| {
+        (
+            exit::UNAVAILABLE,
+            format!(
+                "cannot open the embedded store in {}: {e}",
+                args.data_dir.display()
+            ),
+        )
+    })?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(
+        &mut registry,
+        policies.names(),
+        defaults::OTHER_ACTION_LABEL,
+    );
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| (exit::UNAVAILABLE, format!("--metrics-listen {addr}: {e}")))?;
+        tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            "metrics of the in-process gate");
+        tokio::spawn(metrics::endpoint::serve(
+            listener,
+            Arc::new(registry),
+            std::future::pending(),
+        ));
+    }
+    Ok(gate::GateLink::Local(
+        Gate::with_metrics(store, policies.clone(), metrics).with_authorization(authorization),
+    ))
+}

@@ -1,0 +1,286 @@
+//! The embedded store's indexes, kept in the same transaction as every write: the expiry index
+//! (`expires_at ++ key`, purged a bounded batch per transaction) and the lease index
+//! (`agent ++ lease_expires_at ++ key`, one entry per authorized record) that ListUnresolved reads;
+//! and [`Tables`], every table of one write transaction, which replays the write-ahead log.
+
+use redb::{ReadableTable, Table, WriteTransaction};
+
+use super::{
+    APPROVAL_INDEX, APPROVALS, BUDGETS, EXPIRY, LEASES, ListRequest, PURGE_BATCH, RECORDS,
+    chain::RECEIPTS,
+    side::SideTables,
+    wal::{self, Table as Logged},
+    writer::decode,
+};
+use crate::{ListCursor, Page, Unresolved, list};
+use oncegate_domain::{
+    ActionKey,
+    ledger::{self, Millis, Phase, Record},
+};
+
+/// The tables of one write transaction.
+pub(super) struct Tables<'t> {
+    pub(super) records: Table<'t, &'static [u8], &'static [u8]>,
+    expiry: Table<'t, &'static [u8], ()>,
+    pub(super) leases: Table<'t, &'static [u8], ()>,
+    pub(super) receipts: Table<'t, &'static [u8], &'static [u8]>,
+    /// Approvals and budgets, beside the records.
+    pub(super) side: SideTables<'t>,
+}
+
+impl<'t> Tables<'t> {
+    pub(super) fn open(txn: &'t WriteTransaction) -> Result<Self, redb::Error> {
+        Ok(Self {
+            records: txn.open_table(RECORDS)?,
+            expiry: txn.open_table(EXPIRY)?,
+            leases: txn.open_table(LEASES)?,
+            receipts: txn.open_table(RECEIPTS)?,
+            side: SideTables {
+                approvals: txn.open_table(APPROVALS)?,
+                approval_index: txn.open_table(APPROVAL_INDEX)?,
+                budgets: txn.open_table(BUDGETS)?,
+                log: Vec::new(),
+            },
+        })
+    }
+
+    /// Replaces the record at `key` (`old`, as stored) with `new` (the record and its bytes; `None`
+    /// deletes it), keeping both indexes in step.
+    pub(super) fn put(
+        &mut self,
+        key: &[u8],
+        old: Option<&Record>,
+        new: Option<(&Record, &[u8])>,
+    ) -> Result<(), redb::Error> {
+        if let Some(old) = old {
+            if let Some(at) = old.expires_at {
+                self.expiry.remove(expiry_key(at, key).as_slice())?;
+            }
+            if let Some(entry) = lease_key(old, key) {
+                self.leases.remove(entry.as_slice())?;
+            }
+        }
+        let Some((record, bytes)) = new else {
+            self.records.remove(key)?;
+            return Ok(());
+        };
+        self.records.insert(key, bytes)?;
+        if let Some(at) = record.expires_at {
+            self.expiry.insert(expiry_key(at, key).as_slice(), ())?;
+        }
+        if let Some(entry) = lease_key(record, key) {
+            self.leases.insert(entry.as_slice(), ())?;
+        }
+        Ok(())
+    }
+
+    /// Applies a logged write (replaying the write-ahead log): a record with its indexes, anything
+    /// else as written.
+    pub(super) fn replay(&mut self, entry: &wal::Entry) -> Result<(), redb::Error> {
+        let (key, bytes) = (entry.key.as_slice(), entry.value.as_deref());
+        match entry.table {
+            Logged::Records => {}
+            Logged::Receipts => return raw(&mut self.receipts, key, bytes),
+            Logged::Approvals => return raw(&mut self.side.approvals, key, bytes),
+            Logged::Budgets => return raw(&mut self.side.budgets, key, bytes),
+            Logged::ApprovalIndex => {
+                match bytes {
+                    Some(_) => self.side.approval_index.insert(key, ())?,
+                    None => self.side.approval_index.remove(key)?,
+                };
+                return Ok(());
+            }
+        }
+        let old = match self.records.get(key)? {
+            Some(stored) => Some(decode(stored.value())?),
+            None => None,
+        };
+        let new = match bytes {
+            Some(bytes) => Some((decode(bytes)?, bytes)),
+            None => None,
+        };
+        self.put(key, old.as_ref(), new.as_ref().map(|(r, b)| (r, *b)))
+    }
+}
+
+/// A logged write to a table kept as written.
+fn raw(
+    table: &mut Table<'_, &'static [u8], &'static [u8]>,
+    key: &[u8],
+    value: Option<&[u8]>,
+) -> Result<(), redb::Error> {
+    match value {
+        Some(value) => table.insert(key, value)?,
+        None => table.remove(key)?,
+    };
+    Ok(())
+}
+
+pub(super) fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + key.len());
+    out.extend_from_slice(&expires_at.to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+/// The agent prefix of a lease-index entry: `u32 length ++ agent bytes`.
+pub(super) fn agent_prefix(agent_id: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + agent_id.len());
+    out.extend_from_slice(&(agent_id.len() as u32).to_be_bytes());
+    out.extend_from_slice(agent_id);
+    out
+}
+
+/// Millis as big-endian bytes that sort like the numbers (sign bit flipped).
+pub(super) fn ordered(ms: Millis) -> [u8; 8] {
+    ((ms as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn lease_entry(agent_id: &[u8], lease_expires_at: Millis, key: &[u8]) -> Vec<u8> {
+    let mut out = agent_prefix(agent_id);
+    out.extend_from_slice(&ordered(lease_expires_at));
+    out.extend_from_slice(key);
+    out
+}
+
+/// The lease-index entry of a record, when it is authorized (live or expired).
+pub(super) fn lease_key(record: &Record, key: &[u8]) -> Option<Vec<u8>> {
+    let since = match &record.phase {
+        Phase::Authorized {
+            lease_expires_at, ..
+        } => *lease_expires_at,
+        Phase::Released { at, .. } if record.pending_superseded().is_some() => *at,
+        _ => return None,
+    };
+    let action = ActionKey::decode(key)?;
+    Some(lease_entry(action.agent_id.as_bytes(), since, key))
+}
+
+/// Whether a record's outcome is still unknown (authorized, or released with superseded grants
+/// out): such a record never expires.
+fn unsettled(record: &Record) -> bool {
+    matches!(record.phase, Phase::Authorized { .. }) || record.pending_superseded().is_some()
+}
+
+/// Splits a lease-index entry into (agent, lease_expires_at, action key).
+pub(super) fn split_entry(entry: &[u8]) -> Option<(&[u8], Millis, &[u8])> {
+    let len = u32::from_be_bytes(entry.get(..4)?.try_into().ok()?) as usize;
+    let agent = entry.get(4..4 + len)?;
+    let lease: [u8; 8] = entry.get(4 + len..12 + len)?.try_into().ok()?;
+    let lease = (u64::from_be_bytes(lease) ^ (1 << 63)) as Millis;
+    Some((agent, lease, &entry[12 + len..]))
+}
+
+/// ListUnresolved over the lease index: entries in `(agent, lease, key)` order after the cursor,
+/// whose lease has ended and whose record is still unresolved at `now`. Within one agent the
+/// scan stops at the first live lease; across agents it jumps to the next agent.
+pub(super) fn list_unresolved(
+    records: &redb::Table<&[u8], &[u8]>,
+    leases: &redb::Table<&[u8], ()>,
+    request: &ListRequest,
+    now: Millis,
+) -> Result<Page, redb::Error> {
+    let only = request.agent_id.as_deref().map(str::as_bytes);
+    let mut start = match (&request.after, only) {
+        (Some(c), _) => lease_entry(c.agent_id.as_bytes(), c.lease_expires_at, &c.key),
+        (None, Some(agent)) => agent_prefix(agent),
+        (None, None) => Vec::new(),
+    };
+    let mut skip_start = request.after.is_some();
+    let mut page = Page::default();
+    let mut budget = list::scan_budget(request.limit);
+    let mut last: Option<ListCursor> = request.after.clone();
+    'scan: loop {
+        let mut jump = None;
+        for entry in leases.range(start.as_slice()..)? {
+            let (entry, _) = entry?;
+            let entry = entry.value();
+            if std::mem::take(&mut skip_start) && entry == start.as_slice() {
+                continue;
+            }
+            let Some((agent, lease, key)) = split_entry(entry) else {
+                continue;
+            };
+            if only.is_some_and(|only| only != agent) {
+                break 'scan;
+            }
+            let Some(action) = ActionKey::decode(key) else {
+                continue;
+            };
+            if page.items.len() >= request.limit || budget == 0 {
+                // More may follow: resume after the last entry examined.
+                page.next = last.or_else(|| Some(ListCursor::start_of(&action.agent_id)));
+                break 'scan;
+            }
+            budget -= 1;
+            if lease > now {
+                if only.is_some() {
+                    break 'scan;
+                }
+                // The rest of this agent's leases are live: go on with the next agent.
+                let mut next = agent_prefix(agent);
+                next.extend_from_slice(&[0xFF; 9]);
+                jump = Some(next);
+                break;
+            }
+            let record = match records.get(key)? {
+                Some(bytes) => Some(decode(bytes.value())?),
+                None => None,
+            };
+            last = Some(ListCursor::after(&action, lease));
+            if ledger::is_unresolved(record.as_ref(), now) {
+                page.items.push(Unresolved {
+                    view: ledger::view(record.as_ref(), now),
+                    key: action,
+                });
+            }
+        }
+        match jump {
+            Some(next) => start = next,
+            None => break,
+        }
+    }
+    Ok(page)
+}
+
+/// Removes up to [`PURGE_BATCH`] records whose store expiry has passed, with their index
+/// entries; returns the writes made, for the log.
+pub(super) fn purge_expired(
+    tables: &mut Tables<'_>,
+    now: Millis,
+) -> Result<Vec<wal::Entry>, redb::Error> {
+    let upper = now.max(0).to_be_bytes();
+    let due: Vec<Vec<u8>> = tables
+        .expiry
+        .range(..upper.as_slice())?
+        .take(PURGE_BATCH)
+        .map(|entry| entry.map(|(k, _)| k.value().to_vec()))
+        .collect::<Result<_, _>>()?;
+    let mut writes = Vec::with_capacity(due.len());
+    for index_key in due {
+        let key = &index_key[8..];
+        let stored = match tables.records.get(key)? {
+            Some(bytes) => Some(decode(bytes.value())?),
+            None => None,
+        };
+        let Some(record) = stored else {
+            tables.expiry.remove(index_key.as_slice())?;
+            continue;
+        };
+        if unsettled(&record) {
+            // Written by a version that let unresolved records expire: keep it, without expiry.
+            let kept = Record {
+                expires_at: None,
+                ..record.clone()
+            };
+            let bytes =
+                rmp_serde::to_vec(&kept).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+            tables.put(key, Some(&record), Some((&kept, &bytes)))?;
+            writes.push(wal::Entry::record(key.to_vec(), Some(bytes)));
+        } else {
+            tables.put(key, Some(&record), None)?;
+            writes.push(wal::Entry::record(key.to_vec(), None));
+        }
+    }
+    Ok(writes)
+}

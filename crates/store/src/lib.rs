@@ -1,0 +1,337 @@
+//! The Store contract, and the closed set of stores behind it.
+//!
+//! A store persists action records and applies one state-machine step per call **atomically**:
+//! the read of the record, the decision and the write happen as one indivisible step with respect
+//! to every other call on the same action key, from any number of gate replicas. The decision is
+//! the one [`oncegate_domain::ledger`] makes (the embedded store runs it; the Redis scripts mirror it).
+//!
+//! Time is the store's: every reply carries the `now` the step used, so all replicas agree on when
+//! a lease ends.
+//!
+//! What an error leaves behind: [`StoreError::Unavailable`] means the outcome is unknown to the
+//! caller (the step may or may not have been applied); nothing is ever *granted* to a caller that
+//! got an error, and retrying the same call is safe because every step is idempotent for the same
+//! request (a repeated grant to the same holder re-delivers, a repeated Complete returns the stored
+//! completion). [`StoreError::Corrupt`] means a record could not be decoded; nothing was written.
+//!
+//! Every state change takes a durability level: the number of replicas that must confirm it before
+//! it is acknowledged (Redis `WAIT`); a store that cannot meet it fails closed.
+//!
+//! Receipt chains: a completion call may carry a [`Receipts`] signer (the gate's). Then a
+//! completion the step records is also appended to its agent's receipt chain, in the same atomic
+//! step (embedded: the same transaction; Redis: the same script, under the agent's hash tag), and
+//! signed: inside the transaction on the embedded store, right after the script on Redis (Lua
+//! cannot sign), where a second script stores the statement. The chain's order is the order the
+//! store recorded the completions in, so two completions of one agent cannot fork it.
+//!
+//! Does not own: validation, fingerprints, policies (the gate decides those before calling).
+
+pub mod embedded;
+pub mod list;
+pub mod redis;
+
+pub use list::{ListCursor, Page, Unresolved};
+
+use std::sync::Arc;
+
+use oncegate_domain::ActionKey;
+use oncegate_domain::authorization::{Approval, Bucket, approval::Decision};
+use oncegate_domain::ledger::{
+    ActionView, CompleteOutcome, ExternalCompletion, Millis, Refusal, Resolution, Resolved,
+    TokenOutcome, TokenRequest,
+};
+use oncegate_domain::statement::receipt::{ChainEntry, ReceiptSigner};
+
+/// The signer of receipt statements a completion call carries (the gate's); `None`: completions
+/// are recorded without a chain.
+pub type Receipts = Arc<dyn ReceiptSigner>;
+
+/// The result of one state-machine step, with the store time it was taken at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply<T> {
+    /// The store's clock when the step ran (Unix milliseconds).
+    pub now: Millis,
+    /// The step's reply.
+    pub result: Result<T, Refusal>,
+}
+
+/// A state change and how many replicas confirmed it before it was acknowledged (Redis `WAIT`).
+/// A store only returns it when at least the asked number confirmed; otherwise the call fails
+/// closed with [`StoreError::Unavailable`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acked<T> {
+    /// The step's reply.
+    pub reply: Reply<T>,
+    /// Replicas that confirmed the change; 0 when none was asked for or the store has none.
+    pub replicas: u32,
+}
+
+/// One approval and the action it holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalEntry {
+    pub key: ActionKey,
+    pub approval: Approval,
+}
+
+/// A page of one agent's approvals, by lapse time.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ApprovalPage {
+    pub items: Vec<ApprovalEntry>,
+    /// Where the next page starts (`lease_expires_at` holds the lapse time); `None` at the end.
+    pub next: Option<ListCursor>,
+}
+
+/// Why a store call failed. Client mistakes are never store errors: they are [`Refusal`]s.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time. Fail closed, retry later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered with something this version cannot read.
+    #[error("store returned an unreadable record: {0}")]
+    Corrupt(String),
+    /// The store is set up so that it could lose records (a Redis that may evict keys). Start-up
+    /// refuses it; seen later, calls fail closed as `Unavailable` instead.
+    #[error("store misconfigured: {0}")]
+    Misconfigured(String),
+}
+
+impl StoreError {
+    /// The kind of failure, as the metrics label it: `unavailable` or `corrupt`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Unavailable(_) => "unavailable",
+            Self::Corrupt(_) => "corrupt",
+            Self::Misconfigured(_) => "misconfigured",
+        }
+    }
+}
+
+/// What a store promises about durability, for the start-up log and the README.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Durability {
+    /// False when the store keeps nothing across a restart (Redis with neither AOF nor RDB).
+    pub persistent: bool,
+    /// One line for the operator.
+    pub summary: String,
+}
+
+/// The stores the gate can run on. A closed set: adding one means adding a variant and passing the
+/// conformance suite.
+#[derive(Clone)]
+pub enum Store {
+    /// The durable single-node file store (redb), the default.
+    Embedded(embedded::EmbeddedStore),
+    /// Redis: standalone, Cluster or Sentinel (Lua scripts, one round trip per step).
+    Redis(redis::RedisStore),
+}
+
+macro_rules! dispatch {
+    ($self:expr, $store:ident => $call:expr) => {
+        match $self {
+            Store::Embedded($store) => $call,
+            Store::Redis($store) => $call,
+        }
+    };
+}
+
+impl Store {
+    /// RequestToken: grant, re-deliver, replay or refuse (see
+    /// [`oncegate_domain::ledger::request_token`]). A grant is handed out only once `replicas`
+    /// replicas (or the deployment's level, if higher) confirmed it; fails closed when fewer do.
+    pub async fn request_token(
+        &self,
+        key: &ActionKey,
+        req: &TokenRequest,
+        replicas: u32,
+    ) -> Result<Acked<TokenOutcome>, StoreError> {
+        match self {
+            Store::Embedded(s) => unreplicated(replicas, s.request_token(key, req)).await,
+            Store::Redis(s) => s.request_token(key, req, replicas).await,
+        }
+    }
+
+    /// Complete with a token and a receipt, waiting for replicas the same way; a recorded
+    /// completion joins its agent's receipt chain when `receipts` signs.
+    pub async fn complete(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        receipt: &[u8],
+        replicas: u32,
+        receipts: Option<&Receipts>,
+    ) -> Result<Acked<CompleteOutcome>, StoreError> {
+        match self {
+            Store::Embedded(s) => {
+                unreplicated(replicas, s.complete(key, token, receipt, receipts)).await
+            }
+            Store::Redis(s) => s.complete(key, token, receipt, replicas, receipts).await,
+        }
+    }
+
+    /// Release a token (the reply is the released grant's fencing number), waiting for replicas
+    /// the same way.
+    pub async fn release(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        replicas: u32,
+    ) -> Result<Acked<u64>, StoreError> {
+        match self {
+            Store::Embedded(s) => unreplicated(replicas, s.release(key, token)).await,
+            Store::Redis(s) => s.release(key, token, replicas).await,
+        }
+    }
+
+    /// Extend a live lease to `now + ttl` (the reply is the new expiry), waiting for replicas the
+    /// same way.
+    pub async fn extend_lease(
+        &self,
+        key: &ActionKey,
+        token: &str,
+        ttl: Millis,
+        replicas: u32,
+    ) -> Result<Acked<Millis>, StoreError> {
+        match self {
+            Store::Embedded(s) => unreplicated(replicas, s.extend_lease(key, token, ttl)).await,
+            Store::Redis(s) => s.extend_lease(key, token, ttl, replicas).await,
+        }
+    }
+
+    /// Read an action as it stands.
+    pub async fn get(&self, key: &ActionKey) -> Result<Reply<ActionView>, StoreError> {
+        dispatch!(self, s => s.get(key).await)
+    }
+
+    /// An operator's completion of an action done by hand (see [`oncegate_domain::ledger::record_external`]).
+    pub async fn record_external(
+        &self,
+        key: &ActionKey,
+        ext: &ExternalCompletion,
+        replicas: u32,
+        receipts: Option<&Receipts>,
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
+        match self {
+            Store::Embedded(s) => Ok(
+                unreplicated(replicas, s.record_external(key, ext, receipts))
+                    .await?
+                    .reply,
+            ),
+            Store::Redis(s) => s.record_external(key, ext, replicas, receipts).await,
+        }
+    }
+
+    /// An operator's settlement of an expired lease (see [`oncegate_domain::ledger::resolve_expired`]).
+    pub async fn resolve_expired(
+        &self,
+        key: &ActionKey,
+        resolution: &Resolution,
+        replicas: u32,
+        receipts: Option<&Receipts>,
+    ) -> Result<Reply<Resolved>, StoreError> {
+        match self {
+            Store::Embedded(s) => Ok(unreplicated(
+                replicas,
+                s.resolve_expired(key, resolution, receipts),
+            )
+            .await?
+            .reply),
+            Store::Redis(s) => s.resolve_expired(key, resolution, replicas, receipts).await,
+        }
+    }
+
+    /// Up to `limit` entries of `agent_id`'s receipt chain after entry `after` (0: from the
+    /// first), in chain order, as stored: the caller verifies them.
+    pub async fn receipts(
+        &self,
+        agent_id: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<ChainEntry>, StoreError> {
+        dispatch!(self, s => s.receipts(agent_id, after, limit).await)
+    }
+
+    /// Up to `limit` unresolved actions (lease ended, neither completed nor released) after
+    /// `after`, of one agent or of every agent, judged at the store's `now`. Not a snapshot: each
+    /// entry is checked against its record when read, and an entry may be absent from a page
+    /// when it changes meanwhile. A page may hold fewer than `limit` entries and still have a
+    /// next cursor.
+    pub async fn list_unresolved(
+        &self,
+        agent_id: Option<&str>,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<Page>, StoreError> {
+        dispatch!(self, s => s.list_unresolved(agent_id, after, limit).await)
+    }
+
+    /// An operator's decision on the approval of `key` (see
+    /// [`oncegate_domain::authorization::approval::decide`]); the reply says whether it changed.
+    pub async fn decide_approval(
+        &self,
+        key: &ActionKey,
+        decision: &Decision,
+        replicas: u32,
+    ) -> Result<Reply<(Approval, bool)>, StoreError> {
+        match self {
+            Store::Embedded(s) => Ok(unreplicated(replicas, s.decide_approval(key, decision))
+                .await?
+                .reply),
+            Store::Redis(s) => s.decide_approval(key, decision, replicas).await,
+        }
+    }
+
+    /// Up to `limit` live approvals of `agent_id` after `after`, by lapse time.
+    pub async fn list_approvals(
+        &self,
+        agent_id: &str,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<ApprovalPage>, StoreError> {
+        dispatch!(self, s => s.list_approvals(agent_id, after, limit).await)
+    }
+
+    /// Every budget bucket of `agent_id` as stored (the gate judges them at the reply's `now`).
+    pub async fn budgets(
+        &self,
+        agent_id: &str,
+    ) -> Result<Reply<Vec<(String, Bucket)>>, StoreError> {
+        dispatch!(self, s => s.budgets(agent_id).await)
+    }
+
+    /// Checks that the store answers (health, readiness).
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        dispatch!(self, s => s.ping().await)
+    }
+
+    /// What this store keeps across a restart.
+    pub async fn durability(&self) -> Result<Durability, StoreError> {
+        dispatch!(self, s => s.durability().await)
+    }
+}
+
+/// The name a receipt core gives a completion's source.
+pub(crate) fn source_name(source: oncegate_domain::ledger::Source) -> &'static str {
+    match source {
+        oncegate_domain::ledger::Source::Worker => "worker",
+        oncegate_domain::ledger::Source::Operator => "operator",
+    }
+}
+
+/// The embedded store has no replicas: a durability level above 0 cannot be met, so the call
+/// fails closed before anything is written (start-up refuses that configuration; this is the
+/// last line).
+async fn unreplicated<T>(
+    replicas: u32,
+    step: impl Future<Output = Result<Reply<T>, StoreError>>,
+) -> Result<Acked<T>, StoreError> {
+    if replicas > 0 {
+        return Err(StoreError::Unavailable(format!(
+            "durability level {replicas} needs Redis replicas; the embedded store has none"
+        )));
+    }
+    Ok(Acked {
+        reply: step.await?,
+        replicas: 0,
+    })
+}

@@ -1,0 +1,410 @@
+//! The Redis store: every state-machine step is one Lua script call (one round trip), so checking
+//! and writing are one atomic step across any number of gate replicas. The scripts under
+//! `redis/` mirror [`oncegate_domain::ledger`]; the conformance suite holds them to it.
+//!
+//! Owns: the per-call deadline, the durability level (`WAIT` after state changes, checked here),
+//! and turning decoded script replies ([`reply`], the one place they are decoded) into ledger
+//! types. Does not decide anything. The connection to standalone, Cluster or Sentinel
+//! deployments is [`connection`]'s.
+
+mod connection;
+mod eviction;
+mod health;
+pub mod keys;
+mod listing;
+mod operator;
+mod receipts;
+mod reply;
+mod sentinel;
+mod side;
+mod worker;
+
+use std::{sync::Arc, time::Duration};
+
+use redis::{Script, Value};
+
+pub use connection::Topology;
+use connection::{Conn, Wait};
+use reply::{Decoded, decode, unexpected};
+pub use sentinel::FAILOVER_PAUSE;
+
+use super::StoreError;
+use oncegate_domain::{ActionKey, ledger::Millis};
+
+const PRELUDE: &str = include_str!("prelude.lua");
+
+/// The loaded scripts, one per transition.
+struct Scripts {
+    request_token: Script,
+    complete: Script,
+    release: Script,
+    extend_lease: Script,
+    get: Script,
+    /// Not a transition: a no-op write that lets `WAIT` cover an earlier write (see the file).
+    sync: Script,
+    record_external: Script,
+    resolve_expired: Script,
+    unresolved: Script,
+    /// Stores a receipt statement the gate signed after a completion script.
+    seal: Script,
+    /// Reads a page of a receipt chain.
+    receipts: Script,
+    decide_approval: Script,
+    approvals: Script,
+    budgets: Script,
+}
+
+impl Scripts {
+    fn load() -> Self {
+        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        Self {
+            request_token: with_prelude(include_str!("request_token.lua")),
+            complete: with_prelude(include_str!("complete.lua")),
+            release: with_prelude(include_str!("release.lua")),
+            extend_lease: with_prelude(include_str!("extend_lease.lua")),
+            get: with_prelude(include_str!("get.lua")),
+            sync: Script::new(include_str!("sync.lua")),
+            record_external: with_prelude(include_str!("record_external.lua")),
+            resolve_expired: with_prelude(include_str!("resolve_expired.lua")),
+            unresolved: with_prelude(include_str!("unresolved.lua")),
+            seal: with_prelude(include_str!("seal.lua")),
+            receipts: Script::new(include_str!("receipts.lua")),
+            decide_approval: with_prelude(include_str!("decide_approval.lua")),
+            approvals: with_prelude(include_str!("approvals.lua")),
+            budgets: Script::new(include_str!("budgets.lua")),
+        }
+    }
+}
+
+/// Settings of the Redis connection (defaults: [`oncegate_config::defaults::redis`]).
+#[derive(Debug, Clone)]
+pub struct RedisOptions {
+    /// Deadline for one store call, connection included; past it the call fails closed.
+    pub call_timeout: Duration,
+    /// The deployment's durability level: every state change waits (`WAIT`) for at least this
+    /// many replicas before it is acknowledged; a policy may ask for more. 0: no waiting.
+    pub durability_replicas: u32,
+    /// How long `WAIT` lets the replicas take (below `call_timeout`); past it, too few confirmed.
+    pub durability_timeout: Duration,
+    /// Connections reserved for calls that wait for replicas (each `WAIT` blocks its connection);
+    /// 0 when no durability level is configured anywhere.
+    pub wait_lanes: usize,
+    /// Sentinel: how often the master's `ROLE` and the sentinels' answer are checked.
+    pub sentinel_check_interval: Duration,
+    /// Username for the data nodes, unless their URL names one.
+    pub username: Option<String>,
+    /// Password for the data nodes, unless their URL names one.
+    pub password: Option<String>,
+    /// Serve although a node may evict keys (`maxmemory-policy` other than `noeviction`, or
+    /// unreadable): UNSAFE, an evicted completion runs its action again. Logged loudly.
+    pub allow_eviction: bool,
+}
+
+/// Settings for unit tests of this module's parts (values of no importance).
+#[cfg(test)]
+fn test_options() -> RedisOptions {
+    RedisOptions {
+        call_timeout: Duration::from_secs(1),
+        durability_replicas: 0,
+        durability_timeout: Duration::from_millis(500),
+        wait_lanes: 0,
+        sentinel_check_interval: Duration::from_secs(1),
+        username: None,
+        password: None,
+        allow_eviction: false,
+    }
+}
+
+/// A cheap, cloneable handle on one Redis deployment.
+#[derive(Clone)]
+pub struct RedisStore {
+    conn: Conn,
+    scripts: Arc<Scripts>,
+    options: RedisOptions,
+    /// Fails every call closed while a node may evict keys.
+    eviction: Arc<eviction::Guard>,
+}
+
+impl RedisStore {
+    /// Connects to the standalone Redis at `url` (`redis://`, `rediss://`, `unix://`).
+    pub async fn connect(url: &str, options: RedisOptions) -> Result<Self, StoreError> {
+        Self::connect_to(&Topology::Standalone { url: url.into() }, options).await
+    }
+
+    /// Connects to `topology`. Fails when Redis cannot be reached within the call timeout, or
+    /// (`Misconfigured`) when a node may evict keys; once connected, the handle reconnects (and,
+    /// with Sentinel, follows failovers) by itself.
+    pub async fn connect_to(
+        topology: &Topology,
+        options: RedisOptions,
+    ) -> Result<Self, StoreError> {
+        let conn = tokio::time::timeout(options.call_timeout, Conn::connect(topology, &options))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "timed out connecting to Redis ({})",
+                    topology.describe()
+                ))
+            })?
+            .map_err(|e| {
+                StoreError::Unavailable(format!(
+                    "cannot connect to Redis ({}): {e}",
+                    topology.describe()
+                ))
+            })?;
+        let store = Self {
+            conn,
+            scripts: Arc::new(Scripts::load()),
+            options,
+            eviction: Arc::default(),
+        };
+        tokio::time::timeout(store.options.call_timeout, store.check_eviction_at_start())
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable("Redis did not answer CONFIG GET in time".into())
+            })??;
+        store.migrate_agents().await?;
+        Ok(store)
+    }
+
+    /// The `WAIT` a state change needs: the deployment's level or the policy's, whichever is higher.
+    fn wait_for(&self, replicas: u32) -> Option<Wait> {
+        let replicas = replicas.max(self.options.durability_replicas);
+        (replicas > 0).then_some(Wait {
+            replicas,
+            timeout: self.options.durability_timeout,
+        })
+    }
+
+    /// Runs a per-action script: KEYS = [record, the agent's lease index, extra…], ARGV =
+    /// [member, args…], followed by `WAIT` on the same connection when `wait` asks for it.
+    async fn run_raw(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Value, u32), StoreError> {
+        self.run_keys(script, key, &[], args, wait).await
+    }
+
+    /// Runs a per-action script that also takes the agent's receipt chain as KEYS[3], then `more`
+    /// keys.
+    async fn run_chained(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        more: &[String],
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Millis, Decoded, u32), StoreError> {
+        let mut extra = vec![keys::receipts(&key.agent_id)];
+        extra.extend_from_slice(more);
+        self.run_with(script, key, &extra, args, wait).await
+    }
+
+    /// [`Self::run_raw`] with `extra` keys after the first two (same hash tag: the agent's).
+    async fn run_keys(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        extra: &[String],
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Value, u32), StoreError> {
+        self.eviction.check()?;
+        let mut invocation = script.key(keys::record(key));
+        invocation.key(keys::lease_index(&key.agent_id));
+        for k in extra {
+            invocation.key(k);
+        }
+        invocation.arg(key.encode());
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, wait))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable("Redis did not answer within the call timeout".into())
+            })?
+            .map_err(classify)
+    }
+
+    async fn run(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Millis, Decoded, u32), StoreError> {
+        self.run_with(script, key, &[], args, wait).await
+    }
+
+    /// [`Self::run`] with extra keys (see [`Self::run_keys`]).
+    async fn run_with(
+        &self,
+        script: &Script,
+        key: &ActionKey,
+        extra: &[String],
+        args: &[&[u8]],
+        wait: Option<Wait>,
+    ) -> Result<(Millis, Decoded, u32), StoreError> {
+        let (value, acknowledged) = self.run_keys(script, key, extra, args, wait).await?;
+        let (now, decoded) = decode(value)?;
+        Ok((now, decoded, acknowledged))
+    }
+
+    /// Invokes a prepared script (not a per-action one) with the call deadline and decodes its
+    /// reply.
+    async fn invoke(
+        &self,
+        invocation: redis::ScriptInvocation<'_>,
+    ) -> Result<(Millis, Decoded), StoreError> {
+        let (value, _) =
+            tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, None))
+                .await
+                .map_err(|_| {
+                    StoreError::Unavailable("Redis did not answer within the call timeout".into())
+                })?
+                .map_err(classify)?;
+        decode(value)
+    }
+
+    /// For a reply that hands out or confirms an earlier write (a re-delivered grant, a repeated
+    /// Complete): a no-op write plus `WAIT`, so the count covers that earlier write too.
+    async fn sync(
+        &self,
+        key: &ActionKey,
+        wait: Option<Wait>,
+        acknowledged: u32,
+    ) -> Result<u32, StoreError> {
+        if wait.is_none() {
+            return Ok(acknowledged);
+        }
+        Ok(self.run_raw(&self.scripts.sync, key, &[], wait).await?.1)
+    }
+}
+
+/// Fails closed when fewer replicas than asked confirmed a state change.
+fn confirmed(wait: Option<Wait>, acknowledged: u32, what: &str) -> Result<(), StoreError> {
+    match wait {
+        Some(wait) if acknowledged < wait.replicas => Err(StoreError::Unavailable(format!(
+            "only {acknowledged} of {} replicas confirmed the {what} within {} ms; not acknowledged",
+            wait.replicas,
+            wait.timeout.as_millis()
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Server errors that waiting cures: out of memory under `noeviction` (`OOM`), a busy script
+/// (`BUSY`), too few replicas for `min-replicas-to-write` (`NOREPLICAS`), a failing snapshot that
+/// stops writes (`MISCONF`), a `WAIT` released because its master became a replica during a
+/// failover (`UNBLOCKED`: its write's fate is unknown; found by `make soak` on a Cluster).
+const TRANSIENT_CODES: [&str; 5] = ["OOM", "BUSY", "NOREPLICAS", "MISCONF", "UNBLOCKED"];
+
+/// Connection trouble, failover, overload and the server errors a retry can cure fail closed as
+/// UNAVAILABLE (retryable: a guard keeps retrying its Complete); anything else Redis says (a
+/// script error) is a bug or a foreign record, not something a retry fixes.
+pub(super) fn classify(e: redis::RedisError) -> StoreError {
+    use redis::{ErrorKind, ServerErrorKind as S};
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::Io
+                | ErrorKind::ClusterConnectionNotFound
+                | ErrorKind::Server(
+                    S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly
+                )
+        )
+        || e.code().is_some_and(|code| TRANSIENT_CODES.contains(&code));
+    if transient {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Corrupt(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod classify_tests {
+    use super::*;
+
+    fn server_error(reply: &[u8]) -> redis::RedisError {
+        redis::parse_redis_value(reply)
+            .and_then(Value::extract_error)
+            .expect_err("an error reply")
+    }
+
+    #[test]
+    fn a_wait_unblocked_by_a_failover_fails_closed() {
+        let e = server_error(
+            b"-UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)\r\n",
+        );
+        assert!(matches!(classify(e), StoreError::Unavailable(_)));
+    }
+
+    /// `reply` is STORE_UNAVAILABLE (retryable), and says what Redis said.
+    fn fails_closed_retryably(reply: &[u8], said: &str) {
+        match classify(server_error(reply)) {
+            StoreError::Unavailable(message) => assert!(message.contains(said), "{message}"),
+            other => panic!(
+                "{:?} classified as {other:?}",
+                String::from_utf8_lossy(reply)
+            ),
+        }
+    }
+
+    #[test]
+    fn out_of_memory_under_noeviction_fails_closed() {
+        fails_closed_retryably(
+            b"-OOM command not allowed when used memory > 'maxmemory'.\r\n",
+            "maxmemory",
+        );
+    }
+
+    #[test]
+    fn a_busy_script_fails_closed() {
+        fails_closed_retryably(
+            b"-BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.\r\n",
+            "busy running a script",
+        );
+    }
+
+    #[test]
+    fn too_few_replicas_for_min_replicas_to_write_fails_closed() {
+        fails_closed_retryably(
+            b"-NOREPLICAS Not enough good replicas to write.\r\n",
+            "Not enough good replicas",
+        );
+    }
+
+    #[test]
+    fn writes_stopped_by_a_failing_snapshot_fail_closed() {
+        fails_closed_retryably(
+            b"-MISCONF Redis is configured to save RDB snapshots, but it's currently unable to \
+              persist to disk. Commands that may modify the data set are disabled, because this \
+              instance is configured to report errors during writes if RDB snapshotting fails \
+              (stop-writes-on-bgsave-error option). Please check the Redis logs for details \
+              about the RDB error.\r\n",
+            "unable to persist to disk",
+        );
+    }
+
+    #[test]
+    fn a_code_that_merely_starts_like_a_transient_one_is_not_retried() {
+        // RESTORE's "target key name already exists": not BUSY, and no retry cures it.
+        let e = server_error(b"-BUSYKEY Target key name already exists.\r\n");
+        assert!(matches!(classify(e), StoreError::Corrupt(_)));
+    }
+
+    #[test]
+    fn a_script_error_is_not_retried() {
+        let e =
+            server_error(b"-ERR user_script:1: Script attempted to access nonexistent global\r\n");
+        assert!(matches!(classify(e), StoreError::Corrupt(_)));
+    }
+}

@@ -1,0 +1,149 @@
+//! The operator transitions on Redis: an external completion, the settlement of an expired lease,
+//! and the listing of unresolved actions (in [`super::listing`]).
+
+use super::{Decoded, RedisStore, confirmed, keys, listing, unexpected};
+use crate::{ListCursor, Page, Receipts, Reply, StoreError};
+use oncegate_domain::{
+    ActionKey, fingerprint,
+    ledger::{CompleteOutcome, ExternalCompletion, Refusal, Resolution, Resolved},
+    statement::receipt::receipt_digest,
+};
+
+impl RedisStore {
+    /// An operator's completion, held to the durability level like a Complete: a repeated one
+    /// (`recorded = false`) first rewrites the record's expiry unchanged, so `WAIT` covers the
+    /// original write too.
+    pub async fn record_external(
+        &self,
+        key: &ActionKey,
+        ext: &ExternalCompletion,
+        replicas: u32,
+        receipts: Option<&Receipts>,
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
+        let (fp, digests, retention, sliding) = match &ext.request {
+            Some(r) => (
+                r.fingerprint.as_str(),
+                r.digests.as_str(),
+                r.retention.to_string(),
+                r.sliding,
+            ),
+            None => ("", "", "0".to_owned(), false),
+        };
+        let digest = receipts
+            .map(|_| receipt_digest(&ext.receipt))
+            .unwrap_or_default();
+        let args: [&[u8]; 9] = [
+            &ext.receipt,
+            ext.note.as_bytes(),
+            ext.operator.as_bytes(),
+            if ext.request.is_some() { b"1" } else { b"0" },
+            fp.as_bytes(),
+            digests.as_bytes(),
+            retention.as_bytes(),
+            if sliding { b"1" } else { b"0" },
+            digest.as_bytes(),
+        ];
+        let wait = self.wait_for(replicas);
+        let (now, mut decoded, mut acknowledged) = self
+            .run_chained(&self.scripts.record_external, key, &[], &args, wait)
+            .await?;
+        if let Decoded::Completed {
+            recorded,
+            completion,
+            chained,
+            ..
+        } = &mut decoded
+        {
+            match (receipts, chained.take()) {
+                (Some(signer), Some(chained)) => {
+                    acknowledged = self.seal(key, completion, chained, signer, wait).await?;
+                }
+                _ if !*recorded => acknowledged = self.sync(key, wait, acknowledged).await?,
+                _ => {}
+            }
+            confirmed(wait, acknowledged, "operator completion")?;
+        }
+        let result = match decoded {
+            Decoded::Completed {
+                completion,
+                recorded,
+                double_execution,
+                ..
+            } => Ok(CompleteOutcome {
+                completion,
+                recorded,
+                double_execution,
+            }),
+            Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
+                differing: fingerprint::differing_fields(&stored, digests),
+            }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("record_external", &other)),
+        };
+        Ok(Reply { now, result })
+    }
+
+    /// An operator's settlement of an expired lease, held to the durability level like a Complete.
+    pub async fn resolve_expired(
+        &self,
+        key: &ActionKey,
+        resolution: &Resolution,
+        replicas: u32,
+        receipts: Option<&Receipts>,
+    ) -> Result<Reply<Resolved>, StoreError> {
+        let digest = match (resolution, receipts) {
+            (Resolution::Completed { receipt, .. }, Some(_)) => receipt_digest(receipt),
+            _ => String::new(),
+        };
+        let args: [&[u8]; 5] = match resolution {
+            Resolution::Completed {
+                receipt,
+                note,
+                operator,
+            } => [
+                b"completed",
+                receipt,
+                note.as_bytes(),
+                operator.as_bytes(),
+                digest.as_bytes(),
+            ],
+            Resolution::Failed => [b"failed", b"", b"", b"", b""],
+        };
+        let wait = self.wait_for(replicas);
+        let budgets = [keys::budgets(&key.agent_id)];
+        let (now, mut decoded, mut acknowledged) = self
+            .run_chained(&self.scripts.resolve_expired, key, &budgets, &args, wait)
+            .await?;
+        if let (
+            Some(signer),
+            Decoded::Completed {
+                completion,
+                chained,
+                ..
+            },
+        ) = (receipts, &mut decoded)
+            && let Some(chained) = chained.take()
+        {
+            acknowledged = self.seal(key, completion, chained, signer, wait).await?;
+        }
+        if !matches!(decoded, Decoded::Refused(_)) {
+            confirmed(wait, acknowledged, "resolution")?;
+        }
+        let result = match decoded {
+            Decoded::Completed { completion, .. } => Ok(Resolved::Completed(completion)),
+            Decoded::Released(fencing) => Ok(Resolved::Released { fencing }),
+            Decoded::Refused(refusal) => Err(refusal),
+            other => return Err(unexpected("resolve_expired", &other)),
+        };
+        Ok(Reply { now, result })
+    }
+
+    pub async fn list_unresolved(
+        &self,
+        agent_id: Option<&str>,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<Page>, StoreError> {
+        listing::list(self, agent_id, after, limit).await
+    }
+}

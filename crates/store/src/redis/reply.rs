@@ -1,0 +1,368 @@
+//! Decoding script replies: the one place the reply layouts documented in each script's header
+//! (`{ now, tag, ... }`) become Rust values. Knows nothing of connections or decisions.
+
+use redis::Value;
+
+use super::listing;
+
+use crate::StoreError;
+use oncegate_domain::{
+    authorization::{Approval, ApprovalState, Bucket, Pending},
+    ledger::{ActionView, Completion, Grant, GrantKind, Millis, Refusal, Source, State},
+};
+
+/// What a script said, decoded once.
+#[derive(Debug)]
+pub(super) enum Decoded {
+    Granted(Grant, GrantKind),
+    Completed {
+        completion: Completion,
+        recorded: bool,
+        double_execution: bool,
+        /// The receipt-chain entries around a completion the script just chained: the previous
+        /// one (empty for the first) and the new one, raw.
+        chained: Option<(Vec<u8>, Vec<u8>)>,
+    },
+    KeyReused(String),
+    Released(u64),
+    /// seal.lua: whether the entry existed.
+    Sealed(bool),
+    Extended(Millis),
+    View(ActionView),
+    Refused(Refusal),
+    /// unresolved.lua: one entry per member checked.
+    Checked(Vec<listing::Checked>),
+    /// request_token.lua: held for an operator's approval.
+    Pending(Pending),
+    /// decide_approval.lua: the approval after the decision, and whether it changed.
+    Approval(Approval, bool),
+    /// approvals.lua: one entry per member (`None`: lapsed).
+    Approvals(Vec<Option<Approval>>),
+    /// budgets.lua: every bucket of an agent.
+    Budgets(Vec<(String, Bucket)>),
+}
+
+fn approval_state(n: i64) -> Result<ApprovalState, StoreError> {
+    Ok(match n {
+        1 => ApprovalState::Pending,
+        2 => ApprovalState::Approved,
+        3 => ApprovalState::Denied,
+        4 => ApprovalState::Used,
+        n => return Err(StoreError::Corrupt(format!("unknown approval state {n}"))),
+    })
+}
+
+/// An approval as the scripts pack it (the layout in prelude.lua).
+type PackedApproval = (
+    String,
+    String,
+    String,
+    i64,
+    Millis,
+    Millis,
+    String,
+    String,
+    String,
+    String,
+    String,
+);
+
+fn approval(bytes: &[u8]) -> Result<Approval, StoreError> {
+    let (
+        id,
+        fingerprint,
+        digests,
+        state,
+        created_at,
+        expires_at,
+        policy,
+        reason,
+        action,
+        operator,
+        note,
+    ): PackedApproval =
+        rmp_serde::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("approval: {e}")))?;
+    Ok(Approval {
+        id,
+        fingerprint,
+        digests,
+        state: approval_state(state)?,
+        created_at,
+        expires_at,
+        policy,
+        reason,
+        action,
+        operator,
+        note,
+    })
+}
+
+/// A bucket as the scripts pack it: `{ action, group, { start, amount, ... } }`.
+fn bucket(bytes: &[u8]) -> Result<Bucket, StoreError> {
+    let (action, group, flat): (String, String, Vec<i64>) =
+        rmp_serde::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("bucket: {e}")))?;
+    let slots = flat
+        .chunks_exact(2)
+        .map(|pair| (pair[0], pair[1].max(0) as u64))
+        .collect();
+    Ok(Bucket {
+        action,
+        group,
+        slots,
+    })
+}
+
+pub(super) fn unexpected(op: &str, decoded: &Decoded) -> StoreError {
+    StoreError::Corrupt(format!("script {op} answered {decoded:?}"))
+}
+
+/// The one place script replies are decoded. Layouts are documented in each script's header.
+pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
+    let Value::Array(items) = value else {
+        return Err(StoreError::Corrupt(format!(
+            "script reply is not an array: {value:?}"
+        )));
+    };
+    let mut fields = Fields { items, next: 0 };
+    let now = fields.int()?;
+    let tag = fields.string()?;
+    let decoded = match tag.as_str() {
+        "granted" => {
+            let kind = match fields.int()? {
+                1 => GrantKind::New,
+                2 => GrantKind::Redelivered,
+                3 => GrantKind::Regranted,
+                n => return Err(StoreError::Corrupt(format!("unknown grant kind {n}"))),
+            };
+            let token = fields.string()?;
+            let fencing = fields.uint()?;
+            let lease_expires_at = fields.int()?;
+            Decoded::Granted(
+                Grant {
+                    token,
+                    fencing,
+                    lease_expires_at,
+                },
+                kind,
+            )
+        }
+        "completed" => {
+            let recorded = fields.int()? == 1;
+            let double_execution = fields.int()? == 1;
+            let completion = fields.completion()?;
+            let (previous, entry) = (fields.bytes()?, fields.bytes()?);
+            Decoded::Completed {
+                completion,
+                recorded,
+                double_execution,
+                chained: (!entry.is_empty()).then_some((previous, entry)),
+            }
+        }
+        "key_reused" => Decoded::KeyReused(fields.string()?),
+        "released" => Decoded::Released(fields.uint()?),
+        "sealed" => Decoded::Sealed(fields.int()? == 1),
+        "extended" => Decoded::Extended(fields.int()?),
+        "view" => {
+            let state = match fields.int()? {
+                1 => State::Absent,
+                2 => State::Authorized,
+                3 => State::Completed,
+                4 => State::Expired,
+                n => return Err(StoreError::Corrupt(format!("unknown state {n}"))),
+            };
+            let fencing = fields.uint()?;
+            let fingerprint = fields.string()?;
+            let lease = fields.int()?;
+            let holder = fields.string()?;
+            let has_completion = fields.int()? == 1;
+            let completion = fields.completion()?;
+            let token = fields.string()?;
+            Decoded::View(ActionView {
+                state,
+                fencing,
+                fingerprint,
+                lease_expires_at: matches!(state, State::Authorized | State::Expired)
+                    .then_some(lease),
+                completion: has_completion.then_some(completion),
+                holder,
+                token,
+            })
+        }
+        "in_progress" => Decoded::Refused(Refusal::InProgress {
+            retry_after: fields.int()?,
+        }),
+        "lease_expired" => Decoded::Refused(Refusal::LeaseExpired {
+            token: fields.string()?,
+            fencing: fields.uint()?,
+            expired_at: fields.int()?,
+        }),
+        "token_mismatch" => Decoded::Refused(Refusal::TokenMismatch),
+        "token_unknown" => Decoded::Refused(Refusal::TokenUnknown),
+        "already_completed" => Decoded::Refused(Refusal::AlreadyCompleted),
+        "completed_by_other" => Decoded::Refused(Refusal::CompletedByOther {
+            fencing: fields.uint()?,
+            completed_at: fields.int()?,
+        }),
+        "request_required" => Decoded::Refused(Refusal::RequestRequired),
+        "pending_approval" => Decoded::Pending(Pending {
+            id: fields.string()?,
+            expires_at: fields.int()?,
+            policy: fields.string()?,
+            reason: fields.string()?,
+        }),
+        "approval_denied" => Decoded::Refused(Refusal::ApprovalDenied {
+            id: fields.string()?,
+        }),
+        "budget_exceeded" => Decoded::Refused(Refusal::BudgetExceeded {
+            budget: fields.string()?,
+            retry_after: Some(fields.int()?).filter(|ms| *ms >= 0),
+        }),
+        "not_pending" => Decoded::Refused(Refusal::ApprovalNotPending {
+            state: match fields.int()? {
+                0 => None,
+                n => Some(approval_state(n)?),
+            },
+        }),
+        "approval" => {
+            let changed = fields.int()? == 1;
+            Decoded::Approval(approval(&fields.bytes()?)?, changed)
+        }
+        "approvals" => {
+            let n = fields.uint()?;
+            let mut out = Vec::with_capacity(n.min(1024) as usize);
+            for _ in 0..n {
+                let raw = fields.bytes()?;
+                out.push(if raw.is_empty() {
+                    None
+                } else {
+                    Some(approval(&raw)?)
+                });
+            }
+            Decoded::Approvals(out)
+        }
+        "budgets" => {
+            let n = fields.uint()?;
+            let mut out = Vec::with_capacity(n.min(1024) as usize);
+            for _ in 0..n {
+                let id = fields.string()?;
+                out.push((id, bucket(&fields.bytes()?)?));
+            }
+            Decoded::Budgets(out)
+        }
+        "not_expired" => Decoded::Refused(Refusal::NotExpired {
+            state: match fields.int()? {
+                1 => State::Absent,
+                2 => State::Authorized,
+                n => return Err(StoreError::Corrupt(format!("unknown state {n}"))),
+            },
+        }),
+        "unresolved" => {
+            let n = fields.uint()?;
+            let mut checked = Vec::with_capacity(n.min(1024) as usize);
+            for _ in 0..n {
+                let status = fields.int()?;
+                let fencing = fields.uint()?;
+                let fingerprint = fields.string()?;
+                let lease_expires_at = fields.int()?;
+                let holder = fields.string()?;
+                let token = fields.string()?;
+                checked.push(match status {
+                    0 => listing::Checked::Stale,
+                    1 => listing::Checked::Unresolved(Box::new(ActionView {
+                        state: State::Expired,
+                        fencing,
+                        fingerprint,
+                        lease_expires_at: Some(lease_expires_at),
+                        completion: None,
+                        holder,
+                        token,
+                    })),
+                    2 => listing::Checked::Live,
+                    n => return Err(StoreError::Corrupt(format!("unknown list status {n}"))),
+                });
+            }
+            Decoded::Checked(checked)
+        }
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "unknown script reply tag {other:?}"
+            )));
+        }
+    };
+    Ok((now, decoded))
+}
+
+/// A cursor over a script's reply array.
+struct Fields {
+    items: Vec<Value>,
+    next: usize,
+}
+
+impl Fields {
+    fn take(&mut self) -> Result<Value, StoreError> {
+        let value = self
+            .items
+            .get_mut(self.next)
+            .map(|v| std::mem::replace(v, Value::Nil))
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!("script reply too short (field {})", self.next))
+            })?;
+        self.next += 1;
+        Ok(value)
+    }
+
+    fn int(&mut self) -> Result<i64, StoreError> {
+        match self.take()? {
+            Value::Int(n) => Ok(n),
+            other => Err(StoreError::Corrupt(format!(
+                "expected an integer, got {other:?}"
+            ))),
+        }
+    }
+
+    fn uint(&mut self) -> Result<u64, StoreError> {
+        let n = self.int()?;
+        u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative counter {n}")))
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
+        match self.take()? {
+            Value::BulkString(bytes) => Ok(bytes),
+            Value::SimpleString(s) => Ok(s.into_bytes()),
+            other => Err(StoreError::Corrupt(format!(
+                "expected a string, got {other:?}"
+            ))),
+        }
+    }
+
+    fn string(&mut self) -> Result<String, StoreError> {
+        String::from_utf8(self.bytes()?)
+            .map_err(|e| StoreError::Corrupt(format!("non-UTF-8 text: {e}")))
+    }
+
+    fn completion(&mut self) -> Result<Completion, StoreError> {
+        let receipt = self.bytes()?;
+        let completed_at = self.int()?;
+        let fencing = self.uint()?;
+        let token = self.string()?;
+        let source = match self.int()? {
+            2 => Source::Operator,
+            _ => Source::Worker,
+        };
+        let note = self.string()?;
+        let operator = self.string()?;
+        let seq = self.uint()?;
+        let statement = self.string()?;
+        Ok(Completion {
+            receipt,
+            completed_at,
+            fencing,
+            token,
+            source,
+            note,
+            operator,
+            seq,
+            statement,
+        })
+    }
+}

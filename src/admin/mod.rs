@@ -1,0 +1,257 @@
+//! `oncegate admin get|complete|resolve|list-unresolved|audit` (and the authorization subcommands
+//! of [`authz`]): the operator API from a shell, against a running gate. Output is for
+//! a person by default and one JSON document with `--json`; the connection options
+//! ([`RemoteArgs`]) go before or after the subcommand.
+//!
+//! Owns: the operator subcommands and their rendering. The semantics are the server's; the
+//! connection, credentials and error reports are [`super::remote`]'s.
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde_json::{Value, json};
+use tonic::Status;
+
+use super::{
+    remote::{self, ActionArgs, Authed, ReceiptArgs, RemoteArgs, Stop},
+    views,
+};
+use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
+
+mod audit;
+pub mod authz;
+
+const TOOL: &str = "oncegate admin";
+
+/// The request fields the gate's messages name, and the flags of `oncegate admin` that set them.
+const FLAGS: [(&str, &str); 4] = [
+    ("action_name", "--action-name"),
+    ("params_json", "--params"),
+    ("intent_id", "--intent"),
+    ("agent_id", "--agent"),
+];
+
+/// `oncegate admin`: connection and output settings, and the subcommand.
+#[derive(Debug, Clone, Args)]
+pub struct AdminArgs {
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+/// What to do.
+#[derive(Debug, Clone, Subcommand)]
+pub enum AdminCommand {
+    /// Show one action's record, with its token while unsettled (operators see it).
+    Get(ActionArgs),
+    /// Record an action done by hand as completed (its worker then hears COMPLETED_BY_OTHER).
+    Complete(CompleteArgs),
+    /// Settle an expired lease as completed or failed, after reconciling with the provider.
+    Resolve(ResolveArgs),
+    /// List actions whose lease expired without Complete or Release, with what settling them needs.
+    ListUnresolved(ListArgs),
+    /// Export an agent's receipt chain and verify it: signatures, sequence, links. Exits 1 and
+    /// names every entry that does not hold.
+    Audit(AuditArgs),
+    #[command(flatten)]
+    Authz(authz::AuthzCommand),
+}
+
+/// `admin audit`.
+#[derive(Debug, Clone, Args)]
+pub struct AuditArgs {
+    /// The agent whose chain to verify.
+    #[arg(long)]
+    pub agent: String,
+    /// The public keys to verify with (a JWKS file, e.g. kept from `oncegate keys export`); the
+    /// keys the gate serves when unset.
+    #[arg(long)]
+    pub keys: Option<PathBuf>,
+}
+
+/// `admin complete`.
+#[derive(Debug, Clone, Args)]
+pub struct CompleteArgs {
+    #[command(flatten)]
+    pub action: ActionArgs,
+    #[command(flatten)]
+    pub receipt: ReceiptArgs,
+    /// Why, by whom, which ticket (kept with the completion and audited).
+    #[arg(long, default_value = "")]
+    pub note: String,
+    /// The action type, when the action has no record yet (with --params).
+    #[arg(long)]
+    pub action_name: Option<String>,
+    /// The action's params as the agent would send them (a JSON object).
+    #[arg(long, requires = "action_name")]
+    pub params: Option<String>,
+    /// The intent id the agent would send, if any.
+    #[arg(long, requires = "action_name")]
+    pub intent: Option<String>,
+}
+
+/// What a reconciliation found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Outcome {
+    /// The effect happened.
+    Completed,
+    /// The effect definitely did not happen.
+    Failed,
+}
+
+/// `admin resolve`.
+#[derive(Debug, Clone, Args)]
+pub struct ResolveArgs {
+    #[command(flatten)]
+    pub action: ActionArgs,
+    /// What the reconciliation with the provider found.
+    #[arg(long, value_enum)]
+    pub outcome: Outcome,
+    #[command(flatten)]
+    pub receipt: ReceiptArgs,
+    /// Why, by whom, which ticket (kept with a completion, always audited).
+    #[arg(long, default_value = "")]
+    pub note: String,
+}
+
+/// `admin list-unresolved`.
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    /// Only this agent's actions.
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Entries per page.
+    #[arg(long, default_value_t = 100)]
+    pub page_size: u32,
+    /// Start at this page token (printed after a page when more follow).
+    #[arg(long, default_value = "")]
+    pub page_token: String,
+    /// Follow every page to the end.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// Runs one admin command and prints its result.
+pub async fn run(args: AdminArgs) -> ExitCode {
+    let json = args.remote.json;
+    let mut remote = match args.remote.connect().await {
+        Ok(remote) => remote,
+        Err(stop) => return stop.exit(TOOL, json),
+    };
+    let result = match &args.command {
+        AdminCommand::Get(a) => remote
+            .gate
+            .get_action(pb::GetActionRequest {
+                action: Some(a.to_ref()),
+            })
+            .await
+            .map(|r| Ok(views::action_view(&a.to_ref(), &r.into_inner()))),
+        AdminCommand::Complete(c) => complete(&mut remote.admin, c).await,
+        AdminCommand::Resolve(r) => resolve(&mut remote.admin, r).await,
+        AdminCommand::ListUnresolved(l) => list(&mut remote.admin, l).await.map(Ok),
+        AdminCommand::Audit(a) => audit::run(&mut remote.admin, a).await.map(Ok),
+        AdminCommand::Authz(c) => authz::run(c, &mut remote.admin).await.map(Ok),
+    };
+    let failed_audit = matches!(args.command, AdminCommand::Audit(_))
+        && matches!(&result, Ok(Ok(v)) if v["intact"] != Value::Bool(true));
+    match result {
+        Ok(Ok(value)) => {
+            if json {
+                println!("{value:#}");
+            } else if let AdminCommand::ListUnresolved(_) = args.command {
+                print!("{}", views::unresolved_text(&value));
+            } else if let AdminCommand::Audit(_) = args.command {
+                print!("{}", audit::human(&value));
+            } else if let AdminCommand::Authz(c) = &args.command
+                && let Some(text) = authz::human(c, &value)
+            {
+                print!("{text}");
+            } else {
+                print!("{}", views::text(&value));
+            }
+            if failed_audit {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Ok(Err(stop)) => stop.exit(TOOL, json),
+        Err(status) => remote::refused(TOOL, json, &status, &FLAGS),
+    }
+}
+
+async fn complete(
+    admin: &mut GateAdminServiceClient<Authed>,
+    c: &CompleteArgs,
+) -> Result<Result<Value, Stop>, Status> {
+    let receipt = match c.receipt.bytes() {
+        Ok(receipt) => receipt,
+        Err(stop) => return Ok(Err(stop)),
+    };
+    let r = admin
+        .record_external_completion(pb::RecordExternalCompletionRequest {
+            action: Some(c.action.to_ref()),
+            receipt,
+            note: c.note.clone(),
+            action_name: c.action_name.clone().unwrap_or_default(),
+            params_json: c.params.clone().unwrap_or_default(),
+            intent_id: c.intent.clone().unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    Ok(Ok(json!({
+        "recorded": r.recorded,
+        "completion": r.completion.as_ref().map(views::completion),
+    })))
+}
+
+async fn resolve(
+    admin: &mut GateAdminServiceClient<Authed>,
+    r: &ResolveArgs,
+) -> Result<Result<Value, Stop>, Status> {
+    let receipt = match r.receipt.bytes() {
+        Ok(receipt) => receipt,
+        Err(stop) => return Ok(Err(stop)),
+    };
+    let (resolution, name) = match r.outcome {
+        Outcome::Completed => (pb::Resolution::Completed, "COMPLETED"),
+        Outcome::Failed => (pb::Resolution::Failed, "FAILED"),
+    };
+    let resp = admin
+        .resolve_expired(pb::ResolveExpiredRequest {
+            action: Some(r.action.to_ref()),
+            resolution: resolution as i32,
+            receipt,
+            note: r.note.clone(),
+        })
+        .await?
+        .into_inner();
+    Ok(Ok(json!({
+        "resolution": name,
+        "fencing": resp.fencing,
+        "completion": resp.completion.as_ref().map(views::completion),
+    })))
+}
+
+async fn list(admin: &mut GateAdminServiceClient<Authed>, l: &ListArgs) -> Result<Value, Status> {
+    let mut actions = Vec::new();
+    let mut token = l.page_token.clone();
+    loop {
+        let page = admin
+            .list_unresolved(pb::ListUnresolvedRequest {
+                agent_id: l.agent.clone().unwrap_or_default(),
+                page_size: l.page_size,
+                page_token: token,
+            })
+            .await?
+            .into_inner();
+        actions.extend(page.actions.iter().map(views::unresolved));
+        token = page.next_page_token;
+        if token.is_empty() || !l.all {
+            break;
+        }
+    }
+    Ok(json!({ "actions": actions, "next_page_token": token }))
+}
