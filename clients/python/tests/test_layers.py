@@ -98,7 +98,7 @@ def test_the_layers_are_used() -> None:
         path = SOURCES[module]
         return package_imports(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
 
-    assert {"oncegate.rpc", "oncegate.guard"} <= imports_of("oncegate.client")
+    assert {"oncegate.rpc", "oncegate.guard.attempt"} <= imports_of("oncegate.client")
     assert "oncegate.rpc" in imports_of("oncegate.guard.attempt")
     assert not any(name.startswith("oncegate.guard") for name in imports_of("oncegate.rpc"))
     assert {"oncegate.aio.rpc", "oncegate.aio.attempt"} <= imports_of("oncegate.aio.client")
