@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"oncegate.statements"},
     {"oncegate.errors.gate"},
     {"oncegate.errors.outcome", "oncegate.errors.status"},
+    {"oncegate.errors.deprecated"},
     {"oncegate.errors"},
     {"oncegate.rpc"},
     {"oncegate.guard.options", "oncegate.guard.context", "oncegate.guard.backoff"},

@@ -2,7 +2,8 @@
 
 The option names follow the Rust guard's ``GuardOptions`` where both have the same thing
 (``max_wait``, ``poll_interval``); ``wait_timeout``, the earlier name of ``max_wait``, is still
-accepted for one release with a :class:`DeprecationWarning`. The entry points (``Gate.action``,
+accepted with a :class:`DeprecationWarning` until the release after the first one (none is out
+yet; the README's table of deprecated names lists it). The entry points (``Gate.action``,
 ``run``, ``attempt``, in both clients, and the framework adapters) take the same options as typed
 keywords, or all at once as ``options=GuardOptions(...)``; :func:`guard_options` turns either into
 one :class:`GuardOptions`. This module holds values only: the guard's behaviour lives in
@@ -40,8 +41,7 @@ class GuardOptions:
         lease_ttl: Lease length in seconds; the gate's policy when ``None``.
         max_wait: How long to wait, in seconds, while another holder's attempt is in progress,
             before raising :class:`~oncegate.errors.InProgressError`; 30 s when ``None``. It was
-            called ``wait_timeout``, still accepted for one release (deprecated; not with
-            ``max_wait``).
+            called ``wait_timeout``, still accepted (deprecated; not with ``max_wait``).
         poll_interval: Longest pause between two asks while waiting; the pause is shorter when
             the gate's ``RetryInfo`` says so.
         retry_timeout: How long to keep retrying a call that failed transiently (the store or the
@@ -147,7 +147,7 @@ class Request:
 def _deprecated_wait_timeout() -> None:
     warnings.warn(
         "GuardOptions: wait_timeout is deprecated, use max_wait (the Rust guard's name); "
-        "wait_timeout goes in the next release",
+        "wait_timeout goes in the release after the first one",
         DeprecationWarning,
         stacklevel=_caller_outside_package(),
     )
