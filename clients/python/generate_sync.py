@@ -16,9 +16,9 @@ Run it from anywhere after changing a source::
     python clients/python/generate_sync.py
 
 ``tests/test_generated.py`` checks that the committed threaded files are exactly what this script
-writes, with the ``unasync`` pinned in ``pyproject.toml`` (the ``test`` extra). The channel
-(``rpc.py``) and the lease heartbeat differ in kind between threads and an event loop, and are
-written by hand for each.
+writes, with the ``unasync`` pinned in ``pyproject.toml`` (the ``test`` extra). The channel and
+the lease heartbeat differ in kind between threads and an event loop, and are written by hand for
+each (``channel.py``, ``guard/heartbeat.py``; ``aio/channel.py``, ``aio/heartbeat.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 PACKAGE = HERE / "src" / "oncegate"
 
 FILES = {
+    "aio/rpc.py": "rpc.py",
     "aio/attempt.py": "guard/attempt.py",
     "aio/decorator.py": "guard/decorator.py",
     "aio/client.py": "client.py",
@@ -43,10 +44,12 @@ TOKENS = {"asyncio": "time"}
 """unasync's renames beyond its own: the sources use ``asyncio`` only for ``asyncio.sleep``."""
 
 TEXT = [
+    ("oncegate.aio.channel", "oncegate.channel"),
     ("oncegate.aio.rpc", "oncegate.rpc"),
     ("oncegate.aio.heartbeat", "oncegate.guard.heartbeat"),
     ("oncegate.aio.attempt", "oncegate.guard.attempt"),
     ("oncegate.aio.decorator", "oncegate.guard.decorator"),
+    ("oncegate.aio.client", "oncegate.client"),
     ("from collections.abc import Awaitable, ", "from collections.abc import "),
     ("Awaitable[T] | T", "T"),
     ("Callable[..., Awaitable[T]]", "Callable[..., T]"),

@@ -93,3 +93,11 @@ def test_a_rule_the_sources_outgrew_fails(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.setattr(GENERATE, "TEXT", [*GENERATE.TEXT, ("oncegate.aio.nothing", "oncegate.nothing")])
     with pytest.raises(RuntimeError, match=r"oncegate\.aio\.nothing"):
         GENERATE.generate(tmp_path)
+
+
+def test_ruff_leaves_the_generated_layout_alone() -> None:
+    # They keep their source's import order and line breaks; pyproject.toml must name each of them.
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((HERE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    generated = {f"src/oncegate/{target}" for target in GENERATE.FILES.values()}
+    assert set(pyproject["tool"]["ruff"]["format"]["exclude"]) == generated

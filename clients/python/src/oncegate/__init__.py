@@ -22,9 +22,14 @@ The modules, bottom up; each imports only those below it (``tests/test_layers.py
 - ``models``, ``fingerprints``: plain values; the offline fingerprint. No IO.
 - ``statements``: offline verification of signed grant statements (:func:`verify_grant`). No IO.
 - ``errors``: one exception hierarchy under :class:`OncegateError`; statuses decoded by reason.
-- ``rpc``: :class:`~oncegate.rpc.GateRpc`, the channel and the five worker RPCs.
+- ``wire``: the request messages and the call metadata. No IO.
+- ``channel``: the gRPC channel to one gate.
+- ``rpc``: :class:`~oncegate.rpc.GateRpc`, the five worker RPCs over the channel.
 - ``guard``: the at-most-once protocol (attempt, heartbeat, decorator) over ``rpc``.
 - ``client``: :class:`Gate`, the RPCs plus the guard's entry points.
+- ``aio``: the same client on an event loop; its ``rpc``, ``attempt``, ``decorator`` and ``client``
+  are the one source the threaded ``rpc``, ``guard.attempt``, ``guard.decorator`` and ``client``
+  are generated from (``generate_sync.py``, unasync).
 """
 
 from oncegate.client import Gate
