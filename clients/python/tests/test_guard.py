@@ -193,7 +193,9 @@ def test_a_lease_beyond_max_wait_fails_at_once_and_says_it_may_be_ours(
     # same error, so the guard asks once and stops, saying the lease may be the caller's own.
     fake_gate.request_token("pay", {"a": 1}, holder="other", **scope_kwargs(run_id))
     with pytest.raises(InProgress) as raised:
-        fake_gate.run("pay", {"a": 1}, lambda grant: None, max_wait=5, poll_interval=0.05, **scope_kwargs(run_id))
+        fake_gate.run(
+            "pay", {"a": 1}, lambda grant: None, max_wait=5, poll_interval=0.05, **scope_kwargs(run_id)
+        )
     assert fake.calls["RequestToken"] == 2, "one ask, no polling"
     assert raised.value.retry_after is not None and raised.value.retry_after > 200
     message = str(raised.value)
@@ -357,7 +359,9 @@ def test_max_wait_bounds_the_wait_for_another_holder(fake_gate: Gate, fake: Fake
     # A lease that ends within max_wait is waited for, polling; one beyond it is not.
     fake_gate.request_token("pay", {"a": 1}, holder="other", lease_ttl=1.0, **scope_kwargs(run_id))
     with pytest.raises(InProgressError):
-        fake_gate.run("pay", {"a": 1}, lambda grant: None, max_wait=0.3, poll_interval=0.05, **scope_kwargs(run_id))
+        fake_gate.run(
+            "pay", {"a": 1}, lambda grant: None, max_wait=0.3, poll_interval=0.05, **scope_kwargs(run_id)
+        )
     assert fake.calls["RequestToken"] == 2
     assert GuardOptions().max_wait == 30.0
 

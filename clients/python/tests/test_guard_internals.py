@@ -57,7 +57,7 @@ def test_concurrent_long_actions_share_one_heartbeat_thread(
 
 def test_a_stopped_heartbeat_extends_no_more(fake_gate: Gate, fake: FakeGate, run_id: str) -> None:
     for n in range(50):
-        fake_gate.run("pay", {"n": n}, lambda grant: n, lease_ttl=0.3, agent_id="a", run_id=run_id)
+        fake_gate.run("pay", {"n": n}, lambda grant, n=n: n, lease_ttl=0.3, agent_id="a", run_id=run_id)
     time.sleep(0.5)
     assert fake.calls["ExtendLease"] == 0
     assert len(heartbeat_threads()) == 1
@@ -140,14 +140,20 @@ def test_plain_binding_calls_back_with_the_grant() -> None:
 
 @pytest.mark.parametrize(
     ("seconds", "nanos"),
-    [(0, 0), (1_796_054_826, 0), (1_796_054_826, 999_999_999), (1_796_054_826, 1_500), (253_402_300_799, 999)],
+    [
+        (0, 0),
+        (1_796_054_826, 0),
+        (1_796_054_826, 999_999_999),
+        (1_796_054_826, 1_500),
+        (253_402_300_799, 999),
+    ],
 )
 def test_timestamps_convert_as_protobuf_does(seconds: int, nanos: int) -> None:
     class Holder:
         def __init__(self) -> None:
             self.at = timestamp_pb2.Timestamp(seconds=seconds, nanos=nanos)
 
-        def HasField(self, field: str) -> bool:  # noqa: N802 - protobuf's name
+        def HasField(self, field: str) -> bool:  # protobuf's name
             return True
 
     assert _time(Holder(), "at") == Holder().at.ToDatetime(tzinfo=timezone.utc)

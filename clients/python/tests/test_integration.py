@@ -62,7 +62,9 @@ def test_grant_complete_replay(gate: Gate, run_id: str) -> None:
     first = gate.request_token("payments.transfer", TRANSFER, **scope_kwargs(run_id))
     assert first.decision is Decision.GRANTED and first.grant is not None and not first.redelivered
     # The first grant's fencing number is the store clock in microseconds (it never goes backwards).
-    assert first.grant.fencing > 10**15 and first.grant.provider_key and first.grant.lease_expires_at is not None
+    assert (
+        first.grant.fencing > 10**15 and first.grant.provider_key and first.grant.lease_expires_at is not None
+    )
     assert first.fingerprint == fingerprint("payments.transfer", TRANSFER, key_fields=TRANSFER_KEY_FIELDS)
     assert first.action.key == first.fingerprint
     completion = gate.complete(first.action, first.grant.token, b'{"transfer_id":"tr-1"}')
@@ -121,7 +123,9 @@ def test_guard_waits_for_the_first_caller_and_replays(gate: Gate, run_id: str) -
         return "first"
 
     # Its lease (5 s) ends within the waiter's max_wait (20 s): the waiter waits for it.
-    worker = threading.Thread(target=lambda: gate.run("pay", {"b": 2}, slow, lease_ttl=5, **scope_kwargs(run_id)))
+    worker = threading.Thread(
+        target=lambda: gate.run("pay", {"b": 2}, slow, lease_ttl=5, **scope_kwargs(run_id))
+    )
     worker.start()
     assert started.wait(10)
     ran: list[Grant] = []

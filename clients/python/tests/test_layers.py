@@ -19,7 +19,10 @@ LAYERS: list[set[str]] = [
     {"oncegate.statements"},
     {"oncegate.errors.gate"},
     {"oncegate.errors.outcome", "oncegate.errors.status"},
+    {"oncegate.errors.deprecated"},
     {"oncegate.errors"},
+    {"oncegate.wire"},
+    {"oncegate.channel"},
     {"oncegate.rpc"},
     {"oncegate.guard.options", "oncegate.guard.context", "oncegate.guard.backoff"},
     {"oncegate.guard.heartbeat", "oncegate.guard.hint", "oncegate.guard.protocol", "oncegate.guard.binding"},
@@ -27,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"oncegate.guard.decorator"},
     {"oncegate.guard"},
     {"oncegate.client"},
+    {"oncegate.aio.channel"},
     {"oncegate.aio.rpc"},
     {"oncegate.aio.heartbeat"},
     {"oncegate.aio.attempt"},
@@ -98,7 +102,7 @@ def test_the_layers_are_used() -> None:
         path = SOURCES[module]
         return package_imports(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
 
-    assert {"oncegate.rpc", "oncegate.guard"} <= imports_of("oncegate.client")
+    assert {"oncegate.rpc", "oncegate.guard.attempt"} <= imports_of("oncegate.client")
     assert "oncegate.rpc" in imports_of("oncegate.guard.attempt")
     assert not any(name.startswith("oncegate.guard") for name in imports_of("oncegate.rpc"))
     assert {"oncegate.aio.rpc", "oncegate.aio.attempt"} <= imports_of("oncegate.aio.client")

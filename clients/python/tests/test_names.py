@@ -1,39 +1,66 @@
-"""The public names: one exception hierarchy with the ``Error`` suffix, and the old names as aliases."""
+"""The public names: one exception hierarchy with the ``Error`` suffix, and the old names as aliases,
+listed once, in the README's table of deprecated names, which is checked against the code."""
 
 from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
 
 import pytest
 
 import oncegate
 import oncegate.errors
+import oncegate.errors.deprecated
 from oncegate import (
     ActionRef,
     CompleteUnacknowledgedError,
     DefiniteFailureError,
     Grant,
+    GuardOptions,
     OncegateError,
     OutcomeUnknownError,
     Scope,
 )
 
-ALIASES = {
-    "AlreadyCompleted": "AlreadyCompletedError",
-    "CompletedByOther": "CompletedByOtherError",
-    "CompletionUnrecorded": "CompleteUnacknowledgedError",
-    "DefiniteFailure": "DefiniteFailureError",
-    "ForbiddenScope": "ForbiddenScopeError",
-    "InProgress": "InProgressError",
-    "InvalidRequest": "InvalidRequestError",
-    "KeyReused": "KeyReusedError",
-    "LeaseExpiredUnresolved": "LeaseExpiredUnresolvedError",
-    "OutcomeUnknown": "OutcomeUnknownError",
-    "RateLimited": "RateLimitedError",
-    "StoreUnavailable": "StoreUnavailableError",
-    "TokenMismatch": "TokenMismatchError",
-    "TokenUnknown": "TokenUnknownError",
-    "Unauthenticated": "UnauthenticatedError",
-}
-"""Each name before the Error suffix, and the class it now names (kept for one release)."""
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def deprecated_table() -> dict[str, str]:
+    """The README's table of deprecated names: the one list of them, old name to new."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("### Deprecated names\n", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| (.+?) \| (.+?) \|$", section, flags=re.MULTILINE)
+    assert rows[0] == ("deprecated name", "use instead") and rows[1] == ("---", "---")
+    return dict(rows[2:])
+
+
+TABLE = deprecated_table()
+ALIASES = {old.strip("`"): new.strip("`") for old, new in TABLE.items() if not old.startswith("option ")}
+"""Each name before the Error suffix, and the class it now names."""
+
+
+def test_the_readme_lists_exactly_the_aliases_the_code_defines() -> None:
+    defined = {
+        name: getattr(oncegate.errors.deprecated, name).__name__
+        for name in oncegate.errors.deprecated.__all__
+    }
+    assert defined == ALIASES
+    assert len(ALIASES) == 15
+    # Any other class in oncegate.errors under a name not its own would be an alias left out.
+    for module in (oncegate, oncegate.errors):
+        renamed = {
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type) and issubclass(value, BaseException) and value.__name__ != name
+        }
+        assert renamed == set(ALIASES), module.__name__
+
+
+def test_the_deprecated_option_is_in_the_table() -> None:
+    assert TABLE["option `wait_timeout=`"].startswith("`max_wait=`")
+    assert "wait_timeout" in inspect.signature(GuardOptions.__init__).parameters
+
 
 # The classes added after the rename have no old name.
 EXCEPTIONS = sorted(

@@ -52,7 +52,9 @@ def test_an_unknown_outcome_released_by_hand_runs_again(gate: Gate, run_id: str)
     with pytest.raises(OutcomeUnknownError) as unknown:
         gate.run("pay", {"n": 2}, times_out, **scope_kwargs(run_id))
     assert unknown.value.release() == unknown.value.fencing
-    assert gate.run("pay", {"n": 2}, lambda grant: grant.fencing, **scope_kwargs(run_id)) > unknown.value.fencing
+    assert (
+        gate.run("pay", {"n": 2}, lambda grant: grant.fencing, **scope_kwargs(run_id)) > unknown.value.fencing
+    )
 
 
 def test_the_guards_own_encoder_is_used(gate: Gate, run_id: str) -> None:

@@ -22,51 +22,43 @@ The modules, bottom up; each imports only those below it (``tests/test_layers.py
 - ``models``, ``fingerprints``: plain values; the offline fingerprint. No IO.
 - ``statements``: offline verification of signed grant statements (:func:`verify_grant`). No IO.
 - ``errors``: one exception hierarchy under :class:`OncegateError`; statuses decoded by reason.
-- ``rpc``: :class:`~oncegate.rpc.GateRpc`, the channel and the five worker RPCs.
+- ``wire``: the request messages and the call metadata. No IO.
+- ``channel``: the gRPC channel to one gate.
+- ``rpc``: :class:`~oncegate.rpc.GateRpc`, the five worker RPCs over the channel.
 - ``guard``: the at-most-once protocol (attempt, heartbeat, decorator) over ``rpc``.
 - ``client``: :class:`Gate`, the RPCs plus the guard's entry points.
+- ``aio``: the same client on an event loop; its ``rpc``, ``attempt``, ``decorator`` and ``client``
+  are the one source the threaded ``rpc``, ``guard.attempt``, ``guard.decorator`` and ``client``
+  are generated from (``generate_sync.py``, unasync).
 """
 
 from oncegate.client import Gate
 from oncegate.errors import (
-    AlreadyCompleted,
     AlreadyCompletedError,
     BudgetExceededError,
-    CompletedByOther,
     CompletedByOtherError,
     CompleteUnacknowledgedError,
-    CompletionUnrecorded,
-    DefiniteFailure,
     DefiniteFailureError,
     FieldViolation,
-    ForbiddenScope,
     ForbiddenScopeError,
-    InProgress,
     InProgressError,
-    InvalidRequest,
     InvalidRequestError,
-    KeyReused,
     KeyReusedError,
-    LeaseExpiredUnresolved,
     LeaseExpiredUnresolvedError,
     OncegateError,
-    OutcomeUnknown,
     OutcomeUnknownError,
     PendingApprovalError,
     PolicyDeniedError,
-    RateLimited,
     RateLimitedError,
     ReceiptDecodeError,
-    StoreUnavailable,
     StoreUnavailableError,
-    TokenMismatch,
     TokenMismatchError,
-    TokenUnknown,
     TokenUnknownError,
     TransportError,
-    Unauthenticated,
     UnauthenticatedError,
 )
+from oncegate.errors import deprecated as _deprecated
+from oncegate.errors.deprecated import *  # noqa: F403 - the aliases, named by its __all__
 from oncegate.fingerprints import ParamsError, canonical_form, fingerprint, parse_params
 from oncegate.guard import Attempt, GuardOptions, current_scope, scope
 from oncegate.models import (
@@ -132,21 +124,5 @@ __all__ = [
     "scope",
     "verify_grant",
 ]
-# The deprecated aliases (see oncegate.errors), for one release.
-__all__ += [
-    "AlreadyCompleted",
-    "CompletedByOther",
-    "CompletionUnrecorded",
-    "DefiniteFailure",
-    "ForbiddenScope",
-    "InProgress",
-    "InvalidRequest",
-    "KeyReused",
-    "LeaseExpiredUnresolved",
-    "OutcomeUnknown",
-    "RateLimited",
-    "StoreUnavailable",
-    "TokenMismatch",
-    "TokenUnknown",
-    "Unauthenticated",
-]
+# The deprecated names from before the Error suffix (oncegate.errors.deprecated).
+__all__ += _deprecated.__all__

@@ -1,20 +1,24 @@
-"""One guarded attempt on an event loop: ask for a token, let the body run the action, settle.
+"""One guarded attempt: ask for a token, let the body run the action, settle what happened.
 
-The asyncio twin of :class:`oncegate.guard.Attempt`, with the same protocol and the same decisions
-(:mod:`oncegate.guard.protocol`): a replay returns the stored receipt without running anything; a
-grant runs the body while a heartbeat task extends the lease; success Completes (retried until
+:class:`Attempt` follows the protocol described in :mod:`oncegate.guard`, over the RPC layer
+(:class:`~oncegate.aio.rpc.GateRpc`) and nothing above it, with the decisions of
+:mod:`oncegate.guard.protocol`: a replay returns the stored receipt without running anything; a
+grant runs the body while the heartbeat extends the lease; success Completes (retried until
 acknowledged); a definite failure Releases; anything else never Releases and raises
-:class:`~oncegate.errors.OutcomeUnknownError`; in progress elsewhere waits within ``max_wait``;
-a reused key stops. Cancelling the task that runs the body (``asyncio.CancelledError``, a
-``BaseException``) keeps the token, as ``KeyboardInterrupt`` does in the threaded guard.
+:class:`~oncegate.errors.OutcomeUnknownError`; in progress elsewhere waits within ``max_wait``; a
+reused key stops. The decorator and the client only build attempts.
+
+One source, two clients: ``oncegate/aio/attempt.py`` is written by hand, and ``generate_sync.py``
+writes the threaded ``oncegate/guard/attempt.py`` from it with unasync (``tests/test_generated.py``
+fails when they differ).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import time
+import inspect  # async only
 from collections.abc import Awaitable, Callable, Sequence
+from time import monotonic
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -37,15 +41,22 @@ T = TypeVar("T")
 class Attempt:
     """One guarded attempt of one action, used as an ``async with`` block.
 
+    Entering asks the gate for a token. Then either ``replayed`` is true, ``result`` is the decoded
+    stored receipt and the action must not run; or ``grant`` is set, the lease is extended in the
+    background, and the body runs the action and calls :meth:`complete` (or :meth:`skip`).
+
+    Leaving the block settles the attempt: an exception marked definite releases the token and
+    propagates; any other exception, or a block that ended without :meth:`complete` or
+    :meth:`skip`, raises :class:`~oncegate.errors.OutcomeUnknownError` and leaves the token
+    unreleased. ``KeyboardInterrupt``, ``asyncio.CancelledError`` and other non-``Exception``
+    errors propagate unchanged, also without a release.
+
     Example::
 
         async with gate.attempt("payments.transfer", params, agent_id="a", run_id="r") as attempt:
             if not attempt.replayed:
                 await attempt.complete(await provider.pay(**params, key=attempt.grant.provider_key))
             receipt = attempt.result
-
-    Entering asks the gate for a token; leaving settles the attempt exactly as the threaded
-    :class:`oncegate.guard.Attempt` does.
     """
 
     def __init__(
@@ -131,9 +142,16 @@ class Attempt:
         raise self._bound(protocol.unknown_outcome(self._request, action, grant, exc)) from exc
 
     async def complete(self, result: T) -> T:
-        """Records the action's result as its receipt and returns ``result``; retries transient
-        failures until acknowledged or ``retry_timeout`` passes (then
-        :class:`~oncegate.errors.CompleteUnacknowledgedError`)."""
+        """Records the action's result as its receipt and returns ``result``.
+
+        Retries transient failures until the gate acknowledges or ``retry_timeout`` passes.
+
+        Raises:
+            CompleteUnacknowledgedError: the gate never acknowledged (or the result could not be
+                encoded); it carries the result and the receipt to complete with later.
+            OncegateError: the gate refused, e.g. :class:`~oncegate.errors.CompletedByOtherError`
+                when another token already completed the action.
+        """
         action, grant = self._granted()
         await self._stop_heartbeat()
         self._settled = True
@@ -166,19 +184,20 @@ class Attempt:
         await self._release(ReleaseReason.NOT_ATTEMPTED)
 
     async def run(self, fn: Callable[[Grant], Awaitable[T] | T]) -> T:
-        """Enters the attempt, runs ``fn(grant)`` (awaited when it returns an awaitable) unless
-        replayed, completes with its result, and returns it (or the decoded stored receipt)."""
+        """Enters the attempt, runs ``fn(grant)`` unless replayed, completes with its result, and
+        returns the result (or the decoded stored receipt on a replay). With :mod:`oncegate.aio`,
+        ``fn`` may also be a coroutine function: what it returns is awaited."""
         async with self:
             if self.grant is None:
                 return self.result  # type: ignore[no-any-return]
             result = fn(self.grant)
-            if inspect.isawaitable(result):
-                result = await result
+            if inspect.isawaitable(result):  # async only
+                result = await result  # async only
             return await self.complete(result)  # type: ignore[arg-type]
 
     async def _ask(self) -> RequestTokenResult:
         request = self._request
-        wait_deadline = time.monotonic() + self._options.max_wait
+        wait_deadline = monotonic() + self._options.max_wait
         backoff = Backoff(self._options.retry_timeout)
         while True:
             try:
@@ -193,7 +212,7 @@ class Attempt:
                     lease_ttl=self._options.lease_ttl,
                 )
             except InProgressError as err:
-                remaining = wait_deadline - time.monotonic()
+                remaining = wait_deadline - monotonic()
                 if remaining <= 0:
                     raise
                 if err.retry_after is not None and err.retry_after > remaining:

@@ -1,41 +1,52 @@
-"""The asyncio RPC layer: one ``grpc.aio`` channel to one gate, and one coroutine per worker RPC.
+"""The RPC layer: one method per worker RPC, over one channel to one gate.
 
-The same calls, values and errors as :class:`oncegate.rpc.GateRpc` (the request messages are built
-by the same functions), awaited instead of blocking. The channel is opened on first use, inside
-the event loop that uses it: a ``grpc.aio`` channel belongs to one loop, so a client must not be
-shared between loops (each ``asyncio.run`` needs its own).
+It owns the calls: the conversion between the plain values of :mod:`oncegate.models` and the
+generated messages (built by :mod:`oncegate.wire`), and what a failed call raises, which is what
+:func:`oncegate.errors.from_rpc_error` makes of its status. The channel is
+:class:`~oncegate.aio.channel.Channel`'s. It knows nothing of the guard: retries, waiting and
+leases are the business of :mod:`oncegate.guard`, which builds on this class.
+
+One source, two clients: ``oncegate/aio/rpc.py`` is written by hand, and ``generate_sync.py``
+writes the threaded ``oncegate/rpc.py`` from it with unasync.
 """
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any, TypeVar
 
 import grpc
-import grpc.aio
 
+from oncegate.aio.channel import Channel
 from oncegate.errors import UnsettledGrant, from_rpc_error
 from oncegate.models import ActionRecord, ActionRef, Completion, ReleaseReason, RequestTokenResult
-from oncegate.rpc import (
+from oncegate.v1 import oncegate_pb2 as pb
+from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
+from oncegate.wire import (
     Seconds,
     complete_request,
     extend_lease_request,
+    get_action_request,
     release_request,
     request_token_request,
 )
-from oncegate.v1 import oncegate_pb2 as pb
-from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
 
-__all__ = ["GateRpc"]
+__all__ = [
+    "GateRpc",
+    "Seconds",
+    "complete_request",
+    "extend_lease_request",
+    "release_request",
+    "request_token_request",
+]
 
 T = TypeVar("T")
-_Self = TypeVar("_Self", bound="GateRpc")
 
 
-class GateRpc:
-    """The RPCs of one oncegate server, awaited (:class:`oncegate.aio.Gate` adds the guard).
+class GateRpc(Channel):
+    """The RPCs of one oncegate server, without the guard (:class:`~oncegate.aio.client.Gate` adds
+    it).
 
     Args:
         target: ``host:port`` of the gate.
@@ -44,58 +55,10 @@ class GateRpc:
         timeout: Deadline of each call, in seconds.
         options: Extra gRPC channel options.
 
-    Every coroutine raises an :class:`~oncegate.errors.OncegateError` subclass named by the gate's
-    error reason, or :class:`~oncegate.errors.TransportError` when the gate was not reached. Use
-    it as an ``async with`` block, or ``await close()``, to close the channel.
+    Every method raises an :class:`~oncegate.errors.OncegateError` subclass named by the gate's
+    error reason, or :class:`~oncegate.errors.TransportError` when the gate was not reached. See
+    :class:`~oncegate.aio.channel.Channel` for how the channel opens and closes.
     """
-
-    def __init__(
-        self,
-        target: str,
-        *,
-        api_key: str | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-        timeout: float = 10.0,
-        options: Sequence[tuple[str, Any]] = (),
-    ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self._credentials = credentials
-        self._options = list(options)
-        self._channel: grpc.aio.Channel | None = None
-        self._stub: ActionGateServiceStub | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._metadata: tuple[tuple[str, str], ...] = (
-            (("authorization", f"Bearer {api_key}"),) if api_key else ()
-        )
-
-    def _open(self) -> ActionGateServiceStub:
-        loop = asyncio.get_running_loop()
-        if self._stub is None or self._loop is not loop:
-            if self._loop is not None and self._loop is not loop and not self._loop.is_closed():
-                raise RuntimeError(
-                    "oncegate.aio: this client's channel belongs to another event loop; "
-                    "create one client per loop"
-                )
-            if self._credentials is not None:
-                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
-            else:
-                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
-            self._stub = ActionGateServiceStub(self._channel)  # type: ignore[no-untyped-call]
-            self._loop = loop
-        return self._stub
-
-    async def close(self) -> None:
-        """Closes the channel (a later call opens a new one)."""
-        if self._channel is not None:
-            await self._channel.close()
-        self._channel = self._stub = self._loop = None
-
-    async def __aenter__(self: _Self) -> _Self:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
 
     async def _call(
         self, method: Callable[[ActionGateServiceStub], Callable[..., Awaitable[T]]], request: Any
@@ -121,7 +84,22 @@ class GateRpc:
         holder: str | None = None,
         lease_ttl: Seconds | None = None,
     ) -> RequestTokenResult:
-        """Asks for the one-shot token of one attempt; see :meth:`oncegate.rpc.GateRpc.request_token`."""
+        """Asks for the one-shot token of one attempt of an action.
+
+        Args:
+            action: The action type or tool name, e.g. ``"payments.transfer"``.
+            params: The action's arguments: a mapping (sent as compact JSON) or JSON text as is.
+            agent_id: The agent's id.
+            run_id: The workflow-run id that survives restarts of the agent.
+            intent_id: Separates deliberate repeats (two real $10 transfers) from retries.
+            idempotency_key: Names the logical action; retries must then carry the same key fields.
+            holder: Names the asking worker, so that it gets its own token back if a reply is lost.
+            lease_ttl: Lease length; the action policy's when ``None``.
+
+        Returns:
+            A grant (execute, then Complete or Release) or the completion of an action that
+            already ran (do not execute).
+        """
         request = request_token_request(
             action,
             params,
@@ -135,7 +113,8 @@ class GateRpc:
         return RequestTokenResult.from_proto(await self._call(lambda stub: stub.RequestToken, request))
 
     async def complete(self, action: ActionRef, token: str, receipt: bytes) -> Completion:
-        """Records that the attempt ran and what it returned; a repeat returns the stored completion."""
+        """Records that the attempt ran and what it returned; repeating it is a no-op that returns
+        the stored completion."""
         response: pb.CompleteResponse = await self._call(
             lambda stub: stub.Complete, complete_request(action, token, receipt)
         )
@@ -147,8 +126,11 @@ class GateRpc:
         token: str,
         reason: ReleaseReason = ReleaseReason.DEFINITE_FAILURE,
     ) -> int:
-        """Gives the token back after a definite failure, or when the action was not attempted;
-        returns the released grant's fencing number. Never after a timeout: reconcile first."""
+        """Gives the token back after a definite failure, or when the action was not attempted.
+
+        Never after a timeout: reconcile with the provider first. Returns the released grant's
+        fencing number (the next grant gets a higher one).
+        """
         response: pb.ReleaseResponse = await self._call(
             lambda stub: stub.Release, release_request(action, token, reason)
         )
@@ -163,5 +145,5 @@ class GateRpc:
 
     async def get_action(self, action: ActionRef) -> ActionRecord:
         """Reads the record of an action as it stands, for reconciliation."""
-        request = pb.GetActionRequest(action=action.to_proto())
+        request = get_action_request(action)
         return ActionRecord.from_proto(await self._call(lambda stub: stub.GetAction, request))

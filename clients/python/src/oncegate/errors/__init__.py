@@ -30,10 +30,13 @@
 server fault) come as
 :class:`OncegateError` itself, with ``reason`` set. :mod:`oncegate.errors.gate` owns the gate's
 errors, :mod:`oncegate.errors.status` decodes them (:func:`from_rpc_error`), and
-:mod:`oncegate.errors.outcome` owns the guard's. This module only names them, and keeps the names
-from before the ``Error`` suffix as aliases for one release.
+:mod:`oncegate.errors.outcome` owns the guard's. This module only names them, and re-exports the
+names from before the ``Error`` suffix, deprecated aliases defined in
+:mod:`oncegate.errors.deprecated`.
 """
 
+from oncegate.errors import deprecated
+from oncegate.errors.deprecated import *  # noqa: F403 - the aliases, named by deprecated.__all__
 from oncegate.errors.gate import (
     DOMAIN,
     AlreadyCompletedError,
@@ -64,24 +67,6 @@ from oncegate.errors.outcome import (
 )
 from oncegate.errors.status import from_rpc_error
 
-# Deprecated: the names before the Error suffix, each the very class it names (so `except KeyReused`
-# still catches). They go in the next release.
-AlreadyCompleted = AlreadyCompletedError
-CompletedByOther = CompletedByOtherError
-CompletionUnrecorded = CompleteUnacknowledgedError
-DefiniteFailure = DefiniteFailureError
-ForbiddenScope = ForbiddenScopeError
-InProgress = InProgressError
-InvalidRequest = InvalidRequestError
-KeyReused = KeyReusedError
-LeaseExpiredUnresolved = LeaseExpiredUnresolvedError
-OutcomeUnknown = OutcomeUnknownError
-RateLimited = RateLimitedError
-StoreUnavailable = StoreUnavailableError
-TokenMismatch = TokenMismatchError
-TokenUnknown = TokenUnknownError
-Unauthenticated = UnauthenticatedError
-
 __all__ = [
     "DOMAIN",
     "AlreadyCompletedError",
@@ -109,21 +94,4 @@ __all__ = [
     "UnsettledGrant",
     "from_rpc_error",
 ]
-# The deprecated aliases, for one release.
-__all__ += [
-    "AlreadyCompleted",
-    "CompletedByOther",
-    "CompletionUnrecorded",
-    "DefiniteFailure",
-    "ForbiddenScope",
-    "InProgress",
-    "InvalidRequest",
-    "KeyReused",
-    "LeaseExpiredUnresolved",
-    "OutcomeUnknown",
-    "RateLimited",
-    "StoreUnavailable",
-    "TokenMismatch",
-    "TokenUnknown",
-    "Unauthenticated",
-]
+__all__ += deprecated.__all__

@@ -19,13 +19,16 @@ The guard uses the RPC layer (:class:`~oncegate.rpc.GateRpc`) and nothing above 
 :class:`~oncegate.Gate` builds its ``action``, ``run`` and ``attempt`` on this package. Its modules,
 each using only those listed before it: ``options`` (:class:`GuardOptions`, :class:`Request`),
 ``context`` (the ambient :func:`scope`), ``backoff``, ``heartbeat`` (the lease kept alive),
-``hint`` (the ``key_fields_hint`` check), ``attempt`` (:class:`Attempt`: the protocol) and
-``decorator`` (:func:`action`).
+``hint`` (the ``key_fields_hint`` check), ``protocol`` (the decisions, without IO), ``binding``
+(a call's arguments as a request), ``attempt`` (:class:`Attempt`: the protocol) and ``decorator``
+(:func:`action`). ``attempt`` and ``decorator``, like :mod:`oncegate.client`, are generated from
+their :mod:`oncegate.aio` twins by ``generate_sync.py`` (unasync): one source for both clients.
 """
 
 from oncegate.guard.attempt import Attempt
+from oncegate.guard.binding import CONTROL_ARGUMENTS
 from oncegate.guard.context import current_scope, scope
-from oncegate.guard.decorator import CONTROL_ARGUMENTS, action
+from oncegate.guard.decorator import action
 from oncegate.guard.options import GuardOptions, Request, json_decode, json_encode
 
 __all__ = [

@@ -21,20 +21,11 @@ class Backoff:
 
     def next_delay(self, hint: float | None = None) -> float | None:
         """The pause before the next try (``hint`` seconds when the gate said, never past the
-        budget); ``None`` when the budget is spent. The asyncio guard sleeps it with
-        ``asyncio.sleep``."""
+        budget); ``None`` when the budget is spent. The caller sleeps it: ``time.sleep`` in the threaded
+        guard, ``asyncio.sleep`` on an event loop."""
         remaining = self._deadline - time.monotonic()
         if remaining <= 0:
             return None
         delay = hint if hint is not None else random.uniform(self._delay / 2, self._delay)
         self._delay = min(self._delay * 2, self._cap)
         return min(delay, remaining)
-
-    def sleep(self, hint: float | None = None) -> bool:
-        """Sleeps before the next try (``hint`` seconds when the gate said); ``False`` when the
-        budget is spent."""
-        delay = self.next_delay(hint)
-        if delay is None:
-            return False
-        time.sleep(delay)
-        return True

@@ -92,9 +92,7 @@ class Binding:
         """Every parameter can be passed by name (no positional-only ones, no ``**kwargs``): calls
         are bound without :meth:`inspect.Signature.bind`."""
         visible = [p for p in self.parameters.values() if p.name not in hidden]
-        self._positional = tuple(
-            p.name for p in visible if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
-        )
+        self._positional = tuple(p.name for p in visible if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
         self._defaults = {p.name: p.default for p in visible if p.default is not inspect.Parameter.empty}
         self._order = tuple(p.name for p in visible)
         self._names = frozenset(self._order)
@@ -146,7 +144,7 @@ class Binding:
         the call does not fit it (the signature then binds it, or says why it does not)."""
         if not self.plain or len(args) > len(self._positional):
             return None
-        bound = dict(zip(self._positional, args))
+        bound = dict(zip(self._positional, args, strict=False))  # fewer args than positional names
         for name, value in kwargs.items():
             if name in bound or name not in self._names:
                 return None

@@ -2,12 +2,17 @@
 
 The option names follow the Rust guard's ``GuardOptions`` where both have the same thing
 (``max_wait``, ``poll_interval``); ``wait_timeout``, the earlier name of ``max_wait``, is still
-accepted for one release with a :class:`DeprecationWarning`. This module holds values only: the
-guard's behaviour lives in :mod:`oncegate.guard.attempt`.
+accepted with a :class:`DeprecationWarning` until the release after the first one (none is out
+yet; the README's table of deprecated names lists it). The entry points (``Gate.action``,
+``run``, ``attempt``, in both clients, and the framework adapters) take the same options as typed
+keywords, or all at once as ``options=GuardOptions(...)``; :func:`guard_options` turns either into
+one :class:`GuardOptions`. This module holds values only: the guard's behaviour lives in
+:mod:`oncegate.guard.attempt`.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import warnings
@@ -17,7 +22,7 @@ from typing import Any
 
 from oncegate.models import Scope, json_decode, json_encode
 
-__all__ = ["DEFAULT_MAX_WAIT", "GuardOptions", "Request", "json_decode", "json_encode"]
+__all__ = ["DEFAULT_MAX_WAIT", "GuardOptions", "Request", "guard_options", "json_decode", "json_encode"]
 
 DEFAULT_MAX_WAIT = 30.0
 """Seconds a guarded attempt waits, by default, while another holder's attempt is in progress."""
@@ -36,8 +41,7 @@ class GuardOptions:
         lease_ttl: Lease length in seconds; the gate's policy when ``None``.
         max_wait: How long to wait, in seconds, while another holder's attempt is in progress,
             before raising :class:`~oncegate.errors.InProgressError`; 30 s when ``None``. It was
-            called ``wait_timeout``, still accepted for one release (deprecated; not with
-            ``max_wait``).
+            called ``wait_timeout``, still accepted (deprecated; not with ``max_wait``).
         poll_interval: Longest pause between two asks while waiting; the pause is shorter when
             the gate's ``RetryInfo`` says so.
         retry_timeout: How long to keep retrying a call that failed transiently (the store or the
@@ -100,6 +104,35 @@ class GuardOptions:
         return self.max_wait
 
 
+_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(GuardOptions.__init__).parameters.items()
+    if name != "self"
+}
+"""Each option keyword and its default: what an entry point's keyword holds when the caller left it."""
+
+
+def guard_options(options: GuardOptions | None, **keywords: Any) -> GuardOptions:
+    """The options of one entry point: ``options`` when given, else those the option keywords
+    (every field of :class:`GuardOptions`, and ``wait_timeout``) make.
+
+    An entry point passes all its option keywords; giving ``options=`` together with a keyword
+    that is not at its default is a :class:`TypeError` (which of the two should win?), as is a
+    name that is not an option.
+    """
+    unknown = sorted(set(keywords) - set(_DEFAULTS))
+    if unknown:
+        raise TypeError(f"unknown guard options {unknown}; the options are {sorted(_DEFAULTS)}")
+    if options is None:
+        return GuardOptions(**keywords)
+    if not isinstance(options, GuardOptions):
+        raise TypeError(f"options= takes a GuardOptions, not {type(options).__name__}")
+    given = sorted(name for name, value in keywords.items() if value != _DEFAULTS[name])
+    if given:
+        raise TypeError(f"pass options=GuardOptions(...) or the option keywords {given}, not both")
+    return options
+
+
 @dataclass(frozen=True)
 class Request:
     """What a guarded attempt asks the gate for."""
@@ -114,7 +147,7 @@ class Request:
 def _deprecated_wait_timeout() -> None:
     warnings.warn(
         "GuardOptions: wait_timeout is deprecated, use max_wait (the Rust guard's name); "
-        "wait_timeout goes in the next release",
+        "wait_timeout goes in the release after the first one",
         DeprecationWarning,
         stacklevel=_caller_outside_package(),
     )

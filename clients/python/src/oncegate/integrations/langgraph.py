@@ -32,7 +32,7 @@ from langchain_core.tools import BaseTool, StructuredTool
 from oncegate.aio.attempt import Attempt
 from oncegate.aio.client import Gate
 from oncegate.guard.binding import Binding
-from oncegate.guard.options import GuardOptions
+from oncegate.guard.options import GuardOptions, guard_options, json_decode, json_encode
 from oncegate.models import Scope
 
 __all__ = ["guarded_tool", "thread_scope"]
@@ -60,23 +60,45 @@ def guarded_tool(
     agent_id: str | None = None,
     scope: Callable[[RunnableConfig], Scope] | None = None,
     key_fields_hint: Sequence[str] | None = None,
-    **options: Any,
+    options: GuardOptions | None = None,
+    definite: tuple[type[BaseException], ...] = (),
+    encode: Callable[[Any], bytes] = json_encode,
+    decode: Callable[[bytes], Any] = json_decode,
+    lease_ttl: float | None = None,
+    max_wait: float | None = None,
+    poll_interval: float = 1.0,
+    retry_timeout: float = 30.0,
+    heartbeat: bool = True,
+    holder: str | None = None,
+    wait_timeout: float | None = None,
 ) -> Callable[[Callable[..., Awaitable[Any] | Any]], BaseTool]:
     """Turns a function into a LangChain tool (for ``ToolNode`` or ``create_react_agent``) guarded
     by ``gate`` as ``action``, in the scope ``agent_id`` + the graph's thread (or ``scope=``).
 
     The function's arguments are the params (the tool's schema, from its signature and
     docstring); a parameter named ``grant`` receives the :class:`~oncegate.models.Grant` and one
-    named ``config`` the ``RunnableConfig``, both hidden from the model. ``options`` are
-    :class:`~oncegate.guard.GuardOptions`. The tool is asynchronous: run the graph with
-    ``ainvoke``/``astream``.
+    named ``config`` the ``RunnableConfig``, both hidden from the model. The guard's options are
+    the keywords of :class:`~oncegate.guard.GuardOptions`, or one ``options=GuardOptions(...)``.
+    The tool is asynchronous: run the graph with ``ainvoke``/``astream``.
     """
     if scope is None:
         if agent_id is None:
             raise TypeError("guarded_tool: pass agent_id= (or scope=)")
         scope = thread_scope(agent_id)
     read_scope = scope
-    guard_options = GuardOptions(**options)
+    resolved = guard_options(
+        options,
+        definite=definite,
+        encode=encode,
+        decode=decode,
+        lease_ttl=lease_ttl,
+        max_wait=max_wait,
+        poll_interval=poll_interval,
+        retry_timeout=retry_timeout,
+        heartbeat=heartbeat,
+        holder=holder,
+        wait_timeout=wait_timeout,
+    )
 
     def decorate(fn: Callable[..., Awaitable[Any] | Any]) -> BaseTool:
         binding = Binding(fn, action, injected=("config",))
@@ -84,7 +106,7 @@ def guarded_tool(
         @functools.wraps(fn)
         async def tool(*, config: RunnableConfig, **kwargs: Any) -> Any:
             call = binding.bind((), kwargs, read_scope(config), injected={"config": config})
-            attempt = Attempt(gate, call.request, guard_options, key_fields_hint=key_fields_hint)
+            attempt = Attempt(gate, call.request, resolved, key_fields_hint=key_fields_hint)
             return await attempt.run(call.invoke)
 
         config = inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=RunnableConfig)

@@ -32,7 +32,7 @@ from oncegate.aio.attempt import Attempt
 from oncegate.aio.client import Gate
 from oncegate.errors import OncegateError
 from oncegate.guard.binding import Binding
-from oncegate.guard.options import GuardOptions
+from oncegate.guard.options import GuardOptions, guard_options, json_decode, json_encode
 from oncegate.integrations.messages import model_message
 from oncegate.models import Scope
 
@@ -71,7 +71,17 @@ def guarded_function_tool(
     *,
     scope: Callable[[RunContextWrapper[Any]], Scope] = context_scope,
     key_fields_hint: Sequence[str] | None = None,
-    **options: Any,
+    options: GuardOptions | None = None,
+    definite: tuple[type[BaseException], ...] = (),
+    encode: Callable[[Any], bytes] = json_encode,
+    decode: Callable[[bytes], Any] = json_decode,
+    lease_ttl: float | None = None,
+    max_wait: float | None = None,
+    poll_interval: float = 1.0,
+    retry_timeout: float = 30.0,
+    heartbeat: bool = True,
+    holder: str | None = None,
+    wait_timeout: float | None = None,
 ) -> Callable[[Callable[..., Awaitable[Any] | Any]], FunctionTool]:
     """Turns a function into an Agents SDK ``FunctionTool`` guarded by ``gate`` as ``action``.
 
@@ -79,12 +89,25 @@ def guarded_function_tool(
     are the params; a parameter named ``grant`` receives the :class:`~oncegate.models.Grant` and
     one named ``ctx`` the SDK's tool context, both hidden from the model. A declared
     ``idempotency_key`` or ``intent_id`` is filled by the model and names the action instead of
-    being a param. ``options`` are :class:`~oncegate.guard.GuardOptions`. A replay returns the first
-    call's result without running the function. When the guard stops a call, the model is told
-    why (:func:`~oncegate.integrations.messages.model_message`: no token, key or values); a
-    missing workflow run raises.
+    being a param. The guard's options are the keywords of :class:`~oncegate.guard.GuardOptions`,
+    or one ``options=GuardOptions(...)``. A replay returns the first call's result without running
+    the function. When the guard stops a call, the model is told why
+    (:func:`~oncegate.integrations.messages.model_message`: no token, key or values); a missing
+    workflow run raises.
     """
-    guard_options = GuardOptions(**options)
+    resolved = guard_options(
+        options,
+        definite=definite,
+        encode=encode,
+        decode=decode,
+        lease_ttl=lease_ttl,
+        max_wait=max_wait,
+        poll_interval=poll_interval,
+        retry_timeout=retry_timeout,
+        heartbeat=heartbeat,
+        holder=holder,
+        wait_timeout=wait_timeout,
+    )
 
     def decorate(fn: Callable[..., Awaitable[Any] | Any]) -> FunctionTool:
         binding = Binding(fn, action, injected=("ctx",))
@@ -92,7 +115,7 @@ def guarded_function_tool(
         @functools.wraps(fn)
         async def tool(ctx: ToolContext[Any], /, *args: Any, **kwargs: Any) -> Any:
             call = binding.bind(args, kwargs, scope(ctx), injected={"ctx": ctx})
-            attempt = Attempt(gate, call.request, guard_options, key_fields_hint=key_fields_hint)
+            attempt = Attempt(gate, call.request, resolved, key_fields_hint=key_fields_hint)
             return await attempt.run(call.invoke)
 
         context = inspect.Parameter(

@@ -35,7 +35,7 @@ from oncegate.aio.attempt import Attempt
 from oncegate.aio.client import Gate
 from oncegate.guard.binding import Binding
 from oncegate.guard.context import current_scope
-from oncegate.guard.options import GuardOptions
+from oncegate.guard.options import GuardOptions, guard_options, json_decode, json_encode
 from oncegate.models import Scope
 
 __all__ = ["deps_scope", "guarded_tool"]
@@ -70,23 +70,45 @@ def guarded_tool(
     *,
     scope: Callable[[RunContext[Any]], Scope] = deps_scope,
     key_fields_hint: Sequence[str] | None = None,
-    **options: Any,
+    options: GuardOptions | None = None,
+    definite: tuple[type[BaseException], ...] = (),
+    encode: Callable[[Any], bytes] = json_encode,
+    decode: Callable[[bytes], Any] = json_decode,
+    lease_ttl: float | None = None,
+    max_wait: float | None = None,
+    poll_interval: float = 1.0,
+    retry_timeout: float = 30.0,
+    heartbeat: bool = True,
+    holder: str | None = None,
+    wait_timeout: float | None = None,
 ) -> Tool[Any]:
     """A Pydantic AI ``Tool`` running ``function`` at most once per logical call, guarded by
     ``gate`` as ``action``.
 
     ``function`` may take the ``RunContext`` first (``ctx``), as Pydantic AI tools do; its other
     arguments are the params the model supplies, and a parameter named ``grant`` receives the
-    :class:`~oncegate.models.Grant`, hidden from the model. ``options`` are
-    :class:`~oncegate.guard.GuardOptions`.
+    :class:`~oncegate.models.Grant`, hidden from the model. The guard's options are the keywords of
+    :class:`~oncegate.guard.GuardOptions`, or one ``options=GuardOptions(...)``.
     """
     binding = Binding(function, action, injected=("ctx",))
-    guard_options = GuardOptions(**options)
+    resolved = guard_options(
+        options,
+        definite=definite,
+        encode=encode,
+        decode=decode,
+        lease_ttl=lease_ttl,
+        max_wait=max_wait,
+        poll_interval=poll_interval,
+        retry_timeout=retry_timeout,
+        heartbeat=heartbeat,
+        holder=holder,
+        wait_timeout=wait_timeout,
+    )
 
     @functools.wraps(function)
     async def tool(ctx: RunContext[Any], /, **kwargs: Any) -> Any:
         call = binding.bind((), kwargs, scope(ctx), injected={"ctx": ctx})
-        attempt = Attempt(gate, call.request, guard_options, key_fields_hint=key_fields_hint)
+        attempt = Attempt(gate, call.request, resolved, key_fields_hint=key_fields_hint)
         return await attempt.run(call.invoke)
 
     context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY, annotation=RunContext[Any])

@@ -1,0 +1,77 @@
+"""The asyncio client's channel to one gate: a ``grpc.aio`` channel, opened on first use inside
+the event loop that uses it, closed by ``await close()`` or by leaving an ``async with`` block.
+
+It owns the channel, its stub, and the deadline and metadata every call carries; the calls are
+:class:`~oncegate.aio.rpc.GateRpc`'s, which builds on it. A ``grpc.aio`` channel belongs to one
+loop, so a client must not be shared between loops (each ``asyncio.run`` needs its own). This is
+what differs in kind between an event loop and threads, so it is written by hand for each
+(:mod:`oncegate.channel`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
+from oncegate.wire import call_metadata
+
+__all__ = ["Channel"]
+
+_Self = TypeVar("_Self", bound="Channel")
+
+
+class Channel:
+    """One ``grpc.aio`` channel to one gate (see :class:`~oncegate.aio.rpc.GateRpc` for the
+    arguments)."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        api_key: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        timeout: float = 10.0,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self._credentials = credentials
+        self._options = list(options)
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: ActionGateServiceStub | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._metadata = call_metadata(api_key)
+
+    def _open(self) -> ActionGateServiceStub:
+        """The stub to call through, on a channel of the running loop (opened on first use)."""
+        loop = asyncio.get_running_loop()
+        if self._stub is None or self._loop is not loop:
+            if self._loop is not None and self._loop is not loop and not self._loop.is_closed():
+                raise RuntimeError(
+                    "oncegate.aio: this client's channel belongs to another event loop; "
+                    "create one client per loop"
+                )
+            if self._credentials is not None:
+                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
+            else:
+                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+            self._stub = ActionGateServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            self._loop = loop
+        return self._stub
+
+    async def close(self) -> None:
+        """Closes the channel (a later call opens a new one)."""
+        if self._channel is not None:
+            await self._channel.close()
+        self._channel = self._stub = self._loop = None
+
+    async def __aenter__(self: _Self) -> _Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

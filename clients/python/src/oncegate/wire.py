@@ -1,0 +1,90 @@
+"""The worker RPCs' request messages, built from plain values, and the metadata every call sends.
+
+Shared by both clients' RPC layers (:mod:`oncegate.rpc`, :mod:`oncegate.aio.rpc`) and their
+channels; no IO. :data:`Seconds` is how a duration is given to any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from google.protobuf import duration_pb2
+
+from oncegate.fingerprints import encode_params
+from oncegate.models import ActionRef, ReleaseReason, Scope
+from oncegate.v1 import oncegate_pb2 as pb
+
+__all__ = [
+    "Seconds",
+    "call_metadata",
+    "complete_request",
+    "extend_lease_request",
+    "get_action_request",
+    "release_request",
+    "request_token_request",
+]
+
+Seconds = float | timedelta
+"""A duration: seconds, or a :class:`~datetime.timedelta`."""
+
+
+def call_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """The metadata of every call: ``authorization: Bearer <key>`` when there is a key."""
+    return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+def request_token_request(
+    action: str,
+    params: Mapping[str, Any] | str,
+    *,
+    agent_id: str,
+    run_id: str,
+    intent_id: str | None,
+    idempotency_key: str | None,
+    holder: str | None,
+    lease_ttl: Seconds | None,
+) -> pb.RequestTokenRequest:
+    """The RequestToken message."""
+    request = pb.RequestTokenRequest(
+        scope=Scope(agent_id, run_id).to_proto(),
+        action=action,
+        params_json=params if isinstance(params, str) else encode_params(params),
+        intent_id=intent_id or "",
+        idempotency_key=idempotency_key or "",
+        holder=holder or "",
+    )
+    if lease_ttl is not None:
+        request.lease_ttl.CopyFrom(_duration(lease_ttl))
+    return request
+
+
+def complete_request(action: ActionRef, token: str, receipt: bytes) -> pb.CompleteRequest:
+    """The Complete message."""
+    return pb.CompleteRequest(action=action.to_proto(), token=token, receipt=receipt)
+
+
+def release_request(action: ActionRef, token: str, reason: ReleaseReason) -> pb.ReleaseRequest:
+    """The Release message."""
+    # The generated stub types enum fields as their wrapper class; any of its ints is accepted.
+    return pb.ReleaseRequest(action=action.to_proto(), token=token, reason=int(reason))  # type: ignore[arg-type]
+
+
+def extend_lease_request(action: ActionRef, token: str, ttl: Seconds) -> pb.ExtendLeaseRequest:
+    """The ExtendLease message."""
+    return pb.ExtendLeaseRequest(action=action.to_proto(), token=token, ttl=_duration(ttl))
+
+
+def get_action_request(action: ActionRef) -> pb.GetActionRequest:
+    """The GetAction message."""
+    return pb.GetActionRequest(action=action.to_proto())
+
+
+def _duration(value: Seconds) -> duration_pb2.Duration:
+    duration = duration_pb2.Duration()
+    if isinstance(value, timedelta):
+        duration.FromTimedelta(value)
+    else:
+        duration.FromNanoseconds(round(value * 1e9))
+    return duration
