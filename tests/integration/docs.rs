@@ -340,3 +340,85 @@ async fn the_rust_snippet_pays_once_and_then_replays() {
     }
     assert_eq!(bank.paid.lock().unwrap().len(), 1, "paid once");
 }
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '-' || *c == ' ' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The text of `page` outside its fenced blocks.
+fn prose(page: &str) -> String {
+    let mut fenced = false;
+    read(page)
+        .lines()
+        .filter(|line| {
+            if line.starts_with("```") {
+                fenced = !fenced;
+                return false;
+            }
+            !fenced
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Every relative link of the README and docs/ names a file that exists and, with `#…`, a heading
+/// of it: a page moved or a section renamed breaks a test, not a reader.
+#[test]
+fn every_link_of_the_docs_resolves() {
+    let mut checked = 0;
+    for page in pages() {
+        let text = prose(&page);
+        for (at, _) in text.match_indices("](") {
+            let rest = &text[at + 2..];
+            let link = &rest[..rest.find(')').unwrap()];
+            if link.starts_with("http") {
+                continue;
+            }
+            let (path, fragment) = link.split_once('#').unwrap_or((link, ""));
+            let target = if path.is_empty() {
+                page.clone()
+            } else {
+                let joined = Path::new(&page).parent().unwrap().join(path);
+                let mut parts: Vec<&str> = Vec::new();
+                for part in joined.to_str().unwrap().split('/') {
+                    match part {
+                        "." | "" => {}
+                        ".." => {
+                            parts.pop();
+                        }
+                        part => parts.push(part),
+                    }
+                }
+                parts.join("/")
+            };
+            assert!(
+                Path::new(ROOT).join(&target).exists(),
+                "{page}: {link}: no {target}"
+            );
+            if !fragment.is_empty() {
+                let headings: Vec<String> = prose(&target)
+                    .lines()
+                    .filter_map(|l| {
+                        l.trim_start_matches('#')
+                            .strip_prefix(' ')
+                            .filter(|_| l.starts_with('#'))
+                    })
+                    .map(anchor)
+                    .collect();
+                assert!(
+                    headings.iter().any(|h| h == fragment),
+                    "{page}: {link}: no heading #{fragment} in {target}"
+                );
+            }
+            checked += 1;
+        }
+    }
+    assert!(checked >= 50, "{checked} links");
+}
