@@ -95,7 +95,7 @@ test-mcp: $(MCP_VENV)/.installed
 ## e.g. --duration 1800 --seed 42); histories land in target/soak/. `make test-soak` (in `make
 ## test`): the checker's unit tests, then two minutes each on the embedded store and on Sentinel,
 ## there at durability level 2 (both replicas): at level 1 two failovers a few seconds apart lose
-## acknowledged writes (found by `make soak`, README "Reliability"), which would fail `make test`
+## acknowledged writes (found by `make soak`, docs/reliability.md), which would fail `make test`
 ## at random. `make soak` keeps level 1.
 SOAK_ARGS ?=
 

@@ -14,7 +14,9 @@ use oncegate_config::ServeArgs;
 ///
 /// Workers ask the gate for a one-shot token before they act, report the outcome after, and get
 /// the original receipt back when they retry. Runs on an embedded durable store by default, or in
-/// front of Redis with --redis-url.
+/// front of Redis with --redis-url. Optionally it also decides whether an agent may act: Cedar
+/// rules, budgets and approvals ([authorization] and [[budgets]] in `serve --config`; `admin
+/// approve`, `deny`, `list-approvals`, `budgets`). Guides: docs/README.md.
 #[derive(Debug, Parser)]
 #[command(name = "oncegate", version, propagate_version = true)]
 pub struct Cli {
@@ -33,7 +35,8 @@ pub enum Command {
     HashKey,
     /// The worker API against a running gate: request-token, complete, release, extend, get.
     Call(Box<super::call_cli::CallArgs>),
-    /// The operator API against a running gate: get, complete, resolve, list-unresolved.
+    /// The operator API against a running gate: get, complete, resolve, list-unresolved, audit;
+    /// approvals and budgets: approve, deny, list-approvals, budgets.
     Admin(Box<super::admin::AdminArgs>),
     /// Load a running gate on this machine and report throughput, latency and correctness.
     Bench(super::bench::BenchArgs),

@@ -5,7 +5,7 @@
   (``--durability``).
 * ``cluster``: three masters with one replica each; three gates at durability level 1.
 
-Redis runs as the README recommends for payments ("Durability levels"): ``appendonly yes``,
+Redis runs as docs/deployment.md recommends for payments ("Durability levels"): ``appendonly yes``,
 ``appendfsync always``, ``min-replicas-to-write 1``, ``maxmemory-policy noeviction``. Every node
 and gate keeps its port across restarts, so a restarted gate is reached at the same address and a
 restarted Redis node finds its data (AOF) and, in a Cluster, its ``nodes.conf``. The shapes follow

@@ -1,6 +1,6 @@
 //! Authorization rules through real gRPC: Cedar policies deny by agent and by a param bound
 //! before anything is recorded; a broken policy file stops start-up (exit 64, Cedar's message)
-//! and, on SIGHUP, leaves the previous policies in force; the README's example. Shadow mode is in
+//! and, on SIGHUP, leaves the previous policies in force; docs/authorization.md's example. Shadow mode is in
 //! `shadow.rs`.
 
 use oncegate_proto as pb;
@@ -132,16 +132,16 @@ async fn sighup_reloads_the_policies_and_a_broken_file_keeps_the_old_ones() {
     assert_eq!(meta["policy_id"], "", "no permit applies");
 }
 
-/// The README's example configuration and policies, as written there, behave as it says.
+/// docs/authorization.md's example configuration and policies, as written there, behave as the
+/// page says, line by line of its "What the agent sees".
 #[tokio::test]
-async fn the_readme_example_does_what_the_readme_says() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = &readme[readme.find("## Authorization").unwrap()..];
-    let block = |lang: &str| {
-        let start = section.find(&format!("```{lang}\n")).unwrap() + lang.len() + 4;
-        section[start..start + section[start..].find("```").unwrap()].to_owned()
-    };
+async fn the_documented_example_does_what_the_page_says() {
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/authorization.md"
+    ))
+    .unwrap();
+    let block = |lang: &str| crate::readme::first_block(&page, lang);
     let dir = TempDir::new().unwrap();
     write_file(dir.path(), "rules.cedar", &block("cedar"));
     let path = write_file(dir.path(), "oncegate.toml", &block("toml"));
@@ -173,6 +173,28 @@ async fn the_readme_example_does_what_the_readme_says() {
     assert_eq!(
         expect_error(&denied, Code::PermissionDenied, "POLICY_DENIED")["policy_id"],
         "transfer-ceiling"
+    );
+    for (amount, key) in [("10000.01", "c1"), ("10001", "c2")] {
+        let denied = client
+            .request_token(pay("ceiling-bot", amount, key))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            expect_error(&denied, Code::PermissionDenied, "POLICY_DENIED")["policy_id"],
+            "transfer-ceiling",
+            "{amount}"
+        );
+    }
+    // A fraction passes the ceiling as an integer does (one rule on decimal_params); 10000 passes
+    // it too, and meets the day's budget instead.
+    grant(&mut client, pay("ceiling-bot", "12.5", "c3")).await;
+    let over = client
+        .request_token(pay("ceiling-bot-2", "10000", "c4"))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        expect_error(&over, Code::ResourceExhausted, "BUDGET_EXCEEDED")["budget"],
+        "payments-per-day"
     );
     grant(&mut client, pay("billing-agent", "3000", "p2")).await;
     grant(&mut client, pay("billing-agent", "2000", "p3")).await;

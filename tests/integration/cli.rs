@@ -117,6 +117,64 @@ fn help_documents_every_flag_with_its_environment_variable() {
     }
 }
 
+/// The help names authorization where a reader looks for it: what `--config` may hold (serve and
+/// mcp), and the approval and budget commands in both command summaries.
+#[test]
+fn help_names_authorization_and_the_approval_commands() {
+    let help = |args: &[&str]| {
+        let out = oncegate(args);
+        assert!(out.status.success(), "{args:?}");
+        squeeze(&String::from_utf8(out.stdout).unwrap())
+    };
+    let serve = help(&["serve", "--help"]);
+    let config = &serve[serve.find("--config <CONFIG>").unwrap()..];
+    let config = &config[..config.find("[env: ONCEGATE_CONFIG=]").unwrap()];
+    for table in [
+        "[authorization]",
+        "[[budgets]]",
+        "[[principals]]",
+        "[limits]",
+        "[mcp]",
+    ] {
+        assert!(
+            config.contains(table),
+            "serve --config omits {table}: {config}"
+        );
+    }
+    let mcp = help(&["mcp", "--help"]);
+    let config = &mcp[mcp.find("--config <CONFIG>").unwrap()..];
+    for table in ["[mcp]", "[authorization]", "[[budgets]]"] {
+        assert!(
+            config.contains(table),
+            "mcp --config omits {table}: {config}"
+        );
+    }
+    let top = help(&["--help"]);
+    let admin = &top[top.find(" admin ").unwrap()..top.find(" bench ").unwrap()];
+    let admin_help = help(&["admin", "--help"]);
+    let admin_about = &admin_help[..admin_help.find("Usage:").unwrap()];
+    for command in ["approve", "deny", "list-approvals", "budgets", "audit"] {
+        assert!(
+            admin.contains(command),
+            "oncegate --help: admin omits {command}: {admin}"
+        );
+        assert!(
+            admin_about.contains(command),
+            "oncegate admin --help omits {command}: {admin_about}"
+        );
+        assert!(admin_help.contains(&format!(" {command} ")), "{admin_help}");
+    }
+    assert!(
+        top.contains("[authorization]") && top.contains("[[budgets]]"),
+        "{top}"
+    );
+}
+
+/// `text` with each run of white space as one space (help wraps at the terminal's width).
+fn squeeze(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 #[test]
 fn redis_topology_is_validated_once_and_exits_64() {
     let dir = TempDir::new().unwrap();

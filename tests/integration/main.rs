@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod conformance;
 mod deploy;
+mod docs;
 mod durability;
 mod eviction;
 mod failover;

@@ -1,13 +1,16 @@
-//! The README's walkthrough ("One action, end to end") runs as written: every `$ ` command of its
-//! `console` blocks, in order, against a gate this test starts, with `oncegate` on the `PATH`, and
-//! each output compared with the lines the README shows. `<name>` in an output binds the value
-//! printed there (the same name later must print the same value) and in a command stands for it;
-//! `...` skips lines; a shown `oncegate call:` (or `admin:`) error line means the command must
-//! fail with exit status 1. So the README cannot drift from the product: change one, the other
-//! must follow.
+//! The guides' terminal sessions run as written: every `$ ` command of a page's `console` blocks,
+//! in order, against a gate this test starts, with `oncegate` on the `PATH` and a temporary
+//! directory as the working directory, each output compared with the lines the page shows.
+//! `<name>` in an output binds the value printed there (the same name later must print the same
+//! value) and in a command stands for it; `...` skips lines; a shown `oncegate call:` (or
+//! `admin:`) error line, or a `refused:` line, means the command must fail with exit status 1. So
+//! the docs cannot drift from the product: change one, the other must follow. The pages:
+//! docs/getting-started.md (the walkthrough) and docs/security.md (a grant statement verified
+//! offline). `docs.rs` checks that no other page has a `console` block.
 //!
-//! The grpcurl alternative after it is not run: grpcurl is not packaged here. What it relies on,
-//! reflection describing the error details, is `reflection.rs`'s test.
+//! The grpcurl alternative is run by the Python client's tests (`test_docs.py`): grpcurl is not
+//! packaged here. What it relies on, reflection describing the error details, is
+//! `reflection.rs`'s test.
 
 use std::{collections::HashMap, path::Path, process::Command};
 
@@ -15,29 +18,26 @@ use tempfile::TempDir;
 
 use crate::support::GateProcess;
 
-const SECTION: &str = "## One action, end to end";
+/// The pages with terminal sessions, and the `oncegate serve` flags of each one's gate beyond
+/// `--data-dir` (`{toml}`: the page's first `toml` block, as a file).
+pub const SESSIONS: [(&str, &[&str]); 2] = [
+    ("docs/getting-started.md", &[]),
+    ("docs/security.md", &["--config", "{toml}"]),
+];
 
-/// One command of the walkthrough and the output the README shows for it.
+/// One command of a session and the output the page shows for it.
 #[derive(Debug)]
 struct Step {
     command: String,
     expected: Vec<String>,
 }
 
-/// The `console` blocks of the walkthrough section, as steps.
-fn walkthrough(readme: &str) -> Vec<Step> {
-    let start = readme.find(SECTION).expect("the walkthrough section");
-    let body = &readme[start + SECTION.len()..];
-    let end = body
-        .find("\n## ")
-        .into_iter()
-        .chain(body.find("\n### "))
-        .min()
-        .unwrap_or(body.len());
+/// The `console` blocks of a page, as steps.
+fn walkthrough(page: &str) -> Vec<Step> {
     let mut steps: Vec<Step> = Vec::new();
     let mut in_console = false;
     let mut continued = false;
-    for line in body[..end].lines() {
+    for line in page.lines() {
         if line.starts_with("```") {
             in_console = line == "```console";
             continue;
@@ -72,8 +72,8 @@ fn squeeze(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// Matches one output line against a README line with `<name>` placeholders; binds new names. A
-/// placeholder takes the text up to what follows it in the README line (or the next space).
+/// Matches one output line against a page's line with `<name>` placeholders; binds new names. A
+/// placeholder takes the text up to what follows it in the page's line (or the next space).
 fn line_matches(expected: &str, actual: &str, bound: &mut HashMap<String, String>) -> bool {
     let (expected, actual) = (squeeze(expected), squeeze(actual));
     let mut local = bound.clone();
@@ -111,7 +111,7 @@ fn line_matches(expected: &str, actual: &str, bound: &mut HashMap<String, String
     true
 }
 
-/// Matches the output lines against the README's, `...` skipping any number of lines.
+/// Matches the output lines against the page's, `...` skipping any number of lines.
 fn lines_match(
     expected: &[String],
     actual: &[String],
@@ -149,23 +149,41 @@ fn substitute(command: &str, bound: &HashMap<String, String>) -> String {
         let name = &out[open + 1..close];
         let value = bound
             .get(name)
-            .unwrap_or_else(|| panic!("the README uses <{name}> before any output shows it"));
+            .unwrap_or_else(|| panic!("the page uses <{name}> before any output shows it"));
         out = format!("{}{value}{}", &out[..open], &out[close + 1..]);
     }
     out
 }
 
-#[test]
-fn the_readme_walkthrough_runs_as_written() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
-    let steps = walkthrough(&readme);
-    assert!(
-        steps.len() >= 8,
-        "the walkthrough has its commands: {steps:?}"
-    );
+/// The page's first block of `lang`, without its fences.
+pub fn first_block(page: &str, lang: &str) -> String {
+    let start = page
+        .find(&format!("```{lang}\n"))
+        .unwrap_or_else(|| panic!("no {lang} block"))
+        + lang.len()
+        + 4;
+    page[start..start + page[start..].find("```").unwrap()].to_owned()
+}
+
+/// Runs every `console` command of `page` (a path from the repository root) in order, against a
+/// gate started with `gate_args`, and compares each output with the page's.
+fn run_sessions(page: &str, gate_args: &[&str]) {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(page)).unwrap();
+    let steps = walkthrough(&text);
+    assert!(steps.len() >= 3, "{page} has its commands: {steps:?}");
     let dir = TempDir::new().unwrap();
-    let gate = GateProcess::spawn(&["--data-dir", dir.path().to_str().unwrap()]);
+    let toml = dir.path().join("oncegate.toml");
+    let data = dir.path().join("oncegate-data");
+    let mut args = vec!["--data-dir", data.to_str().unwrap()];
+    for arg in gate_args {
+        if *arg == "{toml}" {
+            std::fs::write(&toml, first_block(&text, "toml")).unwrap();
+            args.push(toml.to_str().unwrap());
+        } else {
+            args.push(arg);
+        }
+    }
+    let gate = GateProcess::spawn(&args);
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_oncegate")).parent().unwrap();
     let path = format!(
         "{}:{}",
@@ -179,9 +197,12 @@ fn the_readme_walkthrough_runs_as_written() {
         let out = Command::new("sh")
             .arg("-c")
             .arg(&command)
+            .current_dir(dir.path())
             .env("PATH", &path)
             .env("ONCEGATE_SERVER", format!("http://{}", gate.addr))
             .env_remove("ONCEGATE_API_KEY")
+            .env_remove("ONCEGATE_DATA_DIR")
+            .env_remove("ONCEGATE_SIGNING_KEY")
             .output()
             .unwrap();
         let stdout = String::from_utf8(out.stdout).unwrap();
@@ -193,21 +214,34 @@ fn the_readme_walkthrough_runs_as_written() {
             .collect();
         assert!(
             lines_match(&step.expected, &actual, &mut bound),
-            "$ {command}\nprinted:\n{}\nthe README shows:\n{}",
+            "{page}\n$ {command}\nprinted:\n{}\nthe page shows:\n{}",
             actual.join("\n"),
             step.expected.join("\n")
         );
-        let fails = step
-            .expected
-            .iter()
-            .any(|l| l.starts_with("oncegate call:") || l.starts_with("oncegate admin:"));
+        let fails = step.expected.iter().any(|l| {
+            l.starts_with("oncegate call:")
+                || l.starts_with("oncegate admin:")
+                || l.starts_with("refused:")
+        });
         let expected_code = if fails { 1 } else { 0 };
         assert_eq!(
             out.status.code(),
             Some(expected_code),
-            "$ {command}\n{stderr}"
+            "{page}\n$ {command}\n{stderr}"
         );
     }
+}
+
+#[test]
+fn the_getting_started_walkthrough_runs_as_written() {
+    let (page, args) = SESSIONS[0];
+    run_sessions(page, args);
+}
+
+#[test]
+fn the_security_guide_verifies_a_grant_as_written() {
+    let (page, args) = SESSIONS[1];
+    run_sessions(page, args);
 }
 
 #[test]

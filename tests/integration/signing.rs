@@ -110,3 +110,32 @@ async fn an_unsigned_gate_hands_out_no_statement() {
         "an executor that verifies fails closed"
     );
 }
+
+/// The `intent` claim is the request's `intent_id` as sent, `""` when it had none, and the
+/// fingerprint the statement vouches for hashes `""` as `"intent": null` (docs/CONTRACT.md §4.x):
+/// it is the gate's own fingerprint of the request, which an executor recomputes from the claim.
+#[tokio::test]
+async fn the_intent_claim_is_empty_without_an_intent_and_hashed_as_null() {
+    use sha2::{Digest, Sha256};
+    let signer = test_signer();
+    let keys = signer.public_keys().clone();
+    let gate = TestGate::start_signed(Kind::Embedded, config(""), signer).await;
+    let mut client = gate.client().await;
+    for intent in ["", "invoice-41#2"] {
+        let mut req = token_request("billing", "run-1", "email.send", "{}");
+        req.intent_id = intent.into();
+        let reply = client.request_token(req).await.unwrap().into_inner();
+        let statement = &reply.grant.as_ref().unwrap().statement;
+        let claims = verify_grant(&keys, statement, "{}", &[], "email.send").unwrap();
+        assert_eq!(claims.intent, intent);
+        assert_eq!(claims.fingerprint, reply.fingerprint);
+        let hashed = if intent.is_empty() {
+            "null".to_owned()
+        } else {
+            format!("{intent:?}")
+        };
+        let canonical = format!(r#"{{"action":"email.send","intent":{hashed},"params":{{}}}}"#);
+        let expected = format!("v1-{}", hex::encode(Sha256::digest(canonical.as_bytes())));
+        assert_eq!(claims.fingerprint, expected, "{canonical}");
+    }
+}

@@ -70,6 +70,14 @@ def reserve_seat(seat: str) -> str:
     return f"reserved {seat}"
 
 
+@server.tool()
+def search_tickets(query: str) -> str:
+    """Searches tickets; unannotated, so gated unless the config says `gate = false` (each search
+    is recorded, so a test can tell a pass-through from a replay)."""
+    number = _effect("search", query=query)
+    return f"search {number}: no ticket matches {query!r}"
+
+
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def count_tickets() -> str:
     """Reads the number of executions so far; its own reads are numbered, so each answer differs."""

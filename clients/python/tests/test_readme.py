@@ -1,7 +1,7 @@
 """The README's snippets run as written, against the real gate, and print what their comments say
 (``print(...)  # expected output``): this client's README (the decorator, reconciling an unknown
-outcome, ``oncegate.aio`` and each framework adapter) and the Python snippet of the repository's
-README."""
+outcome, ``oncegate.aio`` and each framework adapter), and every Python snippet of the repository's
+README and of its guides under docs/ (docs/agents/python.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-ROOT_README = Path(__file__).resolve().parents[3] / "README.md"
+ROOT = Path(__file__).resolve().parents[3]
+ROOT_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def python_blocks(readme: Path) -> list[str]:
@@ -23,7 +24,7 @@ def python_blocks(readme: Path) -> list[str]:
 
 RUNNABLE = [block for block in python_blocks(README) if "ONCEGATE_TARGET" in block]
 NAMES = ["decorator", "reconcile", "aio", "openai_agents", "langgraph", "pydantic_ai"]
-ROOT_BLOCKS = python_blocks(ROOT_README)
+ROOT_BLOCKS = [block for page in ROOT_PAGES for block in python_blocks(page)]
 
 
 def expected_output(block: str) -> str:
@@ -42,7 +43,7 @@ def test_every_python_snippet_runs() -> None:
     # A snippet that cannot run against the gate (no ONCEGATE_TARGET) is one that was not tested.
     untested = [b for b in python_blocks(README) if "ONCEGATE_TARGET" not in b and "fingerprint(" not in b]
     assert not untested, untested
-    assert ROOT_BLOCKS and all("ONCEGATE_TARGET" in b for b in ROOT_BLOCKS)
+    assert len(ROOT_BLOCKS) >= 2 and all("ONCEGATE_TARGET" in b for b in ROOT_BLOCKS)
 
 
 @pytest.mark.parametrize(

@@ -26,8 +26,10 @@ pub struct ServeArgs {
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_LISTEN", default_value = defaults::LISTEN)]
     pub listen: SocketAddr,
 
-    /// The config file (TOML): action policies (strict, [defaults], [actions."name"]), [limits] and
-    /// [[principals]]; see the README. Without it: built-in defaults and an open gate.
+    /// The config file (TOML): action policies (strict, [defaults], [actions."name"]), [limits],
+    /// [[principals]], authorization ([authorization]: Cedar rules, mode, approvals; [[budgets]])
+    /// and the MCP gateway's [mcp]; every key in docs/reference/config.md. Without it: built-in
+    /// defaults, an open gate, no rules or budgets.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_CONFIG")]
     pub config: Option<PathBuf>,
 

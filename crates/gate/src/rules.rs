@@ -5,9 +5,13 @@
 //! - principal `Agent::"<agent_id>"`, resource `Run::"<run_id>"`;
 //! - action `Action::"<action>"`, a member of `Action::"<prefix>"` for every dotted prefix, so
 //!   `action in Action::"payments"` covers `payments.transfer` and `payments.refund.eu`;
-//! - context `{ principal: "<authenticated principal>", params: {…}, idempotency_key, intent_id }`:
-//!   params as a Cedar record (integers as `Long`, fractions as `decimal` when they have at most 4
-//!   places, else their text; `null` members left out; arrays as sets).
+//! - context `{ principal: "<authenticated principal>", params: {…}, decimal_params: {…},
+//!   idempotency_key, intent_id }`: params as a Cedar record (integers as `Long`, fractions as
+//!   `decimal` when they have at most 4 places, else their text; `null` members left out; arrays as
+//!   sets), and `decimal_params` the same record with every number that fits a `decimal` as one,
+//!   integers included. An amount may come as `12` or as `12.5`: a `Long` and a `decimal` cannot be
+//!   compared with one operator, and a rule that errors denies, so a rule on such a param reads
+//!   `decimal_params` (`.greaterThan(decimal("10000.00"))`) and holds for both.
 //!
 //! Cedar's semantics: deny unless a `permit` applies and no `forbid` does. A permit annotated
 //! `@hold("why")` holds instead of allowing: if any satisfied permit carries it, the action needs
@@ -221,8 +225,11 @@ fn request(facts: &Facts<'_>) -> Result<Request, String> {
             RestrictedExpression::new_string(facts.intent_id.to_owned()),
         ),
     ];
-    if let Some(params) = value(facts.params) {
+    if let Some(params) = value(facts.params, Numbers::AsTyped) {
         context.push(("params".to_owned(), params));
+    }
+    if let Some(params) = value(facts.params, Numbers::AsDecimal) {
+        context.push(("decimal_params".to_owned(), params));
     }
     let context = Context::from_pairs(context).map_err(|e| e.to_string())?;
     Request::new(
@@ -248,28 +255,41 @@ fn action_entities(action: &str) -> Entities {
     Entities::from_entities(entities, None).unwrap_or_else(|_| Entities::empty())
 }
 
+/// How a params record gives its numbers to Cedar.
+#[derive(Clone, Copy)]
+enum Numbers {
+    /// Integers as `Long`, fractions as `decimal` (`context.params`).
+    AsTyped,
+    /// Every number that fits as a `decimal`, integers included (`context.decimal_params`).
+    AsDecimal,
+}
+
 /// A params value as a Cedar value (`None` for `null`).
-fn value(v: &serde_json::Value) -> Option<RestrictedExpression> {
+fn value(v: &serde_json::Value, numbers: Numbers) -> Option<RestrictedExpression> {
     use serde_json::Value as J;
     Some(match v {
         J::Null => return None,
         J::Bool(b) => RestrictedExpression::new_bool(*b),
-        J::Number(n) => match n.as_i64() {
-            Some(i) => RestrictedExpression::new_long(i),
-            None => number(&n.to_string()),
+        J::Number(n) => match (n.as_i64(), numbers) {
+            (Some(i), Numbers::AsTyped) => RestrictedExpression::new_long(i),
+            (Some(i), Numbers::AsDecimal) => number(&format!("{i}.0")),
+            (None, _) => number(&n.to_string()),
         },
         J::String(s) => RestrictedExpression::new_string(s.clone()),
-        J::Array(items) => RestrictedExpression::new_set(items.iter().filter_map(value)),
+        J::Array(items) => {
+            RestrictedExpression::new_set(items.iter().filter_map(|v| value(v, numbers)))
+        }
         J::Object(members) => RestrictedExpression::new_record(
             members
                 .iter()
-                .filter_map(|(k, v)| value(v).map(|v| (k.clone(), v))),
+                .filter_map(|(k, v)| value(v, numbers).map(|v| (k.clone(), v))),
         )
         .ok()?,
     })
 }
 
-/// A fraction as a Cedar `decimal` when it has at most four places and fits, else its text.
+/// A number with a point as a Cedar `decimal` when it has at most four places and fits, else its
+/// text (which no `decimal` method accepts: a rule comparing it errors, and denies).
 fn number(text: &str) -> RestrictedExpression {
     let fits = |s: &str| {
         let (int, frac) = s.split_once('.').unwrap_or((s, ""));
@@ -361,6 +381,50 @@ mod tests {
                 policy: String::new()
             }
         );
+    }
+
+    /// A ceiling on an amount that comes as `12` or `12.5`: on `decimal_params` it holds for both
+    /// (on `params`, `>` errors for the fraction, and the error denies).
+    #[test]
+    fn decimal_params_compare_integers_and_fractions_alike() {
+        let r = rules(
+            r#"
+            @id("all") permit(principal, action, resource);
+            @id("ceiling") forbid(principal, action, resource) when {
+                context.decimal_params has amount &&
+                context.decimal_params.amount.greaterThan(decimal("10000.00"))
+            };
+        "#,
+        );
+        let verdict = |params: &str| {
+            let params: serde_json::Value = serde_json::from_str(params).unwrap();
+            r.evaluate(&facts("bot", "payments.transfer", &params))
+        };
+        let ceiling = Verdict::Deny {
+            policy: "ceiling".into(),
+        };
+        for allowed in [
+            r#"{"amount":12.5}"#,
+            r#"{"amount":12}"#,
+            r#"{"amount":10000}"#,
+            r#"{"amount":10000.0}"#,
+            r#"{"amount":-3}"#,
+            r#"{"to":"DE89"}"#,
+            r#"{"amount":null}"#,
+        ] {
+            assert_eq!(verdict(allowed), Verdict::Allow, "{allowed}");
+        }
+        for denied in [
+            r#"{"amount":10000.01}"#,
+            r#"{"amount":10001}"#,
+            r#"{"amount":1e5}"#,
+            // Not a decimal: text, which `greaterThan` refuses, so the rule errors and denies.
+            r#"{"amount":"12.5"}"#,
+            r#"{"amount":0.00001}"#,
+            r#"{"amount":1000000000000000}"#,
+        ] {
+            assert_eq!(verdict(denied), ceiling, "{denied}");
+        }
     }
 
     #[test]

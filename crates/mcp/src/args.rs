@@ -45,7 +45,8 @@ pub struct McpArgs {
     pub access: GateAccess,
 
     /// The configuration file: `[mcp]` (which tools are gated, their action names and key
-    /// fields) and, for the in-process gate, the action policies and limits.
+    /// fields) and, for the in-process gate, the action policies, limits, [authorization] and
+    /// [[budgets]]; every key in docs/reference/config.md.
     #[arg(long, env = "ONCEGATE_CONFIG")]
     pub config: Option<PathBuf>,
 

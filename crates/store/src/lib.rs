@@ -107,7 +107,7 @@ impl StoreError {
     }
 }
 
-/// What a store promises about durability, for the start-up log and the README.
+/// What a store promises about durability, for the start-up log and docs/deployment.md.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Durability {
     /// False when the store keeps nothing across a restart (Redis with neither AOF nor RDB).

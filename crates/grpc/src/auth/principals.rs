@@ -113,7 +113,7 @@ impl Principals {
         })
     }
 
-    /// True when none are configured (the gate is open; see README "Security model").
+    /// True when none are configured (the gate is open; see docs/security.md).
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

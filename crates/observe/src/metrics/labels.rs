@@ -32,7 +32,7 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// Every decision, in the order the README lists them.
+    /// Every decision, in the order docs/operators.md lists them (the duplicate-action rate).
     pub const ALL: [Decision; 11] = [
         Decision::Granted,
         Decision::Redelivered,
