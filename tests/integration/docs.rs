@@ -13,7 +13,8 @@ use std::{
     sync::Mutex,
 };
 
-use oncegate::{client::Outcome, config::ConfigFile};
+use oncegate_client::Outcome;
+use oncegate_config::ConfigFile;
 use tempfile::TempDir;
 
 use crate::{
@@ -300,7 +301,7 @@ async fn pay_invoice_1001(
     bank: &Bank,
 ) -> Result<Outcome, Box<dyn std::error::Error>> {
     // docs: the Rust snippet, begin
-    use oncegate::client::{ActionSpec, Failure, GateClient, GuardOptions};
+    use oncegate_client::{ActionSpec, Failure, GateClient, GuardOptions};
 
     // `bank` is your provider's client; the test that runs this snippet passes a fake one.
     let gate = GateClient::connect(gate_url).await?; // e.g. "http://127.0.0.1:50051"

@@ -2,7 +2,7 @@
 //! (start one with `make run`), then runs it "again" the way a retrying agent would.
 //!
 //! ```sh
-//! cargo run --example guard -- 127.0.0.1:50051
+//! cargo run -p oncegate-client --example guard -- 127.0.0.1:50051
 //! ```
 
 use oncegate_client::{ActionSpec, Failure, GateClient, GuardOptions, Outcome};
