@@ -3,17 +3,15 @@
 //! start-up; nothing else reads flags or the file. Every command-line default is in [`defaults`],
 //! every exit code in [`exit`].
 
-pub mod authorization;
 pub mod defaults;
 pub mod file;
 pub mod flags;
 pub mod gate_access;
 pub mod keys;
-pub mod mcp;
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
-pub use file::ConfigFile;
+pub use file::{ConfigFile, FileError, authorization, mcp};
 pub use flags::ServeArgs;
 pub use gate_access::GateAccess;
 pub use keys::SigningConfig;
@@ -40,10 +38,20 @@ pub mod exit {
     pub const UNAVAILABLE: u8 = 69;
 }
 
-/// A configuration that cannot be used, with the reason (exit [`exit::USAGE`]).
+/// A configuration that cannot be used, with the reason (exit [`exit::USAGE`]); the cause, when
+/// there is one, stays its source.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ConfigError(String);
+pub enum ConfigError {
+    /// The configuration file.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// The listener's TLS files.
+    #[error("{0}")]
+    Tls(#[source] oncegate_grpc::tls::TlsError),
+    /// A flag, or a combination of flags, is wrong; the message names them.
+    #[error("{0}")]
+    Invalid(String),
+}
 
 /// Where the gate keeps its records.
 #[derive(Debug, Clone)]
@@ -113,14 +121,14 @@ impl Config {
     /// Validates the flags and the configuration file they name.
     pub fn from_flags(args: &ServeArgs) -> Result<Self, ConfigError> {
         let file = match &args.config {
-            Some(path) => ConfigFile::load(path).map_err(|e| ConfigError(e.to_string()))?,
+            Some(path) => ConfigFile::load(path)?,
             None => ConfigFile::default(),
         };
         let mut notices = Vec::new();
         let principals_configured = !file.principals.is_empty();
         let tls = listener_tls(args, principals_configured, &mut notices)?;
         Metrics::check_other_action_label(&args.metrics_other_action_label, file.policies.names())
-            .map_err(|e| ConfigError(format!("--metrics-other-action-label: {e}")))?;
+            .map_err(|e| ConfigError::Invalid(format!("--metrics-other-action-label: {e}")))?;
         let store = store_config(args, &file.policies)?;
         let signing = signing_config(args, &store, &mut notices);
         let server = ServerOptions {
@@ -160,7 +168,7 @@ fn listener_tls(
                 args.tls_client_ca.as_deref(),
                 !principals_configured,
             )
-            .map_err(|e| ConfigError(e.to_string()))?,
+            .map_err(ConfigError::Tls)?,
         ),
         _ => None,
     };
@@ -172,7 +180,7 @@ fn listener_tls(
     ) {
         Exposure::Fine => {}
         Exposure::Warn(message) => notices.push(Notice::Warn(message)),
-        Exposure::Refuse(message) => return Err(ConfigError(message)),
+        Exposure::Refuse(message) => return Err(ConfigError::Invalid(message)),
     }
     if !principals_configured {
         notices.push(Notice::Info(
@@ -221,9 +229,9 @@ fn signing_config(
 /// The store the flags name, with the durability level checked against it.
 fn store_config(args: &ServeArgs, policies: &Policies) -> Result<StoreConfig, ConfigError> {
     let call_timeout = Duration::from_millis(args.store_timeout_ms);
-    let Some(topology) = args.redis_topology().map_err(ConfigError)? else {
+    let Some(topology) = args.redis_topology().map_err(ConfigError::Invalid)? else {
         if policies.highest_durability() > 0 {
-            return Err(ConfigError(
+            return Err(ConfigError::Invalid(
                 "a policy sets durability_replicas, which needs Redis with replicas".into(),
             ));
         }

@@ -21,6 +21,22 @@ pub struct TlsSettings {
     pub mutual: bool,
 }
 
+/// Why the listener's TLS settings cannot be used; the cause stays the source.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file named by `flag` cannot be read.
+    #[error("{flag} {}: {source}", path.display())]
+    Read {
+        flag: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The certificate, key or client CA does not make a TLS configuration.
+    #[error("TLS configuration: {0}")]
+    Config(#[source] tonic::transport::Error),
+}
+
 /// Builds the listener's TLS settings from PEM text. With a client CA, a client certificate is
 /// verified against it when presented, and required when `require_client_cert` (a gate without
 /// principals relies on the certificate alone); otherwise callers without one must send an API key.
@@ -29,7 +45,7 @@ pub fn settings(
     key_pem: &[u8],
     client_ca_pem: Option<&[u8]>,
     require_client_cert: bool,
-) -> Result<TlsSettings, String> {
+) -> Result<TlsSettings, TlsError> {
     let mut config = ServerTlsConfig::new()
         .identity(Identity::from_pem(cert_pem, key_pem))
         .timeout(HANDSHAKE_TIMEOUT);
@@ -41,7 +57,7 @@ pub fn settings(
     // tonic reads the PEM only when the server is built: do it now, so bad files fail start-up.
     Server::builder()
         .tls_config(config.clone())
-        .map_err(|e| format!("TLS configuration: {e}"))?;
+        .map_err(TlsError::Config)?;
     Ok(TlsSettings {
         config,
         mutual: client_ca_pem.is_some(),
@@ -54,9 +70,13 @@ pub fn load(
     key: &Path,
     client_ca: Option<&Path>,
     require_client_cert: bool,
-) -> Result<TlsSettings, String> {
-    let read = |what: &str, path: &Path| {
-        std::fs::read(path).map_err(|e| format!("{what} {}: {e}", path.display()))
+) -> Result<TlsSettings, TlsError> {
+    let read = |flag: &'static str, path: &Path| {
+        std::fs::read(path).map_err(|source| TlsError::Read {
+            flag,
+            path: path.to_owned(),
+            source,
+        })
     };
     let cert = read("--tls-cert", cert)?;
     let key = read("--tls-key", key)?;

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::file::FileError;
+use super::{
+    error::FileError,
+    policy::{pointer, seconds},
+};
 use oncegate_domain::authorization::budget::MAX_UNITS;
 use oncegate_gate::{
     authorization::{Budget, Mode, Settings, scaled},
@@ -53,8 +56,6 @@ pub(super) fn settings(
     table: &AuthorizationTable,
     budgets: &[BudgetTable],
     base: &Path,
-    seconds: impl Fn(&str, f64) -> Result<i64, FileError>,
-    pointer: impl Fn(&str, &str) -> Result<(), FileError>,
 ) -> Result<Settings, FileError> {
     let mode = match table.mode.as_deref() {
         None | Some("enforce") => Mode::Enforce,
@@ -82,7 +83,7 @@ pub(super) fn settings(
     )?;
     let mut parsed: Vec<Budget> = Vec::with_capacity(budgets.len());
     for b in budgets {
-        let budget = budget(b, &seconds, &pointer)?;
+        let budget = budget(b)?;
         if parsed.iter().any(|p| p.name == budget.name) {
             return Err(FileError::new(format!(
                 "budgets: the name {:?} is used twice",
@@ -101,8 +102,6 @@ pub(super) fn settings(
 
 fn budget(
     b: &BudgetTable,
-    seconds: &impl Fn(&str, f64) -> Result<i64, FileError>,
-    pointer: &impl Fn(&str, &str) -> Result<(), FileError>,
 ) -> Result<Budget, FileError> {
     let at = |field: &str| format!("budgets.{}.{field}", b.name);
     let valid_name = !b.name.is_empty()

@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
 
-use super::file::{FileError, PolicyTable};
+use super::{error::FileError, policy::PolicyTable};
 
 /// What an upstream tool result with `isError: true` means for the gate.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
