@@ -10,11 +10,10 @@ use std::collections::BTreeMap;
 
 use oncegate_domain::{
     ActionKey,
-    authorization::{self, Bucket, Charge, Guarded, Hold, Side, SideWrite, approval},
     fingerprint::{self, KeyFields, ParamsLimits},
     ledger::{
-        self, ExternalCompletion, Millis, OnExpiry, Record, RequestHash, Resolution, Step,
-        TokenRequest, Write,
+        self, Bucket, Charge, ExternalCompletion, Hold, Millis, OnExpiry, Record, RequestHash,
+        Resolution, Side, SideWrite, Step, TokenRequest, Write, approval,
     },
 };
 use oncegate_store::{Reply, Store};
@@ -66,13 +65,11 @@ fn check_guarded<T: PartialEq + std::fmt::Debug>(
     model: &mut Option<Record>,
     side: &mut Side,
     reply: Reply<T>,
-    step: impl FnOnce(Option<&Record>, &Side, Millis) -> Guarded<T>,
+    step: impl FnOnce(Option<&Record>, &Side, Millis) -> Step<T>,
     what: &str,
 ) -> Result<T, ledger::Refusal> {
-    let Guarded {
-        step: expected,
-        side: SideWrite { approval, buckets },
-    } = step(model.as_ref(), side, reply.now);
+    let expected = step(model.as_ref(), side, reply.now);
+    let SideWrite { approval, buckets } = expected.side;
     assert_eq!(
         reply.result, expected.reply,
         "{what} at {} diverged from the model (record {model:?}, side {side:?})",
@@ -205,12 +202,7 @@ impl Actor {
     }
 
     async fn request(&mut self, req: TokenRequest) {
-        let reply = self
-            .store
-            .request_token(&self.key, &req, 0)
-            .await
-            .unwrap()
-            .reply;
+        let reply = self.store.request_token(&self.key, &req, 0).await.unwrap();
         if let Some(ledger::Phase::Authorized {
             holder, principal, ..
         }) = self.model.as_ref().map(|r| &r.phase)
@@ -232,7 +224,7 @@ impl Actor {
             &mut self.model,
             &mut self.side,
             reply,
-            |r, side, now| authorization::request_token(r, side, &req, now),
+            |r, side, now| ledger::request_token(r, side, &req, now),
             "request_token",
         );
         match &outcome {
@@ -312,8 +304,7 @@ impl Actor {
             .store
             .complete(&self.key, &token, &receipt, 0, None)
             .await
-            .unwrap()
-            .reply;
+            .unwrap();
         let done = check(
             &mut self.model,
             reply,
@@ -326,12 +317,7 @@ impl Actor {
     }
 
     async fn release(&mut self, token: String) {
-        let reply = self
-            .store
-            .release(&self.key, &token, 0)
-            .await
-            .unwrap()
-            .reply;
+        let reply = self.store.release(&self.key, &token, 0).await.unwrap();
         let reserved = self
             .model
             .as_ref()
@@ -340,7 +326,7 @@ impl Actor {
             &mut self.model,
             &mut self.side,
             reply,
-            |r, side, now| authorization::release(r, side, &token, now),
+            |r, side, now| ledger::release(r, side, &token, now),
             "release",
         );
         if reserved
@@ -359,8 +345,7 @@ impl Actor {
             .store
             .extend_lease(&self.key, &token, ttl, 0)
             .await
-            .unwrap()
-            .reply;
+            .unwrap();
         check(
             &mut self.model,
             reply,
@@ -434,7 +419,7 @@ impl Actor {
             &mut self.model,
             &mut self.side,
             reply,
-            |r, side, now| authorization::resolve_expired(r, side, &resolution, now),
+            |r, side, now| ledger::resolve_expired(r, side, &resolution, now),
             "resolve_expired",
         );
         if reserved && matches!(resolved, Ok(ledger::Resolved::Released { .. })) {

@@ -94,7 +94,7 @@ async fn embedded_store_calls_have_a_deadline() {
     let started = std::time::Instant::now();
     let result = store.get(&ActionKey::new("a", "r", "k")).await;
     assert!(
-        matches!(result, Err(oncegate_store::StoreError::Unavailable(_))),
+        matches!(result, Err(oncegate_store::StoreError::Unavailable { .. })),
         "{result:?}"
     );
     assert!(started.elapsed() < Duration::from_millis(400));

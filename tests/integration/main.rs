@@ -10,6 +10,7 @@ mod call_cli;
 mod cli;
 mod client;
 mod conformance;
+mod corrupt;
 mod deploy;
 mod docs;
 mod durability;

@@ -209,7 +209,7 @@ async fn complete_directly(store: &Store, signer: &Receipts, n: usize) {
             .complete(&key, &req.new_token, b"ok", 0, Some(signer))
             .await
             .unwrap();
-        assert_eq!(done.reply.result.unwrap().completion.seq, i as u64 + 1);
+        assert_eq!(done.result.unwrap().completion.seq, i as u64 + 1);
     }
 }
 

@@ -5,8 +5,8 @@
 use super::{Gate, GateError, audit, operator, request};
 use oncegate_domain::{
     ActionKey,
-    authorization::{Approval, approval::Decision},
     ledger::Millis,
+    ledger::{Approval, approval::Decision},
 };
 use oncegate_observe::telemetry::{self, AUDIT};
 use oncegate_store::{ApprovalPage, ListCursor};

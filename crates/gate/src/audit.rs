@@ -7,12 +7,9 @@
 //! one (the MCP gateway's in-process gate, or an RPC span a filter left out) the event names the
 //! action itself ([`audit!`]).
 
-use super::authorization::Mode;
-use oncegate_domain::{
-    ActionKey,
-    ledger::{GrantKind, Refusal, TokenOutcome},
-};
-use oncegate_observe::{metrics::Decision, telemetry};
+use super::{authorization::Mode, decision::TokenDecision};
+use oncegate_domain::{ActionKey, ledger::Refusal};
+use oncegate_observe::telemetry;
 
 /// An audit event about the action `key`: `audit!(info, key, decision = name, field = value, ...,
 /// "message")`. The decision is recorded on the RPC span; in one, the event carries the other
@@ -42,103 +39,63 @@ macro_rules! audit {
 }
 pub(crate) use audit;
 
-/// The audit event of a RequestToken: the decision and, where there is one, the fencing number of
-/// the grant or completion it names; a reused key names the differing fields, an attempt in
-/// progress the time left on its lease, an exceeded budget its name. `mode="shadow"` when the gate
+/// The audit event of a RequestToken: its decision (the metrics label, [`TokenDecision::label`])
+/// and what the decision adds: the fencing number of the grant, completion or expired grant it
+/// names, the differing fields of a reused key, the time left on a lease in progress, the budget
+/// exceeded, the policy that denied or holds it and the approval. `mode="shadow"` when the gate
 /// grants anyway (enforcement, the default, is not repeated on every line).
-pub(super) fn token(
-    key: &ActionKey,
-    action: &str,
-    result: &Result<TokenOutcome, Refusal>,
-    mode: Mode,
-) {
-    let (decision, fencing) = match result {
-        Ok(TokenOutcome::Granted(grant, GrantKind::New)) => ("granted", Some(grant.fencing)),
-        Ok(TokenOutcome::Granted(grant, GrantKind::Redelivered)) => {
-            ("redelivered", Some(grant.fencing))
-        }
-        Ok(TokenOutcome::Granted(grant, GrantKind::Regranted)) => {
-            ("regranted", Some(grant.fencing))
-        }
-        Ok(TokenOutcome::AlreadyCompleted(done)) => ("replayed", Some(done.fencing)),
-        Ok(TokenOutcome::PendingApproval(pending)) => {
-            held(key, action, &pending.policy, &pending.id, mode);
-            return;
-        }
-        Err(Refusal::LeaseExpired { fencing, .. }) => ("lease_expired", Some(*fencing)),
-        Err(refusal) => (refusal_name(refusal), None),
-    };
+pub(super) fn token(key: &ActionKey, action: &str, decision: &TokenDecision, mode: Mode) {
+    let name = decision.label().as_str();
     let action = (!telemetry::in_rpc_span()).then_some(action);
     let mode = shadow_only(mode);
-    match (result, fencing) {
-        (Err(Refusal::KeyReused { differing }), _) => {
+    match decision {
+        TokenDecision::KeyReused { differing } => {
             let differing = differing.join(",");
-            audit!(info, key, decision = decision, action, %differing, mode, "request_token")
+            audit!(info, key, decision = name, action, %differing, mode, "request_token")
         }
-        (Err(Refusal::InProgress { retry_after }), _) => {
-            audit!(
-                info,
-                key,
-                decision = decision,
-                action,
-                retry_after_ms = retry_after,
-                mode,
-                "request_token"
-            )
-        }
-        (Err(Refusal::BudgetExceeded { budget, .. }), _) => {
-            audit!(info, key, decision = decision, action, budget = %budget, mode, "request_token")
-        }
-        (_, Some(fencing)) => {
-            audit!(
-                info,
-                key,
-                decision = decision,
-                action,
-                fencing,
-                mode,
-                "request_token"
-            )
-        }
-        (_, None) => audit!(
+        TokenDecision::InProgress { retry_after } => audit!(
             info,
             key,
-            decision = decision,
+            decision = name,
             action,
+            retry_after_ms = retry_after,
             mode,
             "request_token"
         ),
+        TokenDecision::BudgetExceeded { budget, .. } => {
+            audit!(info, key, decision = name, action, budget = %budget, mode, "request_token")
+        }
+        TokenDecision::Held(pending) => audit!(
+            info,
+            key,
+            decision = name,
+            action,
+            policy = %pending.policy,
+            approval_id = %pending.id,
+            mode,
+            "request_token"
+        ),
+        TokenDecision::PolicyDenied { policy } => {
+            audit!(info, key, decision = name, action, policy = %policy, mode, "request_token")
+        }
+        TokenDecision::ApprovalDenied { id } => {
+            audit!(info, key, decision = name, action, approval_id = %id, mode, "request_token")
+        }
+        _ => match decision.fencing() {
+            Some(fencing) => {
+                audit!(
+                    info,
+                    key,
+                    decision = name,
+                    action,
+                    fencing,
+                    mode,
+                    "request_token"
+                )
+            }
+            None => audit!(info, key, decision = name, action, mode, "request_token"),
+        },
     }
-}
-
-/// The audit event of a RequestToken an authorization rule denied.
-pub(super) fn policy_denied(key: &ActionKey, action: &str, policy: &str, mode: Mode) {
-    let action = (!telemetry::in_rpc_span()).then_some(action);
-    audit!(
-        info,
-        key,
-        decision = "policy_denied",
-        action,
-        policy,
-        mode = shadow_only(mode),
-        "request_token"
-    );
-}
-
-/// The audit event of a RequestToken a rule holds for approval (`approval_id` empty in shadow
-/// mode, where none is asked for).
-pub(super) fn held(key: &ActionKey, action: &str, policy: &str, approval_id: &str, mode: Mode) {
-    let action = (!telemetry::in_rpc_span()).then_some(action);
-    audit!(
-        info,
-        key,
-        decision = "pending_approval",
-        action,
-        policy,
-        approval_id,
-        mode = shadow_only(mode),
-        "request_token"
-    );
 }
 
 /// The audit event of a shadow grant (enforcement would have answered otherwise: the event
@@ -171,31 +128,6 @@ fn shadow_only(mode: Mode) -> Option<&'static str> {
 /// The event of a possible double execution (a warning: someone should look).
 pub(super) fn double_execution(key: &ActionKey, fencing: u64, what: &str) {
     audit!(warn, key, fencing, "double execution: {what}");
-}
-
-/// The metrics decision of a RequestToken reply (`None` for refusals RequestToken never gives).
-pub(super) fn token_decision(result: &Result<TokenOutcome, Refusal>) -> Option<Decision> {
-    Some(match result {
-        Ok(TokenOutcome::Granted(_, GrantKind::New)) => Decision::Granted,
-        Ok(TokenOutcome::Granted(_, GrantKind::Redelivered)) => Decision::Redelivered,
-        Ok(TokenOutcome::Granted(_, GrantKind::Regranted)) => Decision::Regranted,
-        Ok(TokenOutcome::AlreadyCompleted(_)) => Decision::Replayed,
-        Ok(TokenOutcome::PendingApproval(_)) => Decision::PendingApproval,
-        Err(Refusal::BudgetExceeded { .. }) => Decision::BudgetExceeded,
-        Err(Refusal::ApprovalDenied { .. }) => Decision::PolicyDenied,
-        Err(Refusal::InProgress { .. }) => Decision::InProgress,
-        Err(Refusal::KeyReused { .. }) => Decision::KeyReused,
-        Err(Refusal::LeaseExpired { .. }) => Decision::LeaseExpired,
-        Err(
-            Refusal::TokenMismatch
-            | Refusal::TokenUnknown
-            | Refusal::CompletedByOther { .. }
-            | Refusal::AlreadyCompleted
-            | Refusal::RequestRequired
-            | Refusal::NotExpired { .. }
-            | Refusal::ApprovalNotPending { .. },
-        ) => return None,
-    })
 }
 
 /// A short snake_case name of a refusal, for logs and metric labels.

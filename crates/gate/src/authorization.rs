@@ -14,8 +14,8 @@ use super::{
     rules::{Facts, Rules, Verdict},
 };
 use oncegate_domain::{
-    authorization::{Charge, budget::MAX_UNITS},
     ledger::Millis,
+    ledger::{Charge, budget::MAX_UNITS},
 };
 
 /// Whether refusals are enforced or only counted.

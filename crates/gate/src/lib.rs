@@ -11,6 +11,7 @@
 pub mod approvals;
 pub mod audit;
 pub mod authorization;
+pub mod decision;
 pub mod error;
 pub mod operator;
 pub mod policy;
@@ -22,6 +23,7 @@ mod token;
 
 use std::{future::Future, sync::Arc, time::Instant};
 
+pub use decision::TokenDecision;
 pub use error::GateError;
 pub use operator::ExternalCall;
 pub use request::{Prepared, TokenCall};
@@ -185,8 +187,7 @@ impl Gate {
                 self.store
                     .complete(key, token, receipt, durability, self.receipts().as_ref()),
             )
-            .await?
-            .reply;
+            .await?;
         match &reply.result {
             Ok(done) => {
                 if done.recorded {
@@ -246,8 +247,7 @@ impl Gate {
         let durability = self.policies.highest_durability();
         let reply = self
             .timed("release", self.store.release(key, token, durability))
-            .await?
-            .reply;
+            .await?;
         match &reply.result {
             Ok(fencing) => {
                 self.metrics.release(reason);
@@ -279,8 +279,7 @@ impl Gate {
                 "extend_lease",
                 self.store.extend_lease(key, token, ttl, durability),
             )
-            .await?
-            .reply;
+            .await?;
         match &reply.result {
             Ok(_) => telemetry::record_decision("extended"),
             Err(refusal) => audit::refused("extend_lease", key, refusal),

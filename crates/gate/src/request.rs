@@ -35,6 +35,19 @@ pub struct Prepared {
     pub request: TokenRequest,
     /// The parsed params (for the authorization rules and budgets).
     pub params: serde_json::Map<String, serde_json::Value>,
+    /// The action type, as asked.
+    pub action: String,
+    /// The intent, as asked (empty: none).
+    pub intent_id: String,
+    /// True when the action is named by the caller's idempotency key (the action key's `key`).
+    pub keyed: bool,
+}
+
+impl Prepared {
+    /// The caller's idempotency key (empty when the action is keyed by its fingerprint).
+    pub fn idempotency_key(&self) -> &str {
+        if self.keyed { &self.key.key } else { "" }
+    }
 }
 
 /// A request's identity: its fingerprint, and the per-field digests that name differing fields
@@ -146,6 +159,9 @@ pub fn prepare_token(
         key,
         request,
         params: hashed.params,
+        action: call.action,
+        intent_id: call.intent_id,
+        keyed,
     })
 }
 

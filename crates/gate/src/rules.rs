@@ -56,7 +56,7 @@ pub struct Facts<'a> {
     pub action: &'a str,
     pub idempotency_key: &'a str,
     pub intent_id: &'a str,
-    pub params: &'a serde_json::Value,
+    pub params: &'a serde_json::Map<String, serde_json::Value>,
 }
 
 /// A validated set of policies, from the files that hold them.
@@ -225,10 +225,10 @@ fn request(facts: &Facts<'_>) -> Result<Request, String> {
             RestrictedExpression::new_string(facts.intent_id.to_owned()),
         ),
     ];
-    if let Some(params) = value(facts.params, Numbers::AsTyped) {
+    if let Some(params) = record(facts.params, Numbers::AsTyped) {
         context.push(("params".to_owned(), params));
     }
-    if let Some(params) = value(facts.params, Numbers::AsDecimal) {
+    if let Some(params) = record(facts.params, Numbers::AsDecimal) {
         context.push(("decimal_params".to_owned(), params));
     }
     let context = Context::from_pairs(context).map_err(|e| e.to_string())?;
@@ -279,13 +279,21 @@ fn value(v: &serde_json::Value, numbers: Numbers) -> Option<RestrictedExpression
         J::Array(items) => {
             RestrictedExpression::new_set(items.iter().filter_map(|v| value(v, numbers)))
         }
-        J::Object(members) => RestrictedExpression::new_record(
-            members
-                .iter()
-                .filter_map(|(k, v)| value(v, numbers).map(|v| (k.clone(), v))),
-        )
-        .ok()?,
+        J::Object(members) => record(members, numbers)?,
     })
+}
+
+/// A params object as a Cedar record (`null` members left out).
+fn record(
+    members: &serde_json::Map<String, serde_json::Value>,
+    numbers: Numbers,
+) -> Option<RestrictedExpression> {
+    RestrictedExpression::new_record(
+        members
+            .iter()
+            .filter_map(|(k, v)| value(v, numbers).map(|v| (k.clone(), v))),
+    )
+    .ok()
 }
 
 /// A number with a point as a Cedar `decimal` when it has at most four places and fits, else its
@@ -317,6 +325,7 @@ mod tests {
     }
 
     fn facts<'a>(agent: &'a str, action: &'a str, params: &'a serde_json::Value) -> Facts<'a> {
+        let params = params.as_object().expect("params are an object");
         Facts {
             principal: "worker",
             agent_id: agent,

@@ -1,28 +1,23 @@
 //! RequestToken through the gate: validation and the fingerprint, the stateless rules (Cedar),
-//! the budgets' charges, one atomic store step (deduplication, approvals, budgets), counting and
-//! audit by mode, and shadow mode's grant where enforcement would refuse.
+//! the budgets' charges, one atomic store step (deduplication, approvals, budgets), then one
+//! [`TokenDecision`] that is counted, audited, signed and answered (with shadow mode's grant where
+//! enforcement would not grant).
 
 use super::{
     Gate, GateError, Prepared, TokenAnswer, TokenCall, audit,
     authorization::Mode,
+    decision::TokenDecision,
     policy::ActionPolicy,
     policy_name, request,
     rules::{Facts, Verdict},
     shadow,
 };
 use oncegate_domain::{
-    authorization::Hold,
-    ledger::{GrantKind, Millis, Refusal, TokenOutcome, TokenRequest},
+    ActionKey,
+    ledger::{Hold, Millis, Pending, TokenOutcome},
     statement::grant::GrantClaims,
 };
-use oncegate_observe::{metrics::Decision, telemetry};
-
-/// What the rules let through: the request to put to the store (held or charged), or the
-/// answer already decided (a denial, or shadow mode's grant).
-enum Ruled {
-    Store(TokenRequest),
-    Answered(Result<TokenAnswer, GateError>),
-}
+use oncegate_observe::telemetry;
 
 impl Gate {
     /// RequestToken: validate, fingerprint with the action's key fields, the stateless rules,
@@ -36,65 +31,75 @@ impl Gate {
             Some(p) if p.shadow => Mode::Shadow,
             _ => self.authz.mode,
         };
-        let action = call.action.clone();
-        let who = (
-            call.principal.clone(),
-            call.idempotency_key.clone(),
-            call.intent_id.clone(),
-        );
         let limits = &self.policies.limits;
-        let prepared = match request::prepare_token(limits, policy, call, request::new_token()) {
-            Ok(prepared) => prepared,
-            Err(e) => return Err(self.invalid(policy, e)),
+        let mut prepared = request::prepare_token(limits, policy, call, request::new_token())
+            .map_err(|e| self.invalid(policy, e))?;
+        let key = &prepared.key;
+        telemetry::record_action(&key.agent_id, &key.run_id, Some(&prepared.action), &key.key);
+        let ruled = match self.authz.is_active() {
+            true => self.rule(&mut prepared, mode),
+            false => Ok(None),
         };
-        let key = prepared.key.clone();
-        telemetry::record_action(&key.agent_id, &key.run_id, Some(&action), &key.key);
-        let request = if self.authz.is_active() {
-            match self.rule(prepared, &action, &who, policy, mode) {
-                Ruled::Store(request) => request,
-                Ruled::Answered(answer) => {
-                    return answer.map(|a| self.signed(a, policy, &action, &who.2, shadow::now()));
-                }
+        let (decision, now, replicas) = match ruled.map_err(|e| self.invalid(policy, e))? {
+            Some(decision) => (decision, shadow::now(), 0),
+            None => {
+                let durability = policy.map_or(0, |p| p.durability_replicas);
+                let store = self
+                    .store
+                    .request_token(&prepared.key, &prepared.request, durability);
+                let reply = self.timed("request_token", store).await?;
+                (
+                    TokenDecision::from_step(reply.result)?,
+                    reply.now,
+                    reply.replicas,
+                )
             }
-        } else {
-            prepared.request
         };
-        let durability = policy.map_or(0, |p| p.durability_replicas);
-        let acked = self
-            .timed(
-                "request_token",
-                self.store.request_token(&key, &request, durability),
-            )
-            .await?;
-        let reply = acked.reply;
-        self.count_budgets(&request, &reply.result, mode);
-        if let Some(decision) = audit::token_decision(&reply.result) {
-            self.metrics
-                .attempt_in(policy_name(policy), decision, mode.as_str());
-        }
-        audit::token(&key, &action, &reply.result, mode);
-        let granted = matches!(reply.result, Ok(TokenOutcome::Granted(..)));
-        if mode == Mode::Shadow && !granted {
+        self.count(&prepared, &decision, mode, policy);
+        let Prepared {
+            key,
+            request,
+            action,
+            intent_id,
+            ..
+        } = prepared;
+        if mode == Mode::Shadow && !decision.is_grant() {
             let answer = self.shadow_grant(key, &request);
-            return Ok(self.signed(answer, policy, &action, &who.2, shadow::now()));
+            return Ok(self.signed(answer, policy, &action, &intent_id, shadow::now()));
         }
-        let outcome = reply.result.map_err(|refusal| match refusal {
-            Refusal::LeaseExpired { .. } => GateError::Unresolved {
-                key: key.clone(),
-                refusal,
-            },
-            refusal => GateError::Refused(refusal),
-        })?;
         let answer = TokenAnswer {
             provider_key: key.provider_key(),
+            outcome: decision.into_outcome(&key)?,
             key,
             fingerprint: request.fingerprint,
-            outcome,
-            replicas_acknowledged: acked.replicas,
+            replicas_acknowledged: replicas,
             statement: String::new(),
             shadow: false,
         };
-        Ok(self.signed(answer, policy, &action, &who.2, reply.now))
+        Ok(self.signed(answer, policy, &action, &intent_id, now))
+    }
+
+    /// Counts and audits a decision: the attempt by its label and mode, the budget checks of a
+    /// new token (reserved) or of a refusal (exceeded), the audit line.
+    fn count(
+        &self,
+        prepared: &Prepared,
+        decision: &TokenDecision,
+        mode: Mode,
+        policy: Option<&ActionPolicy>,
+    ) {
+        self.metrics
+            .attempt_in(policy_name(policy), decision.label(), mode.as_str());
+        if decision.is_new_token() {
+            for charge in &prepared.request.charges {
+                self.metrics
+                    .budget(&charge.budget, "reserved", mode.as_str());
+            }
+        }
+        if let TokenDecision::BudgetExceeded { budget, .. } = decision {
+            self.metrics.budget(budget, "exceeded", mode.as_str());
+        }
+        audit::token(&prepared.key, &prepared.action, decision, mode);
     }
 
     /// `answer` with its signed grant statement when the gate signs and the answer is a grant
@@ -132,88 +137,46 @@ impl Gate {
         answer
     }
 
-    /// The rules' verdict and the budgets' charges: a denial ends here (a shadow grant in shadow
-    /// mode, and so does a hold); a hold becomes the request's `hold`.
+    /// The rules' verdict and the budgets' charges. A denial is the decision (`Some`), and so is
+    /// a hold in shadow mode (none is asked for); otherwise the request goes to the store, held
+    /// (its `hold` set) and charged (its `charges`). An error: a charge the params cannot give.
     fn rule(
         &self,
-        prepared: Prepared,
-        action: &str,
-        (principal, idempotency_key, intent_id): &(String, String, String),
-        policy: Option<&ActionPolicy>,
+        prepared: &mut Prepared,
         mode: Mode,
-    ) -> Ruled {
-        let Prepared {
-            key,
-            mut request,
-            params,
-        } = prepared;
-        let params = serde_json::Value::Object(params);
+    ) -> Result<Option<TokenDecision>, GateError> {
+        let key: &ActionKey = &prepared.key;
         let verdict = self.authz.verdict(&Facts {
-            principal,
+            principal: &prepared.request.principal,
             agent_id: &key.agent_id,
             run_id: &key.run_id,
-            action,
-            idempotency_key,
-            intent_id,
-            params: &params,
+            action: &prepared.action,
+            idempotency_key: prepared.idempotency_key(),
+            intent_id: &prepared.intent_id,
+            params: &prepared.params,
         });
-        let refused = |decision: Decision| {
-            self.metrics
-                .attempt_in(policy_name(policy), decision, mode.as_str());
-        };
         match verdict {
             Verdict::Allow => {}
-            Verdict::Deny { policy: by } => {
-                audit::policy_denied(&key, action, &by, mode);
-                refused(Decision::PolicyDenied);
-                return Ruled::Answered(match mode {
-                    Mode::Enforce => Err(GateError::PolicyDenied { policy: by }),
-                    Mode::Shadow => Ok(self.shadow_grant(key, &request)),
-                });
+            Verdict::Deny { policy } => return Ok(Some(TokenDecision::PolicyDenied { policy })),
+            Verdict::Hold { policy, reason } if mode == Mode::Shadow => {
+                return Ok(Some(TokenDecision::Held(Pending {
+                    id: String::new(),
+                    expires_at: 0,
+                    policy,
+                    reason,
+                })));
             }
-            Verdict::Hold { policy: by, .. } if mode == Mode::Shadow => {
-                audit::held(&key, action, &by, "", mode);
-                refused(Decision::PendingApproval);
-                return Ruled::Answered(Ok(self.shadow_grant(key, &request)));
-            }
-            Verdict::Hold { policy: by, reason } => {
-                request.hold = Some(Hold {
-                    policy: by,
+            Verdict::Hold { policy, reason } => {
+                prepared.request.hold = Some(Hold {
+                    policy,
                     reason,
                     new_id: request::new_token(),
                     ttl: self.authz.approval_ttl,
-                    action: action.to_owned(),
+                    action: prepared.action.clone(),
                 });
             }
         }
-        let serde_json::Value::Object(params) = params else {
-            unreachable!("built from a map above")
-        };
-        match self.authz.charges(action, &params) {
-            Ok(charges) => request.charges = charges,
-            Err(e) => return Ruled::Answered(Err(self.invalid(policy, e))),
-        }
-        Ruled::Store(request)
-    }
-
-    /// Counts the budget checks of a grant (reserved) or of its refusal (exceeded).
-    fn count_budgets(
-        &self,
-        request: &TokenRequest,
-        result: &Result<TokenOutcome, Refusal>,
-        mode: Mode,
-    ) {
-        match result {
-            Ok(TokenOutcome::Granted(_, GrantKind::New | GrantKind::Regranted)) => {
-                for charge in &request.charges {
-                    self.metrics
-                        .budget(&charge.budget, "reserved", mode.as_str());
-                }
-            }
-            Err(Refusal::BudgetExceeded { budget, .. }) => {
-                self.metrics.budget(budget, "exceeded", mode.as_str());
-            }
-            _ => {}
-        }
+        prepared.request.charges = self.authz.charges(&prepared.action, &prepared.params)?;
+        Ok(None)
     }
 }

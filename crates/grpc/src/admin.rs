@@ -17,7 +17,7 @@ use super::{
     status::answer,
 };
 use oncegate_domain::{
-    authorization::approval::Decision,
+    ledger::approval::Decision,
     ledger::{Resolution, Resolved},
 };
 use oncegate_gate::{ExternalCall, Gate, GateError};

@@ -2,8 +2,8 @@
 
 use oncegate_domain::{
     ActionKey,
-    authorization::{Approval, ApprovalState, Pending},
     ledger::{self, Millis},
+    ledger::{Approval, ApprovalState, Pending},
     statement::receipt::ChainEntry,
 };
 use oncegate_gate::GateError;

@@ -44,10 +44,10 @@ pub fn reason(error: &GateError) -> ErrorReason {
         GateError::Unauthenticated => ErrorReason::Unauthenticated,
         GateError::ForbiddenScope { .. } => ErrorReason::ForbiddenScope,
         GateError::RateLimited { .. } => ErrorReason::RateLimited,
-        GateError::Store(StoreError::Unavailable(_) | StoreError::Misconfigured(_)) => {
+        GateError::Store(StoreError::Unavailable { .. } | StoreError::Misconfigured(_)) => {
             ErrorReason::StoreUnavailable
         }
-        GateError::Store(StoreError::Corrupt(_)) => ErrorReason::Internal,
+        GateError::Store(StoreError::Corrupt { .. }) => ErrorReason::Internal,
     }
 }
 
@@ -274,15 +274,15 @@ fn not_expired(state: State) -> Wire {
 
 fn store(error: StoreError) -> Wire {
     match error {
-        StoreError::Unavailable(source) | StoreError::Misconfigured(source) => {
-            tracing::warn!(error = %source, "store unavailable; failing closed");
+        error @ (StoreError::Unavailable { .. } | StoreError::Misconfigured(_)) => {
+            tracing::warn!(%error, "store unavailable; failing closed");
             Wire::new(
                 Code::Unavailable,
                 "the store is unavailable; nothing was granted; retry with backoff",
             )
         }
-        StoreError::Corrupt(source) => {
-            tracing::error!(error = %source, "store returned something unreadable");
+        error @ StoreError::Corrupt { .. } => {
+            tracing::error!(%error, "store returned something unreadable");
             Wire::new(Code::Internal, "internal store error")
         }
     }

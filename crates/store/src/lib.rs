@@ -12,7 +12,9 @@
 //! caller (the step may or may not have been applied); nothing is ever *granted* to a caller that
 //! got an error, and retrying the same call is safe because every step is idempotent for the same
 //! request (a repeated grant to the same holder re-delivers, a repeated Complete returns the stored
-//! completion). [`StoreError::Corrupt`] means a record could not be decoded; nothing was written.
+//! completion). [`StoreError::Corrupt`] means a stored value of that action (or of its agent's
+//! approvals, budgets or receipt chain) could not be decoded; nothing was written, and the store
+//! keeps serving every other action.
 //!
 //! Every state change takes a durability level: the number of replicas that must confirm it before
 //! it is acknowledged (Redis `WAIT`); a store that cannot meet it fails closed.
@@ -35,33 +37,27 @@ pub use list::{ListCursor, Page, Unresolved};
 use std::sync::Arc;
 
 use oncegate_domain::ActionKey;
-use oncegate_domain::authorization::{Approval, Bucket, approval::Decision};
 use oncegate_domain::ledger::{
     ActionView, CompleteOutcome, ExternalCompletion, Millis, Refusal, Resolution, Resolved,
     TokenOutcome, TokenRequest,
 };
+use oncegate_domain::ledger::{Approval, Bucket, approval::Decision};
 use oncegate_domain::statement::receipt::{ChainEntry, ReceiptSigner};
 
 /// The signer of receipt statements a completion call carries (the gate's); `None`: completions
 /// are recorded without a chain.
 pub type Receipts = Arc<dyn ReceiptSigner>;
 
-/// The result of one state-machine step, with the store time it was taken at.
+/// The result of one store call: the step's reply, the store time it was taken at, and how many
+/// replicas confirmed it (Redis `WAIT`). A state change is only returned once at least the asked
+/// number of replicas confirmed it; otherwise the call fails closed with
+/// [`StoreError::Unavailable`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply<T> {
     /// The store's clock when the step ran (Unix milliseconds).
     pub now: Millis,
     /// The step's reply.
     pub result: Result<T, Refusal>,
-}
-
-/// A state change and how many replicas confirmed it before it was acknowledged (Redis `WAIT`).
-/// A store only returns it when at least the asked number confirmed; otherwise the call fails
-/// closed with [`StoreError::Unavailable`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Acked<T> {
-    /// The step's reply.
-    pub reply: Reply<T>,
     /// Replicas that confirmed the change; 0 when none was asked for or the store has none.
     pub replicas: u32,
 }
@@ -81,27 +77,80 @@ pub struct ApprovalPage {
     pub next: Option<ListCursor>,
 }
 
-/// Why a store call failed. Client mistakes are never store errors: they are [`Refusal`]s.
+/// A cause kept as the source of a [`StoreError`].
+pub type Cause = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a store call failed. Client mistakes are never store errors: they are [`Refusal`]s. The
+/// message says what failed, the cause included; [`std::error::Error::source`] still gives the cause.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be reached or did not answer in time. Fail closed, retry later.
-    #[error("store unavailable: {0}")]
-    Unavailable(String),
-    /// The store answered with something this version cannot read.
-    #[error("store returned an unreadable record: {0}")]
-    Corrupt(String),
+    #[error("store unavailable: {what}{}", caused(source))]
+    Unavailable {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
+    /// A stored value this version cannot read (this action's record, its approval or budget, its
+    /// agent's receipt chain), or a store that answered with something it should not. Nothing was
+    /// written; the store keeps serving every other action.
+    #[error("store returned an unreadable record: {what}{}", caused(source))]
+    Corrupt {
+        what: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// The store is set up so that it could lose records (a Redis that may evict keys). Start-up
     /// refuses it; seen later, calls fail closed as `Unavailable` instead.
     #[error("store misconfigured: {0}")]
     Misconfigured(String),
 }
 
+fn caused(source: &Option<Cause>) -> String {
+    source
+        .as_ref()
+        .map(|e| format!(": {e}"))
+        .unwrap_or_default()
+}
+
 impl StoreError {
-    /// The kind of failure, as the metrics label it: `unavailable` or `corrupt`.
+    /// The store could not be reached or did not answer (`what` says which).
+    pub fn unavailable(what: impl Into<String>) -> Self {
+        Self::Unavailable {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// The store could not be reached, because of `cause`.
+    pub fn unavailable_by(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        Self::Unavailable {
+            what: what.into(),
+            source: Some(cause.into()),
+        }
+    }
+
+    /// A stored value that cannot be read (`what` says which).
+    pub fn corrupt(what: impl Into<String>) -> Self {
+        Self::Corrupt {
+            what: what.into(),
+            source: None,
+        }
+    }
+
+    /// A stored value that cannot be read, because of `cause`.
+    pub fn corrupt_by(what: impl Into<String>, cause: impl Into<Cause>) -> Self {
+        Self::Corrupt {
+            what: what.into(),
+            source: Some(cause.into()),
+        }
+    }
+
+    /// The kind of failure, as the metrics label it: `unavailable`, `corrupt` or `misconfigured`.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Unavailable(_) => "unavailable",
-            Self::Corrupt(_) => "corrupt",
+            Self::Unavailable { .. } => "unavailable",
+            Self::Corrupt { .. } => "corrupt",
             Self::Misconfigured(_) => "misconfigured",
         }
     }
@@ -144,7 +193,7 @@ impl Store {
         key: &ActionKey,
         req: &TokenRequest,
         replicas: u32,
-    ) -> Result<Acked<TokenOutcome>, StoreError> {
+    ) -> Result<Reply<TokenOutcome>, StoreError> {
         match self {
             Store::Embedded(s) => unreplicated(replicas, s.request_token(key, req)).await,
             Store::Redis(s) => s.request_token(key, req, replicas).await,
@@ -160,7 +209,7 @@ impl Store {
         receipt: &[u8],
         replicas: u32,
         receipts: Option<&Receipts>,
-    ) -> Result<Acked<CompleteOutcome>, StoreError> {
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
         match self {
             Store::Embedded(s) => {
                 unreplicated(replicas, s.complete(key, token, receipt, receipts)).await
@@ -176,7 +225,7 @@ impl Store {
         key: &ActionKey,
         token: &str,
         replicas: u32,
-    ) -> Result<Acked<u64>, StoreError> {
+    ) -> Result<Reply<u64>, StoreError> {
         match self {
             Store::Embedded(s) => unreplicated(replicas, s.release(key, token)).await,
             Store::Redis(s) => s.release(key, token, replicas).await,
@@ -191,7 +240,7 @@ impl Store {
         token: &str,
         ttl: Millis,
         replicas: u32,
-    ) -> Result<Acked<Millis>, StoreError> {
+    ) -> Result<Reply<Millis>, StoreError> {
         match self {
             Store::Embedded(s) => unreplicated(replicas, s.extend_lease(key, token, ttl)).await,
             Store::Redis(s) => s.extend_lease(key, token, ttl, replicas).await,
@@ -212,11 +261,9 @@ impl Store {
         receipts: Option<&Receipts>,
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
         match self {
-            Store::Embedded(s) => Ok(
-                unreplicated(replicas, s.record_external(key, ext, receipts))
-                    .await?
-                    .reply,
-            ),
+            Store::Embedded(s) => {
+                unreplicated(replicas, s.record_external(key, ext, receipts)).await
+            }
             Store::Redis(s) => s.record_external(key, ext, replicas, receipts).await,
         }
     }
@@ -230,12 +277,9 @@ impl Store {
         receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
         match self {
-            Store::Embedded(s) => Ok(unreplicated(
-                replicas,
-                s.resolve_expired(key, resolution, receipts),
-            )
-            .await?
-            .reply),
+            Store::Embedded(s) => {
+                unreplicated(replicas, s.resolve_expired(key, resolution, receipts)).await
+            }
             Store::Redis(s) => s.resolve_expired(key, resolution, replicas, receipts).await,
         }
     }
@@ -266,7 +310,7 @@ impl Store {
     }
 
     /// An operator's decision on the approval of `key` (see
-    /// [`oncegate_domain::authorization::approval::decide`]); the reply says whether it changed.
+    /// [`oncegate_domain::ledger::approval::decide`]); the reply says whether it changed.
     pub async fn decide_approval(
         &self,
         key: &ActionKey,
@@ -274,9 +318,7 @@ impl Store {
         replicas: u32,
     ) -> Result<Reply<(Approval, bool)>, StoreError> {
         match self {
-            Store::Embedded(s) => Ok(unreplicated(replicas, s.decide_approval(key, decision))
-                .await?
-                .reply),
+            Store::Embedded(s) => unreplicated(replicas, s.decide_approval(key, decision)).await,
             Store::Redis(s) => s.decide_approval(key, decision, replicas).await,
         }
     }
@@ -324,14 +366,11 @@ pub(crate) fn source_name(source: oncegate_domain::ledger::Source) -> &'static s
 async fn unreplicated<T>(
     replicas: u32,
     step: impl Future<Output = Result<Reply<T>, StoreError>>,
-) -> Result<Acked<T>, StoreError> {
+) -> Result<Reply<T>, StoreError> {
     if replicas > 0 {
-        return Err(StoreError::Unavailable(format!(
+        return Err(StoreError::unavailable(format!(
             "durability level {replicas} needs Redis replicas; the embedded store has none"
         )));
     }
-    Ok(Acked {
-        reply: step.await?,
-        replicas: 0,
-    })
+    step.await
 }

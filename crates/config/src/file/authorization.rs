@@ -11,7 +11,7 @@ use super::{
     error::FileError,
     policy::{pointer, seconds},
 };
-use oncegate_domain::authorization::budget::MAX_UNITS;
+use oncegate_domain::ledger::budget::MAX_UNITS;
 use oncegate_gate::{
     authorization::{Budget, Mode, Settings, scaled},
     rules::Rules,
@@ -100,9 +100,7 @@ pub(super) fn settings(
     })
 }
 
-fn budget(
-    b: &BudgetTable,
-) -> Result<Budget, FileError> {
+fn budget(b: &BudgetTable) -> Result<Budget, FileError> {
     let at = |field: &str| format!("budgets.{}.{field}", b.name);
     let valid_name = !b.name.is_empty()
         && b.name.len() <= 64

@@ -21,8 +21,8 @@ use oncegate_gate::{
     authorization::Settings,
     policy::{Policies, builtin_defaults},
 };
-use policy::{LimitsTable, PolicyTable, check_lease, limits, resolve};
 use oncegate_grpc::auth::{PrincipalConfig, Principals};
+use policy::{LimitsTable, PolicyTable, check_lease, limits, resolve};
 
 /// What the configuration file configures.
 #[derive(Debug, Clone, Default)]
@@ -57,11 +57,10 @@ impl ConfigFile {
         let text = std::fs::read_to_string(path)
             .map_err(|e| FileError::new(format!("cannot read {}: {e}", path.display())))?;
         let base = path.parent().unwrap_or(Path::new("."));
-        Self::parse_in(&text, base)
-            .map_err(|e| FileError::In {
-                path: path.to_owned(),
-                source: Box::new(e),
-            })
+        Self::parse_in(&text, base).map_err(|e| FileError::In {
+            path: path.to_owned(),
+            source: Box::new(e),
+        })
     }
 
     /// Parses and validates configuration TOML.

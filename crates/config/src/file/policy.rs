@@ -12,7 +12,11 @@ use oncegate_domain::{
 use oncegate_gate::policy::{ActionPolicy, Limits};
 
 /// A policy's lease is within `[limits]`.
-pub(super) fn check_lease(at: &str, policy: &ActionPolicy, limits: &Limits) -> Result<(), FileError> {
+pub(super) fn check_lease(
+    at: &str,
+    policy: &ActionPolicy,
+    limits: &Limits,
+) -> Result<(), FileError> {
     if policy.lease > limits.max_lease {
         return Err(FileError::new(format!(
             "{at}.lease_ttl_seconds is above limits.max_lease_ttl_seconds"
@@ -124,8 +128,9 @@ pub(super) fn resolve(
         None => base.key_fields.clone(),
         Some(pointers) => {
             for pointer in pointers {
-                validate_pointer(pointer)
-                    .map_err(|why| FileError::new(format!("{}: {pointer:?} {why}", at("key_fields"))))?;
+                validate_pointer(pointer).map_err(|why| {
+                    FileError::new(format!("{}: {pointer:?} {why}", at("key_fields")))
+                })?;
             }
             let mut pointers = pointers.clone();
             pointers.sort();
@@ -153,7 +158,10 @@ pub(super) fn resolve(
             .unwrap_or(base.durability_replicas),
         audience: match &table.audience {
             Some(a) if a.is_empty() => {
-                return Err(FileError::new(format!("{} must not be empty", at("audience"))));
+                return Err(FileError::new(format!(
+                    "{} must not be empty",
+                    at("audience")
+                )));
             }
             Some(a) => Some(a.clone()),
             None => base.audience.clone(),
@@ -183,4 +191,3 @@ fn validate_pointer(pointer: &str) -> Result<(), &'static str> {
     }
     Ok(())
 }
-

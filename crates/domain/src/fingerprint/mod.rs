@@ -29,36 +29,41 @@ pub enum KeyFields {
     Pointers(Vec<String>),
 }
 
-/// The selected key fields of one request: path → value, in a stable order.
-///
-/// With [`KeyFields::All`] the paths are the top-level members as JSON Pointers (`/amount`).
+/// The selected key fields of one request, borrowed from the parsed params (nothing is copied).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Selection {
-    fields: BTreeMap<String, Value>,
-    all: Option<Value>,
+pub enum Selection<'a> {
+    /// Every param counts: the whole params object (its fields are its top-level members, named
+    /// by JSON Pointers such as `/amount` in [`field_digests`]).
+    All(&'a Map<String, Value>),
+    /// Each key-field pointer → its value (`null` when absent), in a stable order.
+    Pointers(BTreeMap<&'a str, &'a Value>),
 }
 
+static NULL: Value = Value::Null;
+
 /// Picks the key fields out of parsed params.
-pub fn select(params: &Map<String, Value>, key_fields: &KeyFields) -> Selection {
+pub fn select<'a>(params: &'a Map<String, Value>, key_fields: &'a KeyFields) -> Selection<'a> {
     match key_fields {
-        KeyFields::All => Selection {
-            fields: params
+        KeyFields::All => Selection::All(params),
+        KeyFields::Pointers(pointers) => Selection::Pointers(
+            pointers
                 .iter()
-                .map(|(name, value)| (pointer_for_member(name), value.clone()))
+                .map(|p| (p.as_str(), resolve(params, p).unwrap_or(&NULL)))
                 .collect(),
-            all: Some(Value::Object(params.clone())),
-        },
-        KeyFields::Pointers(pointers) => {
-            let root = Value::Object(params.clone());
-            Selection {
-                fields: pointers
-                    .iter()
-                    .map(|p| (p.clone(), root.pointer(p).cloned().unwrap_or(Value::Null)))
-                    .collect(),
-                all: None,
-            }
-        }
+        ),
     }
+}
+
+/// The value at JSON Pointer `pointer` (RFC 6901) inside `params`, without building a value of the
+/// whole object: the first reference token names a member, the rest is [`Value::pointer`]'s.
+fn resolve<'a>(params: &'a Map<String, Value>, pointer: &str) -> Option<&'a Value> {
+    let rest = pointer.strip_prefix('/')?;
+    let (first, tail) = match rest.find('/') {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, ""),
+    };
+    let member = first.replace("~1", "/").replace("~0", "~");
+    params.get(&member)?.pointer(tail)
 }
 
 /// Escapes a member name as one JSON Pointer reference token (RFC 6901).
@@ -83,9 +88,9 @@ pub fn canonical_form(action: &str, intent: &str, selection: &Selection) -> Stri
     }
     out.extend_from_slice(br#","params":"#);
     // The whole params object when every param counts, else each key-field pointer → its value.
-    match &selection.all {
-        Some(all) => write_jcs(&mut out, all),
-        None => write_jcs(&mut out, &selection.fields),
+    match selection {
+        Selection::All(params) => write_jcs(&mut out, params),
+        Selection::Pointers(fields) => write_jcs(&mut out, fields),
     }
     out.push(b'}');
     String::from_utf8(out).expect("the canonicaliser writes UTF-8")
@@ -122,10 +127,24 @@ pub fn field_digests(action: &str, intent: &str, selection: &Selection) -> Strin
     };
     push("action", action);
     push("intent_id", intent);
-    for (path, value) in &selection.fields {
-        let canonical =
-            serde_json_canonicalizer::to_string(value).expect("canonicalising a finite JSON value");
-        push(path, &canonical);
+    let canonical =
+        |value: &Value| serde_json_canonicalizer::to_string(value).expect("a finite JSON value");
+    match selection {
+        Selection::All(params) => {
+            // In pointer order, as a map of pointers would be.
+            let fields: BTreeMap<String, &Value> = params
+                .iter()
+                .map(|(name, value)| (pointer_for_member(name), value))
+                .collect();
+            for (path, value) in fields {
+                push(&path, &canonical(value));
+            }
+        }
+        Selection::Pointers(fields) => {
+            for (path, value) in fields {
+                push(path, &canonical(value));
+            }
+        }
     }
     out
 }

@@ -42,9 +42,9 @@ fn canonical_form_matches_a_hand_written_jcs_document() {
 
 /// The reference: canonicalise the whole document at once.
 fn whole_document(action: &str, intent: &str, selection: &Selection) -> String {
-    let params = match &selection.all {
-        Some(all) => all.clone(),
-        None => serde_json::to_value(&selection.fields).unwrap(),
+    let params = match selection {
+        Selection::All(all) => Value::Object((*all).clone()),
+        Selection::Pointers(fields) => serde_json::to_value(fields).unwrap(),
     };
     let intent = if intent.is_empty() {
         Value::Null

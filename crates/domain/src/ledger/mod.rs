@@ -5,17 +5,25 @@
 //! store runs it inside a write transaction; the Redis store's Lua scripts mirror it and the
 //! conformance suite checks them against it. This file holds the types; the transitions are in
 //! [`worker`] (RequestToken, Complete, Release, ExtendLease, GetAction) and [`operator`]
-//! (RecordExternalCompletion, ResolveExpired, what ListUnresolved lists).
+//! (RecordExternalCompletion, ResolveExpired, what ListUnresolved lists); RequestToken, Release and
+//! ResolveExpired reach the agent's approvals ([`approval`]) and budgets ([`budget`]) through
+//! [`side`], in the same step.
 
+pub mod approval;
+pub mod budget;
 mod operator;
+mod side;
 mod worker;
 
 use serde::{Deserialize, Serialize};
 
-use crate::authorization::{Charge, Hold, Pending, Reservation};
+use crate::fingerprint;
 
-pub use operator::{is_unresolved, record_external, resolve_expired};
-pub use worker::{complete, extend_lease, release, request_token, view};
+pub use approval::{Approval, ApprovalState, Hold, Pending};
+pub use budget::{Bucket, Charge, Reservation};
+pub use operator::{is_unresolved, record_external};
+pub use side::{Side, SideWrite, release, request_token, reserved_buckets, resolve_expired};
+pub use worker::{complete, extend_lease, view};
 
 /// Milliseconds since the Unix epoch, on the store's clock.
 pub type Millis = i64;
@@ -48,7 +56,7 @@ pub struct Record {
     pub older: Vec<TokenGrant>,
     /// Where the action stands.
     pub phase: Phase,
-    /// What its grants reserved in budgets ([`authorization`](crate::authorization)): a
+    /// What its grants reserved in budgets ([`budget`]): a
     /// Release of a grant gives its reservations back; any other end leaves them spent.
     #[serde(default)]
     pub reservations: Vec<Reservation>,
@@ -172,7 +180,7 @@ pub struct TokenRequest {
     /// with `LEASE_EXPIRED_UNRESOLVED` instead (reconcile first).
     pub max_superseded: usize,
     /// A rule's hold: a new token needs an operator's approval first. Not the ledger's concern
-    /// ([`crate::authorization::request_token`] decides it).
+    /// ([`request_token`] decides it with the approval).
     pub hold: Option<Hold>,
     /// The budget charges a new token makes (idem).
     pub charges: Vec<Charge>,
@@ -280,9 +288,7 @@ pub enum Refusal {
     ApprovalDenied { id: String },
     /// DecideApproval of an approval that is not pending: its state, or `None` when there is no
     /// live approval with that id.
-    ApprovalNotPending {
-        state: Option<crate::authorization::ApprovalState>,
-    },
+    ApprovalNotPending { state: Option<ApprovalState> },
 }
 
 /// What the store must persist after a step.
@@ -296,25 +302,38 @@ pub enum Write {
     Put(Record),
 }
 
-/// A reply and the write that must happen atomically with it.
+/// A reply and the writes that must happen atomically with it: the record's, and the agent's
+/// approval and budget buckets' ([`SideWrite`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Step<T> {
     pub reply: Result<T, Refusal>,
     pub write: Write,
+    pub side: SideWrite,
 }
 
 impl<T> Step<T> {
-    pub(super) fn refuse(refusal: Refusal) -> Self {
+    fn refuse(refusal: Refusal) -> Self {
         Self {
             reply: Err(refusal),
             write: Write::Nothing,
+            side: SideWrite::default(),
         }
     }
-    pub(super) fn reply(value: T, write: Write) -> Self {
+    fn reply(value: T, write: Write) -> Self {
         Self {
             reply: Ok(value),
             write,
+            side: SideWrite::default(),
         }
+    }
+}
+
+/// The refusal of a request whose hash differs from the stored one: the stored request's field
+/// digests against the request's name the differing fields. Both stores answer with it (the Redis
+/// scripts return the stored digests), so the fields are named the same way everywhere.
+pub fn refuse_reused(stored_digests: &str, request_digests: &str) -> Refusal {
+    Refusal::KeyReused {
+        differing: fingerprint::differing_fields(stored_digests, request_digests),
     }
 }
 
@@ -364,7 +383,7 @@ pub enum Resolved {
 }
 
 /// A record that has passed its store expiry is treated as absent.
-pub(crate) fn live(record: Option<&Record>, now: Millis) -> Option<&Record> {
+fn live(record: Option<&Record>, now: Millis) -> Option<&Record> {
     record.filter(|r| r.expires_at.is_none_or(|at| at > now))
 }
 

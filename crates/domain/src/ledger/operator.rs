@@ -3,9 +3,8 @@
 
 use super::{
     CompleteOutcome, Completion, ExternalCompletion, Millis, Phase, Record, Refusal, Resolution,
-    Resolved, Source, State, Step, TokenGrant, Write, live, view,
+    Resolved, Source, State, Step, TokenGrant, Write, live, refuse_reused, view,
 };
-use crate::fingerprint;
 
 /// A completion recorded by an operator, with the live token (if any) moved to `older` so that
 /// its holder's later Complete hears COMPLETED_BY_OTHER: the action may then have run twice.
@@ -59,8 +58,7 @@ pub fn record_external(
     if let (Some(rec), Some(req)) = (bound, &ext.request)
         && rec.fingerprint != req.fingerprint
     {
-        let differing = fingerprint::differing_fields(&rec.digests, &req.digests);
-        return Step::refuse(Refusal::KeyReused { differing });
+        return Step::refuse(refuse_reused(&rec.digests, &req.digests));
     }
     let Some(rec) = bound else {
         let Some(req) = &ext.request else {
@@ -120,7 +118,7 @@ pub fn record_external(
 /// (an operator completion) or failed (released, fencing kept). A released action with
 /// superseded grants still out is settled one grant at a time, the newest first: failed removes
 /// that grant (the action stays unresolved while older ones remain). Anything else is refused.
-pub fn resolve_expired(
+pub(super) fn resolve_expired(
     record: Option<&Record>,
     resolution: &Resolution,
     now: Millis,

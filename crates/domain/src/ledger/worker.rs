@@ -3,12 +3,11 @@
 use super::{
     ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Phase, Record,
     Refusal, Source, State, Step, TokenGrant, TokenOutcome, TokenRequest, Write, first_fencing,
-    live,
+    live, refuse_reused,
 };
-use crate::fingerprint;
 
-/// RequestToken.
-pub fn request_token(
+/// RequestToken against the record alone (the side state's part is [`super::side`]'s).
+pub(super) fn request_token(
     record: Option<&Record>,
     req: &TokenRequest,
     now: Millis,
@@ -21,8 +20,7 @@ pub fn request_token(
         return grant(req, rec.fencing + 1, Vec::new(), now, GrantKind::New);
     }
     if rec.fingerprint != req.fingerprint {
-        let differing = fingerprint::differing_fields(&rec.digests, &req.digests);
-        return Step::refuse(Refusal::KeyReused { differing });
+        return Step::refuse(refuse_reused(&rec.digests, &req.digests));
     }
     match &rec.phase {
         Phase::Completed(completion) => {
@@ -232,8 +230,8 @@ fn record_completion(
 }
 
 /// Release: gives the live (or expired) token back; the fencing number and the superseded grants
-/// are kept.
-pub fn release(record: Option<&Record>, token: &str, now: Millis) -> Step<u64> {
+/// are kept (budgets: [`super::side`]).
+pub(super) fn release(record: Option<&Record>, token: &str, now: Millis) -> Step<u64> {
     let Some(rec) = live(record, now) else {
         return Step::refuse(Refusal::TokenUnknown);
     };

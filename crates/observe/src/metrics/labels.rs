@@ -23,8 +23,10 @@ pub enum Decision {
     LeaseExpired,
     /// The request was malformed (`INVALID_REQUEST`); the store was not asked.
     Invalid,
-    /// An authorization rule forbids it, or an operator denied its approval (`POLICY_DENIED`).
+    /// An authorization rule forbids it (`POLICY_DENIED`).
     PolicyDenied,
+    /// An operator denied the approval it needs (`POLICY_DENIED` on the wire, with the approval).
+    ApprovalDenied,
     /// A rule holds it for an operator's approval (`DECISION_PENDING_APPROVAL`).
     PendingApproval,
     /// A budget or velocity cap would be exceeded (`BUDGET_EXCEEDED`).
@@ -33,7 +35,7 @@ pub enum Decision {
 
 impl Decision {
     /// Every decision, in the order docs/operators.md lists them (the duplicate-action rate).
-    pub const ALL: [Decision; 11] = [
+    pub const ALL: [Decision; 12] = [
         Decision::Granted,
         Decision::Redelivered,
         Decision::Regranted,
@@ -43,6 +45,7 @@ impl Decision {
         Decision::LeaseExpired,
         Decision::Invalid,
         Decision::PolicyDenied,
+        Decision::ApprovalDenied,
         Decision::PendingApproval,
         Decision::BudgetExceeded,
     ];
@@ -59,6 +62,7 @@ impl Decision {
             Decision::LeaseExpired => "lease_expired",
             Decision::Invalid => "invalid",
             Decision::PolicyDenied => "policy_denied",
+            Decision::ApprovalDenied => "approval_denied",
             Decision::PendingApproval => "pending_approval",
             Decision::BudgetExceeded => "budget_exceeded",
         }

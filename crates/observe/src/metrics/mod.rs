@@ -131,7 +131,7 @@ impl Metrics {
         r.register(
             "attempts",
             "RequestToken calls by action, decision (granted, redelivered, regranted, replayed, \
-             in_progress, key_reused, lease_expired, invalid, policy_denied, pending_approval, \
+             in_progress, key_reused, lease_expired, invalid, policy_denied, approval_denied, pending_approval, \
              budget_exceeded) and mode (enforce; shadow: what enforcement would have decided, \
              granted anyway); the DAR denominator",
             handles.attempts.clone(),

@@ -36,7 +36,33 @@ fn entry_key(agent_id: &str, seq: u64) -> Vec<u8> {
 }
 
 fn corrupt(e: impl std::fmt::Display) -> redb::Error {
-    redb::Error::Corrupted(format!("receipt entry: {e}"))
+    redb::Error::Corrupted(format!("a receipt chain entry: {e}"))
+}
+
+/// Reads the last entry of the chain of the agent of `encoded_key` (failing when it cannot be
+/// read), so that a step knows before it writes anything that it can append.
+pub(super) fn check_tail(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    encoded_key: &[u8],
+) -> Result<(), redb::Error> {
+    let key = ActionKey::decode(encoded_key).ok_or_else(|| corrupt("undecodable action key"))?;
+    tail(table, &key.agent_id).map(drop)
+}
+
+/// The core of the last entry of `agent_id`'s chain, if any.
+fn tail(
+    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+    agent_id: &str,
+) -> Result<Option<ReceiptCore>, redb::Error> {
+    let start = entry_key(agent_id, 0);
+    let end = entry_key(agent_id, u64::MAX);
+    match table.range(start.as_slice()..=end.as_slice())?.next_back() {
+        Some(entry) => {
+            let stored: Stored = rmp_serde::from_slice(entry?.1.value()).map_err(corrupt)?;
+            Ok(Some(stored.core))
+        }
+        None => Ok(None),
+    }
 }
 
 /// Appends a just-recorded completion to its agent's chain and signs it: the completion gets its
@@ -50,16 +76,7 @@ pub(super) fn append(
     completion: &mut Completion,
 ) -> Result<(Vec<u8>, Vec<u8>), redb::Error> {
     let key = ActionKey::decode(encoded_key).ok_or_else(|| corrupt("undecodable action key"))?;
-    let start = entry_key(&key.agent_id, 0);
-    let end = entry_key(&key.agent_id, u64::MAX);
-    let previous: Option<ReceiptCore> =
-        match table.range(start.as_slice()..=end.as_slice())?.next_back() {
-            Some(entry) => {
-                let stored: Stored = rmp_serde::from_slice(entry?.1.value()).map_err(corrupt)?;
-                Some(stored.core)
-            }
-            None => None,
-        };
+    let previous = tail(table, &key.agent_id)?;
     let core = ReceiptCore {
         seq: previous.as_ref().map_or(1, |p| p.seq + 1),
         agent: key.agent_id.clone(),

@@ -8,9 +8,10 @@ use redb::{ReadableTable, Table, WriteTransaction};
 use super::{
     APPROVAL_INDEX, APPROVALS, BUDGETS, EXPIRY, LEASES, ListRequest, PURGE_BATCH, RECORDS,
     chain::RECEIPTS,
+    codec::{self, decode},
+    keys::{agent_prefix, expiry_key, lease_entry, split_entry},
     side::SideTables,
     wal::{self, Table as Logged},
-    writer::decode,
 };
 use crate::{ListCursor, Page, Unresolved, list};
 use oncegate_domain::{
@@ -92,11 +93,11 @@ impl<'t> Tables<'t> {
             }
         }
         let old = match self.records.get(key)? {
-            Some(stored) => Some(decode(stored.value())?),
+            Some(stored) => Some(decode(key, stored.value())?),
             None => None,
         };
         let new = match bytes {
-            Some(bytes) => Some((decode(bytes)?, bytes)),
+            Some(bytes) => Some((decode(key, bytes)?, bytes)),
             None => None,
         };
         self.put(key, old.as_ref(), new.as_ref().map(|(r, b)| (r, *b)))
@@ -116,33 +117,6 @@ fn raw(
     Ok(())
 }
 
-pub(super) fn expiry_key(expires_at: Millis, key: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(8 + key.len());
-    out.extend_from_slice(&expires_at.to_be_bytes());
-    out.extend_from_slice(key);
-    out
-}
-
-/// The agent prefix of a lease-index entry: `u32 length ++ agent bytes`.
-pub(super) fn agent_prefix(agent_id: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(4 + agent_id.len());
-    out.extend_from_slice(&(agent_id.len() as u32).to_be_bytes());
-    out.extend_from_slice(agent_id);
-    out
-}
-
-/// Millis as big-endian bytes that sort like the numbers (sign bit flipped).
-pub(super) fn ordered(ms: Millis) -> [u8; 8] {
-    ((ms as u64) ^ (1 << 63)).to_be_bytes()
-}
-
-fn lease_entry(agent_id: &[u8], lease_expires_at: Millis, key: &[u8]) -> Vec<u8> {
-    let mut out = agent_prefix(agent_id);
-    out.extend_from_slice(&ordered(lease_expires_at));
-    out.extend_from_slice(key);
-    out
-}
-
 /// The lease-index entry of a record, when it is authorized (live or expired).
 pub(super) fn lease_key(record: &Record, key: &[u8]) -> Option<Vec<u8>> {
     let since = match &record.phase {
@@ -160,15 +134,6 @@ pub(super) fn lease_key(record: &Record, key: &[u8]) -> Option<Vec<u8>> {
 /// out): such a record never expires.
 fn unsettled(record: &Record) -> bool {
     matches!(record.phase, Phase::Authorized { .. }) || record.pending_superseded().is_some()
-}
-
-/// Splits a lease-index entry into (agent, lease_expires_at, action key).
-pub(super) fn split_entry(entry: &[u8]) -> Option<(&[u8], Millis, &[u8])> {
-    let len = u32::from_be_bytes(entry.get(..4)?.try_into().ok()?) as usize;
-    let agent = entry.get(4..4 + len)?;
-    let lease: [u8; 8] = entry.get(4 + len..12 + len)?.try_into().ok()?;
-    let lease = (u64::from_be_bytes(lease) ^ (1 << 63)) as Millis;
-    Some((agent, lease, &entry[12 + len..]))
 }
 
 /// ListUnresolved over the lease index: entries in `(agent, lease, key)` order after the cursor,
@@ -223,11 +188,18 @@ pub(super) fn list_unresolved(
                 jump = Some(next);
                 break;
             }
+            last = Some(ListCursor::after(&action, lease));
             let record = match records.get(key)? {
-                Some(bytes) => Some(decode(bytes.value())?),
+                Some(bytes) => match decode(key, bytes.value()) {
+                    Ok(record) => Some(record),
+                    Err(e) => {
+                        // Listed by nobody until repaired: say so, and list the others.
+                        tracing::error!(error = %e, "ListUnresolved skips a record it cannot read");
+                        continue;
+                    }
+                },
                 None => None,
             };
-            last = Some(ListCursor::after(&action, lease));
             if ledger::is_unresolved(record.as_ref(), now) {
                 page.items.push(Unresolved {
                     view: ledger::view(record.as_ref(), now),
@@ -259,13 +231,25 @@ pub(super) fn purge_expired(
     let mut writes = Vec::with_capacity(due.len());
     for index_key in due {
         let key = &index_key[8..];
-        let stored = match tables.records.get(key)? {
-            Some(bytes) => Some(decode(bytes.value())?),
-            None => None,
-        };
-        let Some(record) = stored else {
-            tables.expiry.remove(index_key.as_slice())?;
-            continue;
+        let stored = tables
+            .records
+            .get(key)?
+            .map(|bytes| decode(key, bytes.value()));
+        let record = match stored {
+            Some(Ok(record)) => record,
+            Some(Err(e)) => {
+                // Only a settled record has an expiry entry: forgetting it is what is due, and
+                // keeping it would stop every later purge at it.
+                tracing::warn!(error = %e, "purging an expired record that cannot be read");
+                tables.expiry.remove(index_key.as_slice())?;
+                tables.records.remove(key)?;
+                writes.push(wal::Entry::record(key.to_vec(), None));
+                continue;
+            }
+            None => {
+                tables.expiry.remove(index_key.as_slice())?;
+                continue;
+            }
         };
         if unsettled(&record) {
             // Written by a version that let unresolved records expire: keep it, without expiry.
@@ -273,8 +257,7 @@ pub(super) fn purge_expired(
                 expires_at: None,
                 ..record.clone()
             };
-            let bytes =
-                rmp_serde::to_vec(&kept).map_err(|e| redb::Error::Corrupted(e.to_string()))?;
+            let bytes = codec::encode(&kept)?;
             tables.put(key, Some(&record), Some((&kept, &bytes)))?;
             writes.push(wal::Entry::record(key.to_vec(), Some(bytes)));
         } else {

@@ -18,7 +18,9 @@
 //! `Unavailable` (the step may still be applied, as the Store contract allows).
 
 mod chain;
+mod codec;
 mod index;
+mod keys;
 mod side;
 mod wal;
 mod writer;
@@ -31,11 +33,11 @@ use tokio::sync::{mpsc, oneshot};
 use super::{ApprovalPage, Durability, ListCursor, Page, Receipts, Reply, StoreError};
 use oncegate_domain::{
     ActionKey,
-    authorization::{Approval, Bucket, approval::Decision},
     ledger::{
         ActionView, CompleteOutcome, ExternalCompletion, Millis, Resolution, Resolved,
         TokenOutcome, TokenRequest,
     },
+    ledger::{Approval, Bucket, approval::Decision},
     statement::receipt::ChainEntry,
 };
 use writer::Writer;
@@ -87,33 +89,56 @@ pub(super) struct Job {
     pub(super) op: Op,
 }
 
+/// Where a call's answer goes: its value, or the error that stopped it (a record of this action
+/// that cannot be read: `Corrupt`). A dropped sender means the batch did not commit.
+pub(super) type Tx<T> = oneshot::Sender<Result<T, StoreError>>;
+
 pub(super) enum Op {
-    Token(TokenRequest, oneshot::Sender<Reply<TokenOutcome>>),
+    Token(TokenRequest, Tx<Reply<TokenOutcome>>),
     Complete(
         String,
         Vec<u8>,
         Option<Receipts>,
-        oneshot::Sender<Reply<CompleteOutcome>>,
+        Tx<Reply<CompleteOutcome>>,
     ),
-    Release(String, oneshot::Sender<Reply<u64>>),
-    Extend(String, Millis, oneshot::Sender<Reply<Millis>>),
-    Get(oneshot::Sender<Reply<ActionView>>),
+    Release(String, Tx<Reply<u64>>),
+    Extend(String, Millis, Tx<Reply<Millis>>),
+    Get(Tx<Reply<ActionView>>),
     External(
         ExternalCompletion,
         Option<Receipts>,
-        oneshot::Sender<Reply<CompleteOutcome>>,
+        Tx<Reply<CompleteOutcome>>,
     ),
-    Resolve(
-        Resolution,
-        Option<Receipts>,
-        oneshot::Sender<Reply<Resolved>>,
-    ),
-    List(ListRequest, oneshot::Sender<Reply<Page>>),
-    Chain(ChainRequest, oneshot::Sender<Vec<ChainEntry>>),
-    Decide(Decision, oneshot::Sender<Reply<(Approval, bool)>>),
-    Approvals(ListRequest, oneshot::Sender<Reply<ApprovalPage>>),
-    Budgets(String, oneshot::Sender<Reply<Vec<(String, Bucket)>>>),
-    Ping(oneshot::Sender<()>),
+    Resolve(Resolution, Option<Receipts>, Tx<Reply<Resolved>>),
+    List(ListRequest, Tx<Reply<Page>>),
+    Chain(ChainRequest, Tx<Vec<ChainEntry>>),
+    Decide(Decision, Tx<Reply<(Approval, bool)>>),
+    Approvals(ListRequest, Tx<Reply<ApprovalPage>>),
+    Budgets(String, Tx<Reply<Vec<(String, Bucket)>>>),
+    Ping(Tx<()>),
+}
+
+impl Op {
+    /// Answers the call with `error` instead of a value.
+    pub(super) fn fail(self, error: StoreError) {
+        fn send<T>(tx: Tx<T>, error: StoreError) {
+            let _ = tx.send(Err(error));
+        }
+        match self {
+            Op::Token(_, tx) => send(tx, error),
+            Op::Complete(.., tx) | Op::External(.., tx) => send(tx, error),
+            Op::Release(_, tx) => send(tx, error),
+            Op::Extend(_, _, tx) => send(tx, error),
+            Op::Get(tx) => send(tx, error),
+            Op::Resolve(.., tx) => send(tx, error),
+            Op::List(_, tx) => send(tx, error),
+            Op::Chain(_, tx) => send(tx, error),
+            Op::Decide(_, tx) => send(tx, error),
+            Op::Approvals(_, tx) => send(tx, error),
+            Op::Budgets(_, tx) => send(tx, error),
+            Op::Ping(tx) => send(tx, error),
+        }
+    }
 }
 
 /// A read of one agent's receipt chain.
@@ -135,12 +160,12 @@ impl EmbeddedStore {
     /// waits longer than `call_timeout` for its step gets `Unavailable`.
     pub fn open(dir: &Path, clock: Clock, call_timeout: Duration) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
-            .map_err(|e| StoreError::Unavailable(format!("creating {}: {e}", dir.display())))?;
+            .map_err(|e| StoreError::unavailable_by(format!("creating {}", dir.display()), e))?;
         let path = dir.join("oncegate.redb");
         let db = Database::create(&path)
-            .map_err(|e| StoreError::Unavailable(format!("opening {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::unavailable_by(format!("opening {}", path.display()), e))?;
         let (mut wal, frames) = wal::Wal::open(dir).map_err(|e| {
-            StoreError::Unavailable(format!("opening the log in {}: {e}", dir.display()))
+            StoreError::unavailable_by(format!("opening the log in {}", dir.display()), e)
         })?;
         let recovered = frames.len();
         // The tables, and the batches the log holds beyond the B-tree's last durable commit (a
@@ -158,7 +183,7 @@ impl EmbeddedStore {
             wal.reset().map_err(redb::Error::Io)
         };
         setup()
-            .map_err(|e| StoreError::Unavailable(format!("preparing {}: {e}", path.display())))?;
+            .map_err(|e| StoreError::unavailable_by(format!("preparing {}", path.display()), e))?;
         if recovered > 0 {
             tracing::info!(
                 batches = recovered,
@@ -175,14 +200,14 @@ impl EmbeddedStore {
         thread::Builder::new()
             .name("oncegate-embedded-writer".into())
             .spawn(move || writer.run(rx))
-            .map_err(|e| StoreError::Unavailable(format!("starting the writer thread: {e}")))?;
+            .map_err(|e| StoreError::unavailable_by("starting the writer thread", e))?;
         Ok(Self { tx, call_timeout })
     }
 
     async fn call<T>(
         &self,
         key: &ActionKey,
-        make: impl FnOnce(oneshot::Sender<T>) -> Op,
+        make: impl FnOnce(Tx<T>) -> Op,
     ) -> Result<T, StoreError> {
         let (reply_tx, reply_rx) = oneshot::channel();
         let job = Job {
@@ -190,20 +215,19 @@ impl EmbeddedStore {
             op: make(reply_tx),
         };
         let call = async {
-            self.tx.send(job).await.map_err(|_| {
-                StoreError::Unavailable("the embedded store's writer has stopped".into())
-            })?;
+            self.tx
+                .send(job)
+                .await
+                .map_err(|_| StoreError::unavailable("the embedded store's writer has stopped"))?;
             reply_rx
                 .await
-                .map_err(|_| StoreError::Unavailable("the embedded store failed to commit".into()))
+                .map_err(|_| StoreError::unavailable("the embedded store failed to commit"))
         };
         tokio::time::timeout(self.call_timeout, call)
             .await
             .map_err(|_| {
-                StoreError::Unavailable(
-                    "the embedded store did not answer within the call timeout".into(),
-                )
-            })?
+                StoreError::unavailable("the embedded store did not answer within the call timeout")
+            })??
     }
 
     pub async fn request_token(

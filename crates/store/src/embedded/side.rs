@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 use redb::{ReadableTable, Table};
 
 use super::{
-    index::{agent_prefix, ordered, split_entry},
+    keys::{agent_prefix, ordered, split_entry},
     wal::{Entry, Table as Logged},
 };
 use crate::{ApprovalEntry, ApprovalPage, ListCursor, list};
 use oncegate_domain::{
     ActionKey,
-    authorization::{Approval, Bucket, Side, SideWrite},
+    ledger::{Approval, Bucket, Side, SideWrite},
     ledger::{Millis, TokenRequest},
 };
 

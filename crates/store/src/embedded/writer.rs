@@ -5,17 +5,18 @@
 use std::time::{Duration, Instant};
 
 use redb::{Database, Durability, ReadableTable};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::{
-    Clock, Job, MAX_BATCH, Op, chain,
+    Clock, Job, MAX_BATCH, Op, Tx, chain,
+    codec::{self, decode},
     index::{Tables, list_unresolved, purge_expired},
     wal::{self, Wal},
 };
-use crate::{Receipts, Reply};
-use oncegate_domain::{
-    authorization::{self, Side, SideWrite, approval},
-    ledger::{self, CompleteOutcome, Millis, Phase, Record, Refusal, Resolved, Step, Write},
+use crate::{Receipts, Reply, StoreError};
+use oncegate_domain::ledger::{
+    self, CompleteOutcome, Millis, Phase, Record, Refusal, Resolved, Side, SideWrite, Step, Write,
+    approval,
 };
 
 /// How often, at most, the B-tree is committed durably and the log started afresh (also when the
@@ -67,102 +68,9 @@ impl Writer {
         {
             let mut tables = Tables::open(&txn)?;
             for job in batch {
-                let op = match job.op {
-                    Op::List(request, tx) => {
-                        let reply = Reply {
-                            now,
-                            result: Ok(list_unresolved(
-                                &tables.records,
-                                &tables.leases,
-                                &request,
-                                now,
-                            )?),
-                        };
-                        replies.push(Box::new(move || drop(tx.send(reply))));
-                        continue;
-                    }
-                    Op::Chain(request, tx) => {
-                        let entries = chain::export(
-                            &tables.receipts,
-                            &request.agent_id,
-                            request.after,
-                            request.limit,
-                        )?;
-                        replies.push(Box::new(move || drop(tx.send(entries))));
-                        continue;
-                    }
-                    Op::Approvals(request, tx) => {
-                        let agent = request.agent_id.unwrap_or_default();
-                        let page =
-                            tables
-                                .side
-                                .list(&agent, request.after.as_ref(), request.limit, now)?;
-                        let reply = Reply {
-                            now,
-                            result: Ok(page),
-                        };
-                        replies.push(Box::new(move || drop(tx.send(reply))));
-                        continue;
-                    }
-                    Op::Budgets(agent, tx) => {
-                        let reply = Reply {
-                            now,
-                            result: Ok(tables.side.all_buckets(&agent)?),
-                        };
-                        replies.push(Box::new(move || drop(tx.send(reply))));
-                        continue;
-                    }
-                    Op::Decide(decision, tx) => {
-                        let stored = tables.side.approval(&job.key)?;
-                        let result = approval::decide(stored.as_ref(), &decision, now)
-                            .map_err(|e| Refusal::ApprovalNotPending { state: e.0 });
-                        if let Ok((approval, true)) = &result {
-                            let write = SideWrite {
-                                approval: Some(approval.clone()),
-                                ..SideWrite::default()
-                            };
-                            tables.side.write(&job.key, write, now)?;
-                        }
-                        replies.push(Box::new(move || drop(tx.send(Reply { now, result }))));
-                        continue;
-                    }
-                    op => op,
-                };
-                let current = match tables.records.get(job.key.as_slice())? {
-                    Some(bytes) => Some(decode(bytes.value())?),
-                    None => None,
-                };
-                let loaded = match &op {
-                    Op::Token(req, _) => tables.side.for_token(&job.key, req)?,
-                    Op::Release(..) | Op::Resolve(..) => Side {
-                        approval: None,
-                        buckets: tables.side.buckets(
-                            &job.key,
-                            &authorization::reserved_buckets(current.as_ref()),
-                        )?,
-                    },
-                    _ => Side::default(),
-                };
-                let receipts = &mut tables.receipts;
-                let (write, side_write, reply) = apply(
-                    op,
-                    current.as_ref(),
-                    &loaded,
-                    now,
-                    &mut |(signer, fp), c| {
-                        let (key, bytes) = chain::append(receipts, signer, &job.key, fp, c)?;
-                        writes.push(wal::Entry::receipt(key, bytes));
-                        Ok(())
-                    },
-                )?;
-                tables.side.write(&job.key, side_write, now)?;
-                if let Write::Put(record) = write {
-                    let bytes = rmp_serde::to_vec(&record)
-                        .map_err(|e| redb::Error::Corrupted(e.to_string()))?;
-                    tables.put(&job.key, current.as_ref(), Some((&record, &bytes)))?;
-                    writes.push(wal::Entry::record(job.key, Some(bytes)));
+                if let Some(reply) = run_job(&mut tables, job, now, &mut writes)? {
+                    replies.push(reply);
                 }
-                replies.push(reply);
             }
             writes.extend(purge_expired(&mut tables, now)?);
             writes.append(&mut tables.side.log);
@@ -216,22 +124,158 @@ impl Writer {
 type Chain<'a> =
     dyn FnMut((&Receipts, &str), &mut ledger::Completion) -> Result<(), redb::Error> + 'a;
 
+/// Runs one job. A value this job needs that cannot be read (its record, approval or buckets, its
+/// agent's receipt chain) answers this job `Corrupt` at once, before it writes anything, and the
+/// batch goes on (`None`: answered already); any other failure stops the batch.
+fn run_job(
+    tables: &mut Tables<'_>,
+    job: Job,
+    now: Millis,
+    writes: &mut Vec<wal::Entry>,
+) -> Result<Option<Pending>, redb::Error> {
+    let Job { key, op } = job;
+    let op = match op {
+        Op::List(request, tx) => {
+            let page = list_unresolved(&tables.records, &tables.leases, &request, now);
+            return read(page.map(|p| replied(now, p)), tx);
+        }
+        Op::Chain(request, tx) => {
+            let entries = chain::export(
+                &tables.receipts,
+                &request.agent_id,
+                request.after,
+                request.limit,
+            );
+            return read(entries, tx);
+        }
+        Op::Approvals(request, tx) => {
+            let agent = request.agent_id.unwrap_or_default();
+            let page = tables
+                .side
+                .list(&agent, request.after.as_ref(), request.limit, now);
+            return read(page.map(|p| replied(now, p)), tx);
+        }
+        Op::Budgets(agent, tx) => {
+            return read(tables.side.all_buckets(&agent).map(|b| replied(now, b)), tx);
+        }
+        op => op,
+    };
+    let (current, side) = match load(tables, &key, &op) {
+        Ok(loaded) => loaded,
+        Err(redb::Error::Corrupted(what)) => {
+            unreadable(&what);
+            op.fail(StoreError::corrupt(what));
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    let receipts = &mut tables.receipts;
+    let (write, side_write, reply) =
+        apply(op, current.as_ref(), &side, now, &mut |(signer, fp), c| {
+            let (entry, bytes) = chain::append(receipts, signer, &key, fp, c)?;
+            writes.push(wal::Entry::receipt(entry, bytes));
+            Ok(())
+        })?;
+    tables.side.write(&key, side_write, now)?;
+    if let Write::Put(record) = write {
+        let bytes = codec::encode(&record)?;
+        tables.put(&key, current.as_ref(), Some((&record, &bytes)))?;
+        writes.push(wal::Entry::record(key, Some(bytes)));
+    }
+    Ok(Some(reply))
+}
+
+/// A read's value as the reply of a step that wrote nothing.
+fn replied<T>(now: Millis, value: T) -> Reply<T> {
+    Reply {
+        now,
+        result: Ok(value),
+        replicas: 0,
+    }
+}
+
+/// A read-only call's answer, sent after the commit; one that met a value it cannot read is
+/// answered `Corrupt` at once.
+fn read<T: Send + 'static>(
+    value: Result<T, redb::Error>,
+    tx: Tx<T>,
+) -> Result<Option<Pending>, redb::Error> {
+    match value {
+        Ok(value) => Ok(Some(Box::new(move || drop(tx.send(Ok(value)))))),
+        Err(redb::Error::Corrupted(what)) => {
+            unreadable(&what);
+            let _ = tx.send(Err(StoreError::corrupt(what)));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn unreadable(what: &str) {
+    tracing::error!(%what, "embedded store: a stored value cannot be read; this call fails, the others go on");
+}
+
+/// Reads the record and the side state a step runs on, decoding every stored value it needs before
+/// anything is written (a `Corrupted` error names the one that cannot be read).
+fn load(tables: &Tables<'_>, key: &[u8], op: &Op) -> Result<(Option<Record>, Side), redb::Error> {
+    let current = match tables.records.get(key)? {
+        Some(bytes) => Some(decode(key, bytes.value())?),
+        None => None,
+    };
+    let side = match op {
+        Op::Token(req, _) => tables.side.for_token(key, req)?,
+        Op::Release(..) | Op::Resolve(..) => Side {
+            approval: None,
+            buckets: tables
+                .side
+                .buckets(key, &ledger::reserved_buckets(current.as_ref()))?,
+        },
+        Op::Decide(..) => Side {
+            approval: tables.side.approval(key)?,
+            buckets: Default::default(),
+        },
+        _ => Side::default(),
+    };
+    if let Op::Complete(_, _, Some(_), _)
+    | Op::External(_, Some(_), _)
+    | Op::Resolve(_, Some(_), _) = op
+    {
+        // The chain's last entry, read now so that an unreadable one fails this call only.
+        chain::check_tail(&tables.receipts, key)?;
+    }
+    Ok((current, side))
+}
+
 /// Sends a step's reply once the batch is committed.
 fn finish<T: Send + 'static>(
     step: Step<T>,
     now: Millis,
-    tx: oneshot::Sender<Reply<T>>,
-) -> (Write, Pending) {
+    tx: Tx<Reply<T>>,
+) -> (Write, SideWrite, Pending) {
     let reply = Reply {
         now,
         result: step.reply,
+        replicas: 0,
     };
-    (step.write, Box::new(move || drop(tx.send(reply))))
+    (
+        step.write,
+        step.side,
+        Box::new(move || drop(tx.send(Ok(reply)))),
+    )
 }
 
-/// Runs one step (the ledger's, with approvals and budgets for RequestToken, Release and
-/// ResolveExpired) and packages its reply for after the commit. A completion the step records is
-/// chained (and signed) here, inside the transaction, when the call carries a signer.
+/// Sends a read's answer once the batch is committed.
+fn answer<T: Send + 'static>(value: T, tx: Tx<T>) -> (Write, SideWrite, Pending) {
+    (
+        Write::Nothing,
+        SideWrite::default(),
+        Box::new(move || drop(tx.send(Ok(value)))),
+    )
+}
+
+/// Runs one step of the ledger (with the agent's approvals and budgets where it has any) and
+/// packages its reply for after the commit. A completion the step records is chained (and signed)
+/// here, inside the transaction, when the call carries a signer.
 fn apply(
     op: Op,
     current: Option<&Record>,
@@ -240,98 +284,76 @@ fn apply(
     chain: &mut Chain<'_>,
 ) -> Result<(Write, SideWrite, Pending), redb::Error> {
     Ok(match op {
-        Op::Token(req, tx) => {
-            let guarded = authorization::request_token(current, side, &req, now);
-            let (write, reply) = finish(guarded.step, now, tx);
-            (write, guarded.side, reply)
-        }
-        Op::Release(token, tx) => {
-            let guarded = authorization::release(current, side, &token, now);
-            let (write, reply) = finish(guarded.step, now, tx);
-            (write, guarded.side, reply)
-        }
+        Op::Token(req, tx) => finish(ledger::request_token(current, side, &req, now), now, tx),
+        Op::Release(token, tx) => finish(ledger::release(current, side, &token, now), now, tx),
         Op::Resolve(resolution, signer, tx) => {
-            let mut guarded = authorization::resolve_expired(current, side, &resolution, now);
-            if let (Some(signer), Ok(Resolved::Completed(completion))) =
-                (&signer, &mut guarded.step.reply)
-            {
-                chained(&mut guarded.step.write, completion, signer, chain)?;
-            }
-            let (write, reply) = finish(guarded.step, now, tx);
-            (write, guarded.side, reply)
-        }
-        op => {
-            let (write, reply) = apply_ledger(op, current, now, chain)?;
-            (write, SideWrite::default(), reply)
-        }
-    })
-}
-
-/// The steps that are the ledger's alone.
-fn apply_ledger(
-    op: Op,
-    current: Option<&Record>,
-    now: Millis,
-    chain: &mut Chain<'_>,
-) -> Result<(Write, Pending), redb::Error> {
-    Ok(match op {
-        Op::Complete(token, receipt, signer, tx) => {
-            let mut step = ledger::complete(current, &token, &receipt, now);
-            if let (
-                Some(signer),
-                Ok(CompleteOutcome {
-                    recorded: true,
-                    completion,
-                    ..
-                }),
-            ) = (&signer, &mut step.reply)
+            let mut step = ledger::resolve_expired(current, side, &resolution, now);
+            if let (Some(signer), Ok(Resolved::Completed(completion))) = (&signer, &mut step.reply)
             {
                 chained(&mut step.write, completion, signer, chain)?;
             }
+            finish(step, now, tx)
+        }
+        Op::Complete(token, receipt, signer, tx) => {
+            let mut step = ledger::complete(current, &token, &receipt, now);
+            record_chained(&mut step, signer.as_ref(), chain)?;
+            finish(step, now, tx)
+        }
+        Op::External(ext, signer, tx) => {
+            let mut step = ledger::record_external(current, &ext, now);
+            record_chained(&mut step, signer.as_ref(), chain)?;
             finish(step, now, tx)
         }
         Op::Extend(token, ttl, tx) => {
             finish(ledger::extend_lease(current, &token, ttl, now), now, tx)
         }
-        Op::Get(tx) => {
-            let reply = Reply {
-                now,
-                result: Ok(ledger::view(current, now)),
+        Op::Get(tx) => answer(replied(now, ledger::view(current, now)), tx),
+        Op::Decide(decision, tx) => {
+            let result = approval::decide(side.approval.as_ref(), &decision, now)
+                .map_err(|e| Refusal::ApprovalNotPending { state: e.0 });
+            let write = match &result {
+                Ok((approval, true)) => SideWrite {
+                    approval: Some(approval.clone()),
+                    ..SideWrite::default()
+                },
+                _ => SideWrite::default(),
             };
-            (Write::Nothing, Box::new(move || drop(tx.send(reply))))
+            let (_, _, pending) = answer(
+                Reply {
+                    now,
+                    result,
+                    replicas: 0,
+                },
+                tx,
+            );
+            (Write::Nothing, write, pending)
         }
-        Op::External(ext, signer, tx) => {
-            let mut step = ledger::record_external(current, &ext, now);
-            if let (
-                Some(signer),
-                Ok(CompleteOutcome {
-                    recorded: true,
-                    completion,
-                    ..
-                }),
-            ) = (&signer, &mut step.reply)
-            {
-                chained(&mut step.write, completion, signer, chain)?;
-            }
-            finish(step, now, tx)
+        Op::Ping(tx) => answer((), tx),
+        // Answered before a record is read (`run_job`).
+        Op::List(..) | Op::Chain(..) | Op::Approvals(..) | Op::Budgets(..) => {
+            unreachable!("read-only calls are answered before a step is loaded")
         }
-        // RequestToken, Release and ResolveExpired run in `apply`.
-        Op::Token(..) | Op::Release(..) | Op::Resolve(..) => {
-            unreachable!("RequestToken, Release and ResolveExpired run in `apply`")
-        }
-        // Answered before a record is read (see `commit_batch`).
-        Op::List(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
-        Op::Chain(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
-        Op::Approvals(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
-        Op::Budgets(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
-        Op::Decide(_, tx) => (Write::Nothing, Box::new(move || drop(tx))),
-        Op::Ping(tx) => (
-            Write::Nothing,
-            Box::new(move || {
-                let _ = tx.send(());
-            }),
-        ),
     })
+}
+
+/// Chains the completion a Complete or an operator's completion records, when the call signs.
+fn record_chained(
+    step: &mut Step<CompleteOutcome>,
+    signer: Option<&Receipts>,
+    chain: &mut Chain<'_>,
+) -> Result<(), redb::Error> {
+    if let (
+        Some(signer),
+        Ok(CompleteOutcome {
+            recorded: true,
+            completion,
+            ..
+        }),
+    ) = (signer, &mut step.reply)
+    {
+        chained(&mut step.write, completion, signer, chain)?;
+    }
+    Ok(())
 }
 
 /// Chains the completion a step records: the reply's completion and the record being written get
@@ -353,8 +375,4 @@ fn chained(
         stored.statement = completion.statement.clone();
     }
     Ok(())
-}
-
-pub(super) fn decode(bytes: &[u8]) -> Result<Record, redb::Error> {
-    rmp_serde::from_slice(bytes).map_err(|e| redb::Error::Corrupted(format!("record: {e}")))
 }

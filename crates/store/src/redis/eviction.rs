@@ -36,7 +36,7 @@ impl Guard {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        Err(StoreError::Unavailable(reason.unwrap_or_default()))
+        Err(StoreError::unavailable(reason.unwrap_or_default()))
     }
 
     fn set(&self, reason: Option<String>) {
@@ -149,7 +149,9 @@ mod tests {
         let guard = Guard::default();
         assert!(guard.check().is_ok());
         guard.set(Some("evicting".into()));
-        assert!(matches!(guard.check(), Err(StoreError::Unavailable(why)) if why == "evicting"));
+        assert!(
+            matches!(guard.check(), Err(StoreError::Unavailable { what, .. }) if what == "evicting")
+        );
         guard.set(None);
         assert!(guard.check().is_ok());
     }

@@ -15,7 +15,7 @@ impl RedisStore {
         };
         tokio::time::timeout(self.options.call_timeout, probe)
             .await
-            .map_err(|_| StoreError::Unavailable("Redis did not answer PING in time".into()))?
+            .map_err(|_| StoreError::unavailable("Redis did not answer PING in time"))?
     }
 
     /// Reads `appendonly` and `save`; a managed Redis that refuses CONFIG is reported as unknown.

@@ -15,48 +15,84 @@ pub const AGENTS: &str = "og:agents:index";
 /// The set of agent ids that versions before the agents index kept (migrated at start-up).
 pub const OLD_AGENTS: &str = "og:agents";
 
-/// The Redis key of the record: `og:{<agent digest>}:<action digest>`. The braces make a digest of
-/// the agent id the Cluster hash tag, so one agent's records and its lease index ([`lease_index`])
-/// share a slot and a script can update both atomically; the action digest (192 bits of SHA-256
-/// of the encoded action key) names the record.
+/// The keys of one agent, from its hash tag computed once: one SHA-256 of the agent id per call,
+/// however many of the agent's keys the call passes.
+pub struct Agent {
+    tag: String,
+}
+
+impl Agent {
+    /// The keys of `agent_id`.
+    pub fn new(agent_id: &str) -> Self {
+        Self {
+            tag: agent_tag(agent_id),
+        }
+    }
+
+    /// The Redis key of an action's record: `og:{<agent digest>}:<action digest>`. The braces make a
+    /// digest of the agent id the Cluster hash tag, so one agent's records and its lease index
+    /// share a slot and a script can update both atomically; the action digest (192 bits of
+    /// SHA-256 of the encoded action key) names the record. `key` must be of this agent.
+    pub fn record(&self, key: &ActionKey) -> String {
+        let digest = Sha256::digest(key.encode());
+        format!(
+            "{}:{}",
+            self.tag,
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..24])
+        )
+    }
+
+    /// The agent's lease index, `og:{<agent digest>}:leases`: a sorted set scored by lease expiry
+    /// whose members are [`ActionKey::encode`] of the agent's authorized actions.
+    pub fn leases(&self) -> String {
+        format!("{}:leases", self.tag)
+    }
+
+    /// The agent's receipt chain, `og:{<agent digest>}:receipts`: a list of MessagePack entries,
+    /// one per recorded completion (layout in `prelude.lua`). In the agent's slot, so the script
+    /// that records a completion appends to it atomically.
+    pub fn receipts(&self) -> String {
+        format!("{}:receipts", self.tag)
+    }
+
+    /// The agent's budget buckets, `og:{<agent digest>}:budgets`: a hash, one field per bucket
+    /// (budget, action when per action, group value), so that Release reaches the buckets a
+    /// record names without building key names in a script.
+    pub fn budgets(&self) -> String {
+        format!("{}:budgets", self.tag)
+    }
+
+    /// The agent's approvals index, `og:{<agent digest>}:approvals`: a sorted set scored by lapse
+    /// time whose members are [`ActionKey::encode`] of actions with an approval.
+    pub fn approvals(&self) -> String {
+        format!("{}:approvals", self.tag)
+    }
+
+    /// The key of the approval of the action whose record key is `record`: `:approval` after it
+    /// (same slot).
+    pub fn approval_of(record: &str) -> String {
+        format!("{record}:approval")
+    }
+}
+
+/// The record key of `key` (see [`Agent::record`]).
 pub fn record(key: &ActionKey) -> String {
-    let digest = Sha256::digest(key.encode());
-    format!(
-        "{}:{}",
-        agent_tag(&key.agent_id),
-        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..24])
-    )
+    Agent::new(&key.agent_id).record(key)
 }
 
-/// The Redis key of one agent's lease index, `og:{<agent digest>}:leases`: a sorted set scored by
-/// lease expiry whose members are [`ActionKey::encode`] of the agent's authorized actions.
+/// The lease index of `agent_id` (see [`Agent::leases`]).
 pub fn lease_index(agent_id: &str) -> String {
-    format!("{}:leases", agent_tag(agent_id))
+    Agent::new(agent_id).leases()
 }
 
-/// The Redis key of one agent's receipt chain, `og:{<agent digest>}:receipts`: a list of
-/// MessagePack entries, one per recorded completion (layout in `prelude.lua`). In the agent's slot,
-/// so the script that records a completion appends to it atomically.
+/// The receipt chain of `agent_id` (see [`Agent::receipts`]).
 pub fn receipts(agent_id: &str) -> String {
-    format!("{}:receipts", agent_tag(agent_id))
+    Agent::new(agent_id).receipts()
 }
 
-/// The Redis key of one agent's budget buckets, `og:{<agent digest>}:budgets`: a hash, one field
-/// per bucket (budget, action when per action, group value), so that Release reaches the buckets
-/// a record names without building key names in a script.
-pub fn budgets(agent_id: &str) -> String {
-    format!("{}:budgets", agent_tag(agent_id))
-}
-
-/// The Redis key of one action's approval: the record key with `:approval` (same slot).
+/// The approval of `key` (see [`Agent::approval_of`]).
 pub fn approval(key: &ActionKey) -> String {
-    format!("{}:approval", record(key))
-}
-
-/// The Redis key of one agent's approvals index, `og:{<agent digest>}:approvals`: a sorted set
-/// scored by lapse time whose members are [`ActionKey::encode`] of actions with an approval.
-pub fn approvals_index(agent_id: &str) -> String {
-    format!("{}:approvals", agent_tag(agent_id))
+    Agent::approval_of(&record(key))
 }
 
 /// `og:{<base64url(SHA-256("agent\0" ++ agent_id))[..16 bytes]>}`: the hash-tagged prefix of

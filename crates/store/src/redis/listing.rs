@@ -105,12 +105,10 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let value = tokio::time::timeout(self.options.call_timeout, self.conn.query(cmd))
             .await
-            .map_err(|_| {
-                StoreError::Unavailable("Redis did not answer within the call timeout".into())
-            })?
+            .map_err(|_| StoreError::unavailable("Redis did not answer within the call timeout"))?
             .map_err(classify)?;
         redis::from_redis_value(value)
-            .map_err(|e| StoreError::Corrupt(format!("unexpected reply to {cmd:?}: {e}")))
+            .map_err(|e| StoreError::corrupt_by(format!("unexpected reply to {cmd:?}"), e))
     }
 
     /// Redis's clock, for a listing that ran no script.
@@ -150,6 +148,7 @@ pub(super) async fn list(
     Ok(Reply {
         now,
         result: Ok(walk.page),
+        replicas: 0,
     })
 }
 
@@ -299,9 +298,7 @@ impl Walk<'_> {
                 return Err(super::unexpected("unresolved", &decoded));
             };
             if checked.len() != fresh.len() {
-                return Err(StoreError::Corrupt(
-                    "unresolved.lua answered a short list".into(),
-                ));
+                return Err(StoreError::corrupt("unresolved.lua answered a short list"));
             }
             for ((member, score, key), checked) in fresh.into_iter().zip(checked) {
                 if matches!(checked, Checked::Live) {

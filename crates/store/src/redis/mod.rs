@@ -11,6 +11,7 @@ mod connection;
 mod eviction;
 mod health;
 pub mod keys;
+mod lanes;
 mod listing;
 mod operator;
 mod receipts;
@@ -23,8 +24,9 @@ use std::{sync::Arc, time::Duration};
 
 use redis::{Script, Value};
 
+use connection::Conn;
 pub use connection::Topology;
-use connection::{Conn, Wait};
+use lanes::Wait;
 use reply::{Decoded, decode, unexpected};
 pub use sentinel::FAILOVER_PAUSE;
 
@@ -141,16 +143,16 @@ impl RedisStore {
         let conn = tokio::time::timeout(options.call_timeout, Conn::connect(topology, &options))
             .await
             .map_err(|_| {
-                StoreError::Unavailable(format!(
+                StoreError::unavailable(format!(
                     "timed out connecting to Redis ({})",
                     topology.describe()
                 ))
             })?
             .map_err(|e| {
-                StoreError::Unavailable(format!(
-                    "cannot connect to Redis ({}): {e}",
-                    topology.describe()
-                ))
+                StoreError::unavailable_by(
+                    format!("cannot connect to Redis ({})", topology.describe()),
+                    e,
+                )
             })?;
         let store = Self {
             conn,
@@ -160,9 +162,7 @@ impl RedisStore {
         };
         tokio::time::timeout(store.options.call_timeout, store.check_eviction_at_start())
             .await
-            .map_err(|_| {
-                StoreError::Unavailable("Redis did not answer CONFIG GET in time".into())
-            })??;
+            .map_err(|_| StoreError::unavailable("Redis did not answer CONFIG GET in time"))??;
         store.migrate_agents().await?;
         Ok(store)
     }
@@ -176,98 +176,48 @@ impl RedisStore {
         })
     }
 
-    /// Runs a per-action script: KEYS = [record, the agent's lease index, extra…], ARGV =
-    /// [member, args…], followed by `WAIT` on the same connection when `wait` asks for it.
-    async fn run_raw(
-        &self,
-        script: &Script,
-        key: &ActionKey,
-        args: &[&[u8]],
-        wait: Option<Wait>,
-    ) -> Result<(Value, u32), StoreError> {
-        self.run_keys(script, key, &[], args, wait).await
-    }
-
-    /// Runs a per-action script that also takes the agent's receipt chain as KEYS[3], then `more`
-    /// keys.
-    async fn run_chained(
-        &self,
-        script: &Script,
-        key: &ActionKey,
-        more: &[String],
-        args: &[&[u8]],
-        wait: Option<Wait>,
-    ) -> Result<(Millis, Decoded, u32), StoreError> {
-        let mut extra = vec![keys::receipts(&key.agent_id)];
-        extra.extend_from_slice(more);
-        self.run_with(script, key, &extra, args, wait).await
-    }
-
-    /// [`Self::run_raw`] with `extra` keys after the first two (same hash tag: the agent's).
-    async fn run_keys(
-        &self,
-        script: &Script,
-        key: &ActionKey,
-        extra: &[String],
-        args: &[&[u8]],
-        wait: Option<Wait>,
-    ) -> Result<(Value, u32), StoreError> {
-        self.eviction.check()?;
-        let mut invocation = script.key(keys::record(key));
-        invocation.key(keys::lease_index(&key.agent_id));
-        for k in extra {
-            invocation.key(k);
-        }
-        invocation.arg(key.encode());
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, wait))
-            .await
-            .map_err(|_| {
-                StoreError::Unavailable("Redis did not answer within the call timeout".into())
-            })?
-            .map_err(classify)
-    }
-
+    /// Runs one per-action script: KEYS = [the record, the agent's lease index, then `extra`
+    /// keys of the same agent], ARGV = [the encoded action key, args…], followed by `WAIT` on the
+    /// same connection when `wait` asks for it; the reply decoded ([`reply`], the one place).
     async fn run(
         &self,
         script: &Script,
         key: &ActionKey,
+        extra: &[Extra],
         args: &[&[u8]],
         wait: Option<Wait>,
-    ) -> Result<(Millis, Decoded, u32), StoreError> {
-        self.run_with(script, key, &[], args, wait).await
-    }
-
-    /// [`Self::run`] with extra keys (see [`Self::run_keys`]).
-    async fn run_with(
-        &self,
-        script: &Script,
-        key: &ActionKey,
-        extra: &[String],
-        args: &[&[u8]],
-        wait: Option<Wait>,
-    ) -> Result<(Millis, Decoded, u32), StoreError> {
-        let (value, acknowledged) = self.run_keys(script, key, extra, args, wait).await?;
+    ) -> Result<Ran, StoreError> {
+        let (value, acknowledged) = self
+            .call(&invocation(script, key, extra, args), wait)
+            .await?;
         let (now, decoded) = decode(value)?;
-        Ok((now, decoded, acknowledged))
+        Ok(Ran {
+            now,
+            decoded,
+            acknowledged,
+        })
     }
 
-    /// Invokes a prepared script (not a per-action one) with the call deadline and decodes its
-    /// reply.
+    /// Runs a prepared script (not a per-action one) and decodes its reply.
     async fn invoke(
         &self,
         invocation: redis::ScriptInvocation<'_>,
     ) -> Result<(Millis, Decoded), StoreError> {
-        let (value, _) =
-            tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, None))
-                .await
-                .map_err(|_| {
-                    StoreError::Unavailable("Redis did not answer within the call timeout".into())
-                })?
-                .map_err(classify)?;
-        decode(value)
+        decode(self.call(&invocation, None).await?.0)
+    }
+
+    /// Every script call: the eviction guard, the call deadline, and what a failure means
+    /// ([`classify`]). Returns Redis' answer and the replicas `WAIT` counted.
+    async fn call(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+        wait: Option<Wait>,
+    ) -> Result<(Value, u32), StoreError> {
+        self.eviction.check()?;
+        tokio::time::timeout(self.options.call_timeout, self.conn.run(invocation, wait))
+            .await
+            .map_err(|_| StoreError::unavailable("Redis did not answer within the call timeout"))?
+            .map_err(classify)
     }
 
     /// For a reply that hands out or confirms an earlier write (a re-delivered grant, a repeated
@@ -281,14 +231,63 @@ impl RedisStore {
         if wait.is_none() {
             return Ok(acknowledged);
         }
-        Ok(self.run_raw(&self.scripts.sync, key, &[], wait).await?.1)
+        let sync = invocation(&self.scripts.sync, key, &[], &[]);
+        Ok(self.call(&sync, wait).await?.1)
     }
+}
+
+/// A per-action script's decoded answer.
+struct Ran {
+    /// The script's clock (Redis `TIME`).
+    now: Millis,
+    decoded: Decoded,
+    /// Replicas `WAIT` counted (0 without a wait).
+    acknowledged: u32,
+}
+
+/// The keys of the action's agent a per-action script takes after the record and the lease index.
+#[derive(Debug, Clone, Copy)]
+enum Extra {
+    /// The agent's receipt chain.
+    Receipts,
+    /// The agent's budget buckets.
+    Budgets,
+    /// The action's approval.
+    Approval,
+    /// The agent's approvals index.
+    Approvals,
+}
+
+/// A per-action script invocation: every key of the agent from one hash tag ([`keys::Agent`]).
+fn invocation<'s>(
+    script: &'s Script,
+    key: &ActionKey,
+    extra: &[Extra],
+    args: &[&[u8]],
+) -> redis::ScriptInvocation<'s> {
+    let agent = keys::Agent::new(&key.agent_id);
+    let record = agent.record(key);
+    let mut invocation = script.key(&record);
+    invocation.key(agent.leases());
+    for k in extra {
+        invocation.key(match k {
+            Extra::Receipts => agent.receipts(),
+            Extra::Budgets => agent.budgets(),
+            Extra::Approval => keys::Agent::approval_of(&record),
+            Extra::Approvals => agent.approvals(),
+        });
+    }
+    invocation.arg(key.encode());
+    for arg in args {
+        invocation.arg(*arg);
+    }
+    invocation
 }
 
 /// Fails closed when fewer replicas than asked confirmed a state change.
 fn confirmed(wait: Option<Wait>, acknowledged: u32, what: &str) -> Result<(), StoreError> {
     match wait {
-        Some(wait) if acknowledged < wait.replicas => Err(StoreError::Unavailable(format!(
+        Some(wait) if acknowledged < wait.replicas => Err(StoreError::unavailable(format!(
             "only {acknowledged} of {} replicas confirmed the {what} within {} ms; not acknowledged",
             wait.replicas,
             wait.timeout.as_millis()
@@ -323,9 +322,9 @@ pub(super) fn classify(e: redis::RedisError) -> StoreError {
         )
         || e.code().is_some_and(|code| TRANSIENT_CODES.contains(&code));
     if transient {
-        StoreError::Unavailable(e.to_string())
+        StoreError::unavailable_by("Redis", e)
     } else {
-        StoreError::Corrupt(e.to_string())
+        StoreError::corrupt_by("Redis answered with an error", e)
     }
 }
 
@@ -344,13 +343,16 @@ mod classify_tests {
         let e = server_error(
             b"-UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)\r\n",
         );
-        assert!(matches!(classify(e), StoreError::Unavailable(_)));
+        assert!(matches!(classify(e), StoreError::Unavailable { .. }));
     }
 
     /// `reply` is STORE_UNAVAILABLE (retryable), and says what Redis said.
     fn fails_closed_retryably(reply: &[u8], said: &str) {
         match classify(server_error(reply)) {
-            StoreError::Unavailable(message) => assert!(message.contains(said), "{message}"),
+            e @ StoreError::Unavailable { .. } => {
+                let message = e.to_string();
+                assert!(message.contains(said), "{message}")
+            }
             other => panic!(
                 "{:?} classified as {other:?}",
                 String::from_utf8_lossy(reply)
@@ -398,13 +400,13 @@ mod classify_tests {
     fn a_code_that_merely_starts_like_a_transient_one_is_not_retried() {
         // RESTORE's "target key name already exists": not BUSY, and no retry cures it.
         let e = server_error(b"-BUSYKEY Target key name already exists.\r\n");
-        assert!(matches!(classify(e), StoreError::Corrupt(_)));
+        assert!(matches!(classify(e), StoreError::Corrupt { .. }));
     }
 
     #[test]
     fn a_script_error_is_not_retried() {
         let e =
             server_error(b"-ERR user_script:1: Script attempted to access nonexistent global\r\n");
-        assert!(matches!(classify(e), StoreError::Corrupt(_)));
+        assert!(matches!(classify(e), StoreError::Corrupt { .. }));
     }
 }

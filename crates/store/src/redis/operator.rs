@@ -1,11 +1,11 @@
 //! The operator transitions on Redis: an external completion, the settlement of an expired lease,
 //! and the listing of unresolved actions (in [`super::listing`]).
 
-use super::{Decoded, RedisStore, confirmed, keys, listing, unexpected};
+use super::{Decoded, Extra, Ran, RedisStore, confirmed, listing, unexpected};
 use crate::{ListCursor, Page, Receipts, Reply, StoreError};
 use oncegate_domain::{
-    ActionKey, fingerprint,
-    ledger::{CompleteOutcome, ExternalCompletion, Refusal, Resolution, Resolved},
+    ActionKey,
+    ledger::{CompleteOutcome, ExternalCompletion, Resolution, Resolved, refuse_reused},
     statement::receipt::receipt_digest,
 };
 
@@ -44,8 +44,18 @@ impl RedisStore {
             digest.as_bytes(),
         ];
         let wait = self.wait_for(replicas);
-        let (now, mut decoded, mut acknowledged) = self
-            .run_chained(&self.scripts.record_external, key, &[], &args, wait)
+        let Ran {
+            now,
+            mut decoded,
+            mut acknowledged,
+        } = self
+            .run(
+                &self.scripts.record_external,
+                key,
+                &[Extra::Receipts],
+                &args,
+                wait,
+            )
             .await?;
         if let Decoded::Completed {
             recorded,
@@ -74,13 +84,15 @@ impl RedisStore {
                 recorded,
                 double_execution,
             }),
-            Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
-                differing: fingerprint::differing_fields(&stored, digests),
-            }),
+            Decoded::KeyReused(stored) => Err(refuse_reused(&stored, digests)),
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("record_external", &other)),
         };
-        Ok(Reply { now, result })
+        Ok(Reply {
+            now,
+            result,
+            replicas: acknowledged,
+        })
     }
 
     /// An operator's settlement of an expired lease, held to the durability level like a Complete.
@@ -110,9 +122,18 @@ impl RedisStore {
             Resolution::Failed => [b"failed", b"", b"", b"", b""],
         };
         let wait = self.wait_for(replicas);
-        let budgets = [keys::budgets(&key.agent_id)];
-        let (now, mut decoded, mut acknowledged) = self
-            .run_chained(&self.scripts.resolve_expired, key, &budgets, &args, wait)
+        let Ran {
+            now,
+            mut decoded,
+            mut acknowledged,
+        } = self
+            .run(
+                &self.scripts.resolve_expired,
+                key,
+                &[Extra::Receipts, Extra::Budgets],
+                &args,
+                wait,
+            )
             .await?;
         if let (
             Some(signer),
@@ -135,7 +156,11 @@ impl RedisStore {
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("resolve_expired", &other)),
         };
-        Ok(Reply { now, result })
+        Ok(Reply {
+            now,
+            result,
+            replicas: acknowledged,
+        })
     }
 
     pub async fn list_unresolved(

@@ -8,7 +8,7 @@
 
 use redis::Value;
 
-use super::{Decoded, RedisStore, keys, unexpected};
+use super::{Decoded, Extra, Ran, RedisStore, keys, unexpected};
 use crate::{Receipts, StoreError};
 use oncegate_domain::{
     ActionKey,
@@ -22,7 +22,7 @@ type Packed = (u64, String, String, String, u64, u8, i64, String);
 
 /// Decodes a raw chain entry.
 pub(super) fn decode_entry(raw: &[u8]) -> Result<ChainEntry, StoreError> {
-    let corrupt = |what: String| StoreError::Corrupt(format!("receipt entry: {what}"));
+    let corrupt = |what: String| StoreError::corrupt(format!("receipt entry: {what}"));
     let (seq, member, fingerprint, receipt_digest, fencing, source, completed_at, statement): Packed =
         rmp_serde::from_slice(raw).map_err(|e| corrupt(e.to_string()))?;
     let key = ActionKey::decode(member.as_bytes()).ok_or_else(|| corrupt("bad member".into()))?;
@@ -65,11 +65,15 @@ impl RedisStore {
         };
         let statement = signer.sign_receipt(&entry.core, previous.as_ref().map(|p| &p.core));
         let seq = entry.core.seq.to_string();
-        let (_, decoded, acknowledged) = self
-            .run_chained(
+        let Ran {
+            decoded,
+            acknowledged,
+            ..
+        } = self
+            .run(
                 &self.scripts.seal,
                 key,
-                &[],
+                &[Extra::Receipts],
                 &[seq.as_bytes(), statement.as_bytes()],
                 wait,
             )
@@ -93,21 +97,15 @@ impl RedisStore {
         }
         let mut invocation = self.scripts.receipts.key(keys::receipts(agent_id));
         invocation.arg(after).arg(after + limit as u64 - 1);
-        let (value, _) =
-            tokio::time::timeout(self.options.call_timeout, self.conn.run(&invocation, None))
-                .await
-                .map_err(|_| {
-                    StoreError::Unavailable("Redis did not answer within the call timeout".into())
-                })?
-                .map_err(super::classify)?;
+        let (value, _) = self.call(&invocation, None).await?;
         let Value::Array(items) = value else {
-            return Err(StoreError::Corrupt(format!("receipts answered {value:?}")));
+            return Err(StoreError::corrupt(format!("receipts answered {value:?}")));
         };
         items
             .into_iter()
             .map(|item| match item {
                 Value::BulkString(raw) => decode_entry(&raw),
-                other => Err(StoreError::Corrupt(format!("receipt entry {other:?}"))),
+                other => Err(StoreError::corrupt(format!("receipt entry {other:?}"))),
             })
             .collect()
     }

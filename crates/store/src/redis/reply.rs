@@ -7,8 +7,8 @@ use super::listing;
 
 use crate::StoreError;
 use oncegate_domain::{
-    authorization::{Approval, ApprovalState, Bucket, Pending},
     ledger::{ActionView, Completion, Grant, GrantKind, Millis, Refusal, Source, State},
+    ledger::{Approval, ApprovalState, Bucket, Pending},
 };
 
 /// What a script said, decoded once.
@@ -48,7 +48,7 @@ fn approval_state(n: i64) -> Result<ApprovalState, StoreError> {
         2 => ApprovalState::Approved,
         3 => ApprovalState::Denied,
         4 => ApprovalState::Used,
-        n => return Err(StoreError::Corrupt(format!("unknown approval state {n}"))),
+        n => return Err(StoreError::corrupt(format!("unknown approval state {n}"))),
     })
 }
 
@@ -81,7 +81,7 @@ fn approval(bytes: &[u8]) -> Result<Approval, StoreError> {
         operator,
         note,
     ): PackedApproval =
-        rmp_serde::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("approval: {e}")))?;
+        rmp_serde::from_slice(bytes).map_err(|e| StoreError::corrupt_by("approval", e))?;
     Ok(Approval {
         id,
         fingerprint,
@@ -100,7 +100,7 @@ fn approval(bytes: &[u8]) -> Result<Approval, StoreError> {
 /// A bucket as the scripts pack it: `{ action, group, { start, amount, ... } }`.
 fn bucket(bytes: &[u8]) -> Result<Bucket, StoreError> {
     let (action, group, flat): (String, String, Vec<i64>) =
-        rmp_serde::from_slice(bytes).map_err(|e| StoreError::Corrupt(format!("bucket: {e}")))?;
+        rmp_serde::from_slice(bytes).map_err(|e| StoreError::corrupt_by("bucket", e))?;
     let slots = flat
         .chunks_exact(2)
         .map(|pair| (pair[0], pair[1].max(0) as u64))
@@ -113,13 +113,13 @@ fn bucket(bytes: &[u8]) -> Result<Bucket, StoreError> {
 }
 
 pub(super) fn unexpected(op: &str, decoded: &Decoded) -> StoreError {
-    StoreError::Corrupt(format!("script {op} answered {decoded:?}"))
+    StoreError::corrupt(format!("script {op} answered {decoded:?}"))
 }
 
 /// The one place script replies are decoded. Layouts are documented in each script's header.
 pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
     let Value::Array(items) = value else {
-        return Err(StoreError::Corrupt(format!(
+        return Err(StoreError::corrupt(format!(
             "script reply is not an array: {value:?}"
         )));
     };
@@ -132,7 +132,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                 1 => GrantKind::New,
                 2 => GrantKind::Redelivered,
                 3 => GrantKind::Regranted,
-                n => return Err(StoreError::Corrupt(format!("unknown grant kind {n}"))),
+                n => return Err(StoreError::corrupt(format!("unknown grant kind {n}"))),
             };
             let token = fields.string()?;
             let fencing = fields.uint()?;
@@ -168,7 +168,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                 2 => State::Authorized,
                 3 => State::Completed,
                 4 => State::Expired,
-                n => return Err(StoreError::Corrupt(format!("unknown state {n}"))),
+                n => return Err(StoreError::corrupt(format!("unknown state {n}"))),
             };
             let fencing = fields.uint()?;
             let fingerprint = fields.string()?;
@@ -253,7 +253,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             state: match fields.int()? {
                 1 => State::Absent,
                 2 => State::Authorized,
-                n => return Err(StoreError::Corrupt(format!("unknown state {n}"))),
+                n => return Err(StoreError::corrupt(format!("unknown state {n}"))),
             },
         }),
         "unresolved" => {
@@ -278,13 +278,13 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                         token,
                     })),
                     2 => listing::Checked::Live,
-                    n => return Err(StoreError::Corrupt(format!("unknown list status {n}"))),
+                    n => return Err(StoreError::corrupt(format!("unknown list status {n}"))),
                 });
             }
             Decoded::Checked(checked)
         }
         other => {
-            return Err(StoreError::Corrupt(format!(
+            return Err(StoreError::corrupt(format!(
                 "unknown script reply tag {other:?}"
             )));
         }
@@ -305,7 +305,7 @@ impl Fields {
             .get_mut(self.next)
             .map(|v| std::mem::replace(v, Value::Nil))
             .ok_or_else(|| {
-                StoreError::Corrupt(format!("script reply too short (field {})", self.next))
+                StoreError::corrupt(format!("script reply too short (field {})", self.next))
             })?;
         self.next += 1;
         Ok(value)
@@ -314,7 +314,7 @@ impl Fields {
     fn int(&mut self) -> Result<i64, StoreError> {
         match self.take()? {
             Value::Int(n) => Ok(n),
-            other => Err(StoreError::Corrupt(format!(
+            other => Err(StoreError::corrupt(format!(
                 "expected an integer, got {other:?}"
             ))),
         }
@@ -322,22 +322,21 @@ impl Fields {
 
     fn uint(&mut self) -> Result<u64, StoreError> {
         let n = self.int()?;
-        u64::try_from(n).map_err(|_| StoreError::Corrupt(format!("negative counter {n}")))
+        u64::try_from(n).map_err(|_| StoreError::corrupt(format!("negative counter {n}")))
     }
 
     fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
         match self.take()? {
             Value::BulkString(bytes) => Ok(bytes),
             Value::SimpleString(s) => Ok(s.into_bytes()),
-            other => Err(StoreError::Corrupt(format!(
+            other => Err(StoreError::corrupt(format!(
                 "expected a string, got {other:?}"
             ))),
         }
     }
 
     fn string(&mut self) -> Result<String, StoreError> {
-        String::from_utf8(self.bytes()?)
-            .map_err(|e| StoreError::Corrupt(format!("non-UTF-8 text: {e}")))
+        String::from_utf8(self.bytes()?).map_err(|e| StoreError::corrupt_by("non-UTF-8 text", e))
     }
 
     fn completion(&mut self) -> Result<Completion, StoreError> {

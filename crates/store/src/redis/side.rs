@@ -1,11 +1,11 @@
 //! Approvals and budgets on Redis, besides the worker scripts that decide them: an operator's
 //! decision on an approval, the listing of one agent's approvals, and one agent's budget buckets.
 
-use super::{Decoded, RedisStore, confirmed, keys, unexpected};
+use super::{Decoded, Extra, Ran, RedisStore, confirmed, keys, unexpected};
 use crate::{ApprovalEntry, ApprovalPage, ListCursor, Reply, StoreError};
 use oncegate_domain::{
     ActionKey,
-    authorization::{Approval, Bucket, approval::Decision},
+    ledger::{Approval, Bucket, approval::Decision},
 };
 
 /// Members read from the approvals index per round trip.
@@ -19,7 +19,6 @@ impl RedisStore {
         decision: &Decision,
         replicas: u32,
     ) -> Result<Reply<(Approval, bool)>, StoreError> {
-        let extra = [keys::approval(key), keys::approvals_index(&key.agent_id)];
         let args: [&[u8]; 4] = [
             decision.id.as_bytes(),
             if decision.approve { b"1" } else { b"0" },
@@ -27,8 +26,18 @@ impl RedisStore {
             decision.note.as_bytes(),
         ];
         let wait = self.wait_for(replicas);
-        let (now, decoded, acknowledged) = self
-            .run_with(&self.scripts.decide_approval, key, &extra, &args, wait)
+        let Ran {
+            now,
+            decoded,
+            acknowledged,
+        } = self
+            .run(
+                &self.scripts.decide_approval,
+                key,
+                &[Extra::Approval, Extra::Approvals],
+                &args,
+                wait,
+            )
             .await?;
         let result = match decoded {
             Decoded::Approval(approval, changed) => {
@@ -40,7 +49,11 @@ impl RedisStore {
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("decide_approval", &other)),
         };
-        Ok(Reply { now, result })
+        Ok(Reply {
+            now,
+            result,
+            replicas: acknowledged,
+        })
     }
 
     /// One agent's live approvals after `after`, by lapse time then member: the index read a
@@ -52,7 +65,7 @@ impl RedisStore {
         limit: usize,
     ) -> Result<Reply<ApprovalPage>, StoreError> {
         self.eviction.check()?;
-        let index = keys::approvals_index(agent_id);
+        let index = keys::Agent::new(agent_id).approvals();
         let mut page = ApprovalPage::default();
         let mut from = after.map(|c| (c.lease_expires_at, c.key.clone()));
         loop {
@@ -107,6 +120,7 @@ impl RedisStore {
                         return Ok(Reply {
                             now,
                             result: Ok(page),
+                            replicas: 0,
                         });
                     }
                 }
@@ -115,6 +129,7 @@ impl RedisStore {
                 return Ok(Reply {
                     now,
                     result: Ok(page),
+                    replicas: 0,
                 });
             }
         }
@@ -126,11 +141,15 @@ impl RedisStore {
         agent_id: &str,
     ) -> Result<Reply<Vec<(String, Bucket)>>, StoreError> {
         self.eviction.check()?;
-        let invocation = self.scripts.budgets.key(keys::budgets(agent_id));
+        let invocation = self
+            .scripts
+            .budgets
+            .key(keys::Agent::new(agent_id).budgets());
         match self.invoke(invocation).await? {
             (now, Decoded::Budgets(buckets)) => Ok(Reply {
                 now,
                 result: Ok(buckets),
+                replicas: 0,
             }),
             (_, other) => Err(unexpected("budgets", &other)),
         }

@@ -1,13 +1,13 @@
 //! The worker transitions on Redis: RequestToken, Complete, Release, ExtendLease and GetAction,
 //! each one script call, held to the durability level (`WAIT`) before it is acknowledged.
 
-use super::{Decoded, RedisStore, confirmed, keys, unexpected};
-use crate::{Acked, Receipts, Reply, StoreError};
+use super::{Decoded, Extra, Ran, RedisStore, confirmed, unexpected};
+use crate::{Receipts, Reply, StoreError};
 use oncegate_domain::{
-    ActionKey, fingerprint,
+    ActionKey,
     ledger::{
-        ActionView, CompleteOutcome, GrantKind, Millis, OnExpiry, Refusal, TokenOutcome,
-        TokenRequest,
+        ActionView, CompleteOutcome, GrantKind, Millis, OnExpiry, TokenOutcome, TokenRequest,
+        refuse_reused,
     },
     statement::receipt::receipt_digest,
 };
@@ -21,7 +21,7 @@ impl RedisStore {
         key: &ActionKey,
         req: &TokenRequest,
         replicas: u32,
-    ) -> Result<Acked<TokenOutcome>, StoreError> {
+    ) -> Result<Reply<TokenOutcome>, StoreError> {
         let (lease, retention) = (req.lease.to_string(), req.retention.to_string());
         let max_superseded = req.max_superseded.to_string();
         let on_expiry = match req.on_expiry {
@@ -45,18 +45,18 @@ impl RedisStore {
         ];
         // The budgets and approval keys only when the request carries a hold or charges: the
         // plain path passes what it always did.
-        let extra = if req.hold.is_some() || !req.charges.is_empty() {
-            vec![
-                keys::budgets(&key.agent_id),
-                keys::approval(key),
-                keys::approvals_index(&key.agent_id),
-            ]
+        let extra: &[Extra] = if req.hold.is_some() || !req.charges.is_empty() {
+            &[Extra::Budgets, Extra::Approval, Extra::Approvals]
         } else {
-            Vec::new()
+            &[]
         };
         let wait = self.wait_for(replicas);
-        let (now, decoded, mut acknowledged) = self
-            .run_with(&self.scripts.request_token, key, &extra, &args, wait)
+        let Ran {
+            now,
+            decoded,
+            mut acknowledged,
+        } = self
+            .run(&self.scripts.request_token, key, extra, &args, wait)
             .await?;
         if matches!(decoded, Decoded::Granted(_, GrantKind::New)) {
             self.remember_agent(&key.agent_id);
@@ -71,14 +71,13 @@ impl RedisStore {
             }
             Decoded::Completed { completion, .. } => Ok(TokenOutcome::AlreadyCompleted(completion)),
             Decoded::Pending(pending) => Ok(TokenOutcome::PendingApproval(pending)),
-            Decoded::KeyReused(stored) => Err(Refusal::KeyReused {
-                differing: fingerprint::differing_fields(&stored, &req.digests),
-            }),
+            Decoded::KeyReused(stored) => Err(refuse_reused(&stored, &req.digests)),
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("request_token", &other)),
         };
-        Ok(Acked {
-            reply: Reply { now, result },
+        Ok(Reply {
+            now,
+            result,
             replicas: acknowledged,
         })
     }
@@ -93,18 +92,22 @@ impl RedisStore {
         receipt: &[u8],
         replicas: u32,
         receipts: Option<&Receipts>,
-    ) -> Result<Acked<CompleteOutcome>, StoreError> {
+    ) -> Result<Reply<CompleteOutcome>, StoreError> {
         let wait = self.wait_for(replicas);
         let digest = receipts
             .map(|_| receipt_digest(receipt))
             .unwrap_or_default();
         // With a chain, the WAIT follows the statement's write, which comes last.
         let first_wait = if receipts.is_some() { None } else { wait };
-        let (now, decoded, mut acknowledged) = self
-            .run_chained(
+        let Ran {
+            now,
+            decoded,
+            mut acknowledged,
+        } = self
+            .run(
                 &self.scripts.complete,
                 key,
-                &[],
+                &[Extra::Receipts],
                 &[token.as_bytes(), receipt, digest.as_bytes()],
                 first_wait,
             )
@@ -137,8 +140,9 @@ impl RedisStore {
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("complete", &other)),
         };
-        Ok(Acked {
-            reply: Reply { now, result },
+        Ok(Reply {
+            now,
+            result,
             replicas: acknowledged,
         })
     }
@@ -149,14 +153,17 @@ impl RedisStore {
         key: &ActionKey,
         token: &str,
         replicas: u32,
-    ) -> Result<Acked<u64>, StoreError> {
+    ) -> Result<Reply<u64>, StoreError> {
         let wait = self.wait_for(replicas);
-        let budgets = [keys::budgets(&key.agent_id)];
-        let (now, decoded, acknowledged) = self
-            .run_with(
+        let Ran {
+            now,
+            decoded,
+            acknowledged,
+        } = self
+            .run(
                 &self.scripts.release,
                 key,
-                &budgets,
+                &[Extra::Budgets],
                 &[token.as_bytes()],
                 wait,
             )
@@ -169,8 +176,9 @@ impl RedisStore {
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("release", &other)),
         };
-        Ok(Acked {
-            reply: Reply { now, result },
+        Ok(Reply {
+            now,
+            result,
             replicas: acknowledged,
         })
     }
@@ -183,13 +191,18 @@ impl RedisStore {
         token: &str,
         ttl: Millis,
         replicas: u32,
-    ) -> Result<Acked<Millis>, StoreError> {
+    ) -> Result<Reply<Millis>, StoreError> {
         let wait = self.wait_for(replicas);
         let ttl = ttl.to_string();
-        let (now, decoded, acknowledged) = self
+        let Ran {
+            now,
+            decoded,
+            acknowledged,
+        } = self
             .run(
                 &self.scripts.extend_lease,
                 key,
+                &[],
                 &[token.as_bytes(), ttl.as_bytes()],
                 wait,
             )
@@ -202,18 +215,20 @@ impl RedisStore {
             Decoded::Refused(refusal) => Err(refusal),
             other => return Err(unexpected("extend_lease", &other)),
         };
-        Ok(Acked {
-            reply: Reply { now, result },
+        Ok(Reply {
+            now,
+            result,
             replicas: acknowledged,
         })
     }
 
     pub async fn get(&self, key: &ActionKey) -> Result<Reply<ActionView>, StoreError> {
-        let (now, decoded, _) = self.run(&self.scripts.get, key, &[], None).await?;
+        let Ran { now, decoded, .. } = self.run(&self.scripts.get, key, &[], &[], None).await?;
         match decoded {
             Decoded::View(view) => Ok(Reply {
                 now,
                 result: Ok(view),
+                replicas: 0,
             }),
             other => Err(unexpected("get", &other)),
         }
@@ -224,7 +239,7 @@ impl RedisStore {
 /// `cmsgpack.unpack` reads as Lua arrays); empty for none.
 fn authorization_args(req: &TokenRequest) -> Result<(Vec<u8>, Vec<u8>), StoreError> {
     fn pack<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, StoreError> {
-        rmp_serde::to_vec(value).map_err(|e| StoreError::Corrupt(format!("packing: {e}")))
+        rmp_serde::to_vec(value).map_err(|e| StoreError::corrupt_by("packing", e))
     }
     let hold = match &req.hold {
         Some(h) => pack(&(&h.policy, &h.reason, &h.new_id, h.ttl, &h.action))?,

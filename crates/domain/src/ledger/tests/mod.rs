@@ -6,6 +6,11 @@ mod properties;
 mod superseded;
 
 use super::*;
+// The record's part of the steps (the side state has tests of its own: budget, approval).
+use super::{
+    operator::resolve_expired,
+    worker::{release, request_token},
+};
 
 pub(super) const LEASE: Millis = 1_000;
 pub(super) const RETENTION: Millis = 10_000;

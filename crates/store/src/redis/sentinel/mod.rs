@@ -33,7 +33,7 @@ use tokio_stream::StreamExt as _;
 
 use super::{
     RedisOptions,
-    connection::{Lanes, Wait, async_config, lane_count, node_info, run_on},
+    lanes::{Lanes, Wait, async_config, lane_count, node_info, run_on},
 };
 
 /// The longest time calls fail closed after a sentinel announced it is failing the master over,

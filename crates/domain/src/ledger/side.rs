@@ -1,65 +1,37 @@
-//! Authorization inside the store step, pure: approvals ([`approval`]) and budgets ([`budget`])
-//! around the ledger's RequestToken and Release. The stateless rules (Cedar) are the gate's and
-//! run before the store; what needs state (an approval, a budget's window) is decided here, in
-//! the same atomic step as the grant, so two replicas can never both spend the last of a budget.
+//! The steps that read and write an agent's side state besides the record: approvals
+//! ([`super::approval`]) and budgets ([`super::budget`]) around RequestToken, Release and
+//! ResolveExpired. The stateless rules (Cedar) are the gate's and run before the store; what needs
+//! state (an approval, a budget's window) is decided here, in the same atomic step as the grant, so
+//! two replicas can never both spend the last of a budget.
 //!
 //! Only a grant that would write a new token (new or regrant) is held or charged: a redelivery,
-//! a replay and every refusal are the ledger's answer unchanged. A hold is decided before the
+//! a replay and every refusal are the record's answer unchanged. A hold is decided before the
 //! budgets (an operator approves a request, the budget then decides whether it fits now); a
 //! refusal by either writes nothing, so an approval is used only by a grant.
 //!
-//! The embedded store runs these functions; the Redis scripts mirror them (`prelude.lua`'s budget
+//! The embedded store runs these steps; the Redis scripts mirror them (`prelude.lua`'s budget
 //! and approval helpers); the conformance suite holds both to them.
-
-pub mod approval;
-pub mod budget;
 
 use std::collections::BTreeMap;
 
-pub use approval::{Approval, ApprovalState, Hold, Pending};
-pub use budget::{Bucket, Charge, Reservation};
-
-use crate::{
-    fingerprint,
-    ledger::{self, GrantKind, Millis, Record, Refusal, Step, TokenOutcome, TokenRequest, Write},
+use super::{
+    GrantKind, Millis, Record, Refusal, Resolution, Resolved, Step, TokenOutcome, TokenRequest,
+    Write, approval, budget, live, operator, refuse_reused, worker,
 };
 
 /// The state of one agent a step may read besides the record: the action key's approval and the
 /// budget buckets the step touches (absent ones have used nothing).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Side {
-    pub approval: Option<Approval>,
-    pub buckets: BTreeMap<String, Bucket>,
+    pub approval: Option<approval::Approval>,
+    pub buckets: BTreeMap<String, budget::Bucket>,
 }
 
 /// What a step writes besides the record: an approval to store, buckets to replace.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SideWrite {
-    pub approval: Option<Approval>,
-    pub buckets: BTreeMap<String, Bucket>,
-}
-
-/// A step with its side writes, all applied atomically (or none).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Guarded<T> {
-    pub step: Step<T>,
-    pub side: SideWrite,
-}
-
-impl<T> Guarded<T> {
-    fn plain(step: Step<T>) -> Self {
-        Self {
-            step,
-            side: SideWrite::default(),
-        }
-    }
-
-    fn refuse(refusal: Refusal) -> Self {
-        Self::plain(Step {
-            reply: Err(refusal),
-            write: Write::Nothing,
-        })
-    }
+    pub approval: Option<approval::Approval>,
+    pub buckets: BTreeMap<String, budget::Bucket>,
 }
 
 /// RequestToken with holds and budgets: the ledger decides; a new token is then held (unless an
@@ -69,14 +41,15 @@ pub fn request_token(
     side: &Side,
     req: &TokenRequest,
     now: Millis,
-) -> Guarded<TokenOutcome> {
-    let step = ledger::request_token(record, req, now);
+) -> Step<TokenOutcome> {
+    let step = worker::request_token(record, req, now);
     let (grant, kind, mut rec) = match step {
         Step {
             reply: Ok(TokenOutcome::Granted(grant, kind)),
             write: Write::Put(rec),
+            ..
         } if kind != GrantKind::Redelivered => (grant, kind, rec),
-        step => return Guarded::plain(step),
+        step => return step,
     };
     let mut write = SideWrite::default();
     if let Some(hold) = &req.hold {
@@ -84,27 +57,24 @@ pub fn request_token(
         match approval::meet(stored, hold, &req.fingerprint, &req.digests, now) {
             approval::Met::Covered(used) => write.approval = Some(used),
             approval::Met::Wait { pending, store } => {
-                return Guarded {
-                    step: Step {
-                        reply: Ok(TokenOutcome::PendingApproval(pending)),
-                        write: Write::Nothing,
-                    },
+                return Step {
+                    reply: Ok(TokenOutcome::PendingApproval(pending)),
+                    write: Write::Nothing,
                     side: SideWrite {
                         approval: store,
                         buckets: BTreeMap::new(),
                     },
                 };
             }
-            approval::Met::Denied { id } => return Guarded::refuse(Refusal::ApprovalDenied { id }),
+            approval::Met::Denied { id } => return Step::refuse(Refusal::ApprovalDenied { id }),
             approval::Met::OtherRequest { digests } => {
-                let differing = fingerprint::differing_fields(&digests, &req.digests);
-                return Guarded::refuse(Refusal::KeyReused { differing });
+                return Step::refuse(refuse_reused(&digests, &req.digests));
             }
         }
     }
     if kind == GrantKind::Regranted {
         // The superseded grants' reservations stay: their outcome is unknown.
-        rec.reservations = ledger::live(record, now)
+        rec.reservations = live(record, now)
             .map(|r| r.reservations.clone())
             .unwrap_or_default();
     }
@@ -113,7 +83,7 @@ pub fn request_token(
         match budget::charge(&mut buckets, &req.charges, grant.fencing, now) {
             Ok(reserved) => rec.reservations.extend(reserved),
             Err(exceeded) => {
-                return Guarded::refuse(Refusal::BudgetExceeded {
+                return Step::refuse(Refusal::BudgetExceeded {
                     budget: exceeded.budget,
                     retry_after: exceeded.retry_after,
                 });
@@ -121,31 +91,28 @@ pub fn request_token(
         }
         write.buckets = buckets;
     }
-    Guarded {
-        step: Step {
-            reply: Ok(TokenOutcome::Granted(grant, kind)),
-            write: Write::Put(rec),
-        },
+    Step {
+        reply: Ok(TokenOutcome::Granted(grant, kind)),
+        write: Write::Put(rec),
         side: write,
     }
 }
 
 /// Release with budgets: the released grant's reservations go back to their buckets.
-pub fn release(record: Option<&Record>, side: &Side, token: &str, now: Millis) -> Guarded<u64> {
-    let step = ledger::release(record, token, now);
+pub fn release(record: Option<&Record>, side: &Side, token: &str, now: Millis) -> Step<u64> {
+    let step = worker::release(record, token, now);
     let Step {
         reply: Ok(fencing),
         write: Write::Put(mut rec),
+        ..
     } = step
     else {
-        return Guarded::plain(step);
+        return step;
     };
     let side = give_back(&mut rec, side, fencing);
-    Guarded {
-        step: Step {
-            reply: Ok(fencing),
-            write: Write::Put(rec),
-        },
+    Step {
+        reply: Ok(fencing),
+        write: Write::Put(rec),
         side,
     }
 }
@@ -155,23 +122,22 @@ pub fn release(record: Option<&Record>, side: &Side, token: &str, now: Millis) -
 pub fn resolve_expired(
     record: Option<&Record>,
     side: &Side,
-    resolution: &ledger::Resolution,
+    resolution: &Resolution,
     now: Millis,
-) -> Guarded<ledger::Resolved> {
-    let step = ledger::resolve_expired(record, resolution, now);
+) -> Step<Resolved> {
+    let step = operator::resolve_expired(record, resolution, now);
     let Step {
-        reply: Ok(ledger::Resolved::Released { fencing }),
+        reply: Ok(Resolved::Released { fencing }),
         write: Write::Put(mut rec),
+        ..
     } = step
     else {
-        return Guarded::plain(step);
+        return step;
     };
     let side = give_back(&mut rec, side, fencing);
-    Guarded {
-        step: Step {
-            reply: Ok(ledger::Resolved::Released { fencing }),
-            write: Write::Put(rec),
-        },
+    Step {
+        reply: Ok(Resolved::Released { fencing }),
+        write: Write::Put(rec),
         side,
     }
 }

@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ledger::Millis;
+use super::Millis;
 
 /// How many slots one window is counted in.
 pub const SLOTS: i64 = 60;
