@@ -456,3 +456,38 @@ sum = "/amount"
     assert_eq!(policy_id, "no-interns");
     assert_eq!(approval_id, "");
 }
+
+/// A denied approval is one decision with one name: `approval_denied` in
+/// `oncegate_attempts_total`, apart from a rule's `policy_denied` (the same POLICY_DENIED on the
+/// wire).
+#[tokio::test]
+async fn a_denied_approval_is_counted_as_approval_denied() {
+    let dir = TempDir::new().unwrap();
+    let (gate, metrics) =
+        TestGate::start_with_config_and_metrics(Kind::Embedded, config(&setup(&dir))).await;
+    let mut client = gate.client().await;
+    let mut admin = gate.admin().await;
+    let first = ask(&mut client, delete("/a")).await.unwrap();
+    let approval = held(&first);
+    decide(
+        &mut admin,
+        first.action.as_ref().unwrap(),
+        &approval.id,
+        false,
+        OPS_KEY,
+    )
+    .await
+    .unwrap();
+    let refused = ask(&mut client, delete("/a")).await.unwrap_err();
+    expect_error(&refused, Code::PermissionDenied, "POLICY_DENIED");
+    let scrape = crate::support::Scrape::fetch(metrics).await;
+    let count = |decision: &str| {
+        scrape.sum(
+            "oncegate_attempts_total",
+            &[("decision", decision), ("mode", "enforce")],
+        )
+    };
+    assert_eq!(count("pending_approval"), 1.0);
+    assert_eq!(count("approval_denied"), 1.0);
+    assert_eq!(count("policy_denied"), 0.0);
+}
