@@ -138,7 +138,7 @@ pub struct ExtendArgs {
 /// Runs one worker RPC and prints its answer.
 pub async fn run(args: CallArgs) -> ExitCode {
     let json = args.remote.json;
-    let mut remote = match args.remote.connect().await {
+    let mut remote = match args.remote.connect(false).await {
         Ok(remote) => remote,
         Err(stop) => return stop.exit(TOOL, json),
     };

@@ -38,10 +38,18 @@ const CONNECTION: &str = "Connection (before or after the subcommand)";
 /// `oncegate admin`, accepted anywhere on the command line (`admin get ... --json`).
 #[derive(Debug, Clone, Args)]
 pub struct RemoteArgs {
-    /// The gate's address: http://host:port, or https://host:port (TLS, with --ca).
-    #[arg(long, global = true, env = "ONCEGATE_SERVER", default_value = defaults::ADMIN_SERVER,
+    /// The gate's address: http://host:port, https://host:port (TLS, with --ca), or
+    /// unix:<path> (a gate's admin socket). Default: `oncegate admin` uses
+    /// unix:<data-dir>/admin.sock when that socket exists (the gate's machine: its user is the
+    /// operator), else http://127.0.0.1:50051.
+    #[arg(long, global = true, env = "ONCEGATE_SERVER", help_heading = CONNECTION)]
+    pub server: Option<String>,
+
+    /// The data directory of a gate on this machine, where `oncegate admin` looks for its admin
+    /// socket when --server is not given.
+    #[arg(long, global = true, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR,
           help_heading = CONNECTION)]
-    pub server: String,
+    pub data_dir: PathBuf,
 
     /// The API key, sent as `authorization: Bearer <key>`.
     #[arg(long, global = true, env = "ONCEGATE_API_KEY", hide_env_values = true,
@@ -139,11 +147,26 @@ impl Stop {
 }
 
 impl RemoteArgs {
-    /// Connects to the gate; the failure names its cause (connection refused, TLS, DNS...).
-    pub async fn connect(&self) -> Result<Remote, Stop> {
+    /// The gate to call: --server, else (for the operator's commands, `admin_socket`) the admin
+    /// socket in --data-dir when it exists, else the local default.
+    pub fn target(&self, admin_socket: bool) -> String {
+        if let Some(server) = &self.server {
+            return server.clone();
+        }
+        let socket = self.data_dir.join(defaults::ADMIN_SOCKET);
+        if admin_socket && socket.exists() {
+            return format!("unix:{}", socket.display());
+        }
+        defaults::ADMIN_SERVER.to_owned()
+    }
+
+    /// Connects to the gate ([`Self::target`]); the failure names its cause (connection
+    /// refused, TLS, DNS...).
+    pub async fn connect(&self, admin_socket: bool) -> Result<Remote, Stop> {
         let timeout = Duration::from_secs(self.timeout_seconds.max(1));
         let access = self.access()?;
-        let channel = channel::connect(&self.server, &access, timeout)
+        let server = self.target(admin_socket);
+        let channel = channel::connect(&server, &access, timeout)
             .await
             .map_err(|e| Stop {
                 code: match e {

@@ -136,7 +136,7 @@ pub struct ListArgs {
 /// Runs one admin command and prints its result.
 pub async fn run(args: AdminArgs) -> ExitCode {
     let json = args.remote.json;
-    let mut remote = match args.remote.connect().await {
+    let mut remote = match args.remote.connect(true).await {
         Ok(remote) => remote,
         Err(stop) => return stop.exit(TOOL, json),
     };

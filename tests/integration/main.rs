@@ -1,6 +1,7 @@
 //! The one integration test binary: real gRPC servers, a real `redis-server` per test, real
 //! `oncegate` processes where a test needs two of them or a crash.
 
+mod access;
 mod admin_cli;
 mod approvals;
 mod authorization;

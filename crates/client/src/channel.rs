@@ -32,20 +32,42 @@ pub enum ConnectError {
     Unreachable(String),
 }
 
-/// Opens a channel to the gate at `url` (`http://` or, with `--ca`, `https://`). On failure, the
+/// Opens a channel to the gate at `url` (`http://`, with `--ca` `https://`, or the admin socket
+/// `unix:<path>`). On failure, the
 /// settings it found wrong or why the gate is unreachable, with the cause chain.
 pub async fn connect(
     url: &str,
     access: &Access,
     timeout: Duration,
 ) -> Result<Channel, ConnectError> {
+    let unreachable = |e: tonic::transport::Error| {
+        let why = with_causes(e.to_string(), std::error::Error::source(&e));
+        ConnectError::Unreachable(format!("cannot reach {url}: {why}"))
+    };
+    if let Some(path) = unix_path(url) {
+        let path = PathBuf::from(path);
+        return Endpoint::from_static("http://localhost")
+            .connect_timeout(timeout)
+            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+                let path = path.clone();
+                async move {
+                    let stream = tokio::net::UnixStream::connect(path).await?;
+                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+                }
+            }))
+            .await
+            .map_err(unreachable);
+    }
     endpoint(url, access, timeout)?
         .connect()
         .await
-        .map_err(|e| {
-            let why = with_causes(e.to_string(), std::error::Error::source(&e));
-            ConnectError::Unreachable(format!("cannot reach {url}: {why}"))
-        })
+        .map_err(unreachable)
+}
+
+/// The socket path of a `unix:<path>` (or `unix://<path>`) address: the gate's admin socket.
+pub fn unix_path(url: &str) -> Option<&str> {
+    url.strip_prefix("unix://")
+        .or_else(|| url.strip_prefix("unix:"))
 }
 
 /// A channel to the gate at `url` that connects on first use and reconnects on its own, for a

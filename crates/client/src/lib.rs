@@ -27,6 +27,9 @@ pub use error::ClientError;
 pub use guard::{Failure, GuardError, GuardOptions, Outcome};
 pub use verify::{GrantClaims, PublicKeys, StatementError, verify_grant};
 
+/// How long [`GateClient::connect`] waits for the connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// One logical action: who does it, what, and with which arguments.
 #[derive(Debug, Clone, Default)]
 pub struct ActionSpec {
@@ -156,16 +159,19 @@ pub struct GateClient {
 }
 
 impl GateClient {
-    /// Connects to `endpoint` (`http://host:port`).
+    /// Connects to `endpoint`: `http://host:port`, or `unix:<path>` (the admin socket of a gate
+    /// on this machine).
     pub async fn connect(endpoint: impl Into<String>) -> Result<Self, ClientError> {
-        let channel = Channel::from_shared(endpoint.into())
-            .map_err(|e| ClientError::Invalid {
-                field: "endpoint".into(),
-                description: e.to_string(),
-            })?
-            .connect()
+        let endpoint = endpoint.into();
+        let channel = channel::connect(&endpoint, &channel::Access::default(), CONNECT_TIMEOUT)
             .await
-            .map_err(|e| ClientError::Unavailable(e.to_string()))?;
+            .map_err(|e| match e {
+                channel::ConnectError::Settings(description) => ClientError::Invalid {
+                    field: "endpoint".into(),
+                    description,
+                },
+                channel::ConnectError::Unreachable(why) => ClientError::Unavailable(why),
+            })?;
         Ok(Self::from_channel(channel))
     }
 

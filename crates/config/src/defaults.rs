@@ -11,6 +11,8 @@ use oncegate_store::redis::RedisOptions;
 pub const LISTEN: &str = "127.0.0.1:50051";
 /// Directory of the embedded store's file.
 pub const DATA_DIR: &str = "oncegate-data";
+/// The admin socket's file name, in the data directory.
+pub const ADMIN_SOCKET: &str = "admin.sock";
 /// The issuer (`iss`) of every signed statement.
 pub const SIGNING_ISSUER: &str = "oncegate";
 /// Deadline of one store call, in milliseconds.
@@ -44,6 +46,7 @@ pub fn server() -> ServerOptions {
         tls: None,
         health_listen: None,
         principals: Principals::default(),
+        admin_socket: None,
     }
 }
 

@@ -124,6 +124,16 @@ pub struct ServeArgs {
     #[arg(help_heading = SECURITY, long, env = "ONCEGATE_INSECURE")]
     pub insecure: bool,
 
+    /// The admin socket: a Unix socket (mode 0600) on which the gate's own user is the operator,
+    /// so `oncegate admin` on this machine works with no principal configured. Default:
+    /// <data-dir>/admin.sock.
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_ADMIN_SOCKET", conflicts_with = "no_admin_socket")]
+    pub admin_socket: Option<PathBuf>,
+
+    /// Serve no admin socket (operators then need a principal and an API key or certificate).
+    #[arg(help_heading = SECURITY, long, env = "ONCEGATE_NO_ADMIN_SOCKET")]
+    pub no_admin_socket: bool,
+
     /// Ed25519 private key (PKCS#8 PEM: `oncegate keys generate`, or `openssl genpkey -algorithm
     /// ed25519`) that signs grant and receipt statements. Without it the embedded store generates
     /// one into --data-dir at first start; on Redis the gate then serves unsigned (warned), since
@@ -172,6 +182,18 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
+    /// The admin socket to serve, if any.
+    pub fn admin_socket(&self) -> Option<PathBuf> {
+        if self.no_admin_socket {
+            return None;
+        }
+        Some(
+            self.admin_socket
+                .clone()
+                .unwrap_or_else(|| self.data_dir.join(defaults::ADMIN_SOCKET)),
+        )
+    }
+
     /// The OTLP endpoint, if trace export is configured (always `None` without the `otel` feature).
     pub fn otlp_endpoint(&self) -> Option<&str> {
         #[cfg(feature = "otel")]

@@ -125,8 +125,9 @@ impl Config {
             None => ConfigFile::default(),
         };
         let mut notices = Vec::new();
-        let principals_configured = !file.principals.is_empty();
-        let tls = listener_tls(args, principals_configured, &mut notices)?;
+        // Agents need a credential only once some principal has the agent role.
+        let agents_identified = file.principals.has_agents();
+        let tls = listener_tls(args, agents_identified, &mut notices, &file.principals)?;
         Metrics::check_other_action_label(&args.metrics_other_action_label, file.policies.names())
             .map_err(|e| ConfigError::Invalid(format!("--metrics-other-action-label: {e}")))?;
         let store = store_config(args, &file.policies)?;
@@ -137,6 +138,7 @@ impl Config {
             tls,
             health_listen: args.health_listen,
             principals: file.principals,
+            admin_socket: args.admin_socket(),
             ..defaults::server()
         };
         Ok(Self {
@@ -154,27 +156,24 @@ impl Config {
     }
 }
 
-/// The listener's TLS settings and the secure-by-default check.
+/// The listener's TLS settings and the secure-by-default check: a gate whose agents call without
+/// a credential (no agent principal) is open, as one without principals is.
 fn listener_tls(
     args: &ServeArgs,
-    principals_configured: bool,
+    agents_identified: bool,
     notices: &mut Vec<Notice>,
+    principals: &oncegate_grpc::auth::Principals,
 ) -> Result<Option<tls::TlsSettings>, ConfigError> {
     let settings = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(
-            tls::load(
-                cert,
-                key,
-                args.tls_client_ca.as_deref(),
-                !principals_configured,
-            )
-            .map_err(ConfigError::Tls)?,
+            tls::load(cert, key, args.tls_client_ca.as_deref(), !agents_identified)
+                .map_err(ConfigError::Tls)?,
         ),
         _ => None,
     };
     match tls::judge_listener(
         &args.listen,
-        principals_configured,
+        agents_identified,
         settings.as_ref(),
         args.insecure,
     ) {
@@ -182,10 +181,16 @@ fn listener_tls(
         Exposure::Warn(message) => notices.push(Notice::Warn(message)),
         Exposure::Refuse(message) => return Err(ConfigError::Invalid(message)),
     }
-    if !principals_configured {
+    if principals.is_empty() {
         notices.push(Notice::Info(
             "no principals configured: every caller may act for every agent".into(),
         ));
+    } else if !agents_identified {
+        notices.push(Notice::Info(format!(
+            "{} principal(s) configured, none with the agent role: agents call without a \
+             credential (anonymous, for every agent); name agent principals to require keys",
+            principals.len()
+        )));
     }
     Ok(settings)
 }

@@ -26,9 +26,10 @@ pub enum GateError {
     /// No credential, or one that no principal holds.
     #[error("unauthenticated")]
     Unauthenticated,
-    /// The principal may not act on this scope, or call this RPC.
-    #[error("principal {principal:?} may not do this")]
-    ForbiddenScope { principal: String },
+    /// The principal may not act on this scope, or call this RPC; `why` says what is missing
+    /// and what to configure.
+    #[error("principal {principal:?} may not do this: {why}")]
+    ForbiddenScope { principal: String, why: String },
     /// The principal's rate limit is spent; it may call again after `retry_after`.
     #[error("rate limited for {retry_after:?}")]
     RateLimited { retry_after: Duration },

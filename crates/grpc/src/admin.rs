@@ -10,7 +10,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{
-    auth::{self, Principal},
+    auth::{self, Capability, Principal},
     convert::{
         action_key, action_ref, approval_entry, completion, duration, receipt_entry, timestamp,
     },
@@ -37,10 +37,10 @@ impl AdminService {
     }
 }
 
-/// The operator check: an operator principal acting within its agents.
-fn operator(principal: &Arc<Principal>, agent_id: &str) -> Result<(), GateError> {
+/// The caller's check: a principal whose role grants `what`, acting within its agents.
+fn allowed(principal: &Arc<Principal>, agent_id: &str, what: Capability) -> Result<(), GateError> {
     telemetry::record_principal(&principal.name);
-    principal.authorize(agent_id, true)
+    principal.authorize(agent_id, what)
 }
 
 #[tonic::async_trait]
@@ -53,7 +53,7 @@ impl GateAdminService for AdminService {
             let principal = auth::principal(&request)?;
             let req = request.into_inner();
             let key = action_key(req.action)?;
-            operator(&principal, &key.agent_id)?;
+            allowed(&principal, &key.agent_id, Capability::Settle)?;
             let call = ExternalCall {
                 key,
                 receipt: req.receipt,
@@ -80,7 +80,7 @@ impl GateAdminService for AdminService {
             let principal = auth::principal(&request)?;
             let req = request.into_inner();
             let key = action_key(req.action)?;
-            operator(&principal, &key.agent_id)?;
+            allowed(&principal, &key.agent_id, Capability::Settle)?;
             let resolution = match pb::Resolution::try_from(req.resolution) {
                 Ok(pb::Resolution::Completed) => Resolution::Completed {
                     receipt: req.receipt,
@@ -130,9 +130,8 @@ impl GateAdminService for AdminService {
             let agent = (!req.agent_id.is_empty()).then_some(req.agent_id.as_str());
             telemetry::record_principal(&principal.name);
             match agent {
-                Some(agent) => operator(&principal, agent)?,
-                None if principal.role == auth::Role::Operator && principal.acts_for_all() => {}
-                None => return Err(principal.forbidden()),
+                Some(agent) => allowed(&principal, agent, Capability::Read)?,
+                None => principal.authorize_all(Capability::Read)?,
             }
             let page = self
                 .gate
@@ -165,7 +164,7 @@ impl GateAdminService for AdminService {
         answer(async move {
             let principal = auth::principal(&request)?;
             let req = request.into_inner();
-            operator(&principal, &req.agent_id)?;
+            allowed(&principal, &req.agent_id, Capability::Read)?;
             let page = self
                 .gate
                 .receipt_chain(&req.agent_id, req.after_seq, req.page_size)
@@ -187,7 +186,7 @@ impl GateAdminService for AdminService {
             let principal = auth::principal(&request)?;
             let req = request.into_inner();
             let key = action_key(req.action)?;
-            operator(&principal, &key.agent_id)?;
+            allowed(&principal, &key.agent_id, Capability::Approve)?;
             let decision = Decision {
                 id: req.approval_id,
                 approve: req.approve,
@@ -209,7 +208,7 @@ impl GateAdminService for AdminService {
         answer(async move {
             let principal = auth::principal(&request)?;
             let req = request.into_inner();
-            operator(&principal, &req.agent_id)?;
+            allowed(&principal, &req.agent_id, Capability::Approve)?;
             let page = self
                 .gate
                 .list_approvals(&req.agent_id, &req.page_token, req.page_size)
@@ -233,7 +232,7 @@ impl GateAdminService for AdminService {
         answer(async move {
             let principal = auth::principal(&request)?;
             let req = request.into_inner();
-            operator(&principal, &req.agent_id)?;
+            allowed(&principal, &req.agent_id, Capability::Read)?;
             let usage = self.gate.budgets(&req.agent_id).await?;
             Ok(pb::GetBudgetsResponse {
                 budgets: usage

@@ -23,6 +23,84 @@ use oncegate_gate::Gate;
 use oncegate_observe::telemetry::layer::RpcLayer;
 use oncegate_proto as pb;
 
+type Gated<S> = InterceptedService<S, Authenticator>;
+
+/// Both gate services behind `auth`, their messages bounded.
+fn services(
+    gate: &Gate,
+    max_message_bytes: usize,
+    auth: Authenticator,
+) -> (
+    Gated<pb::action_gate_service_server::ActionGateServiceServer<GateService>>,
+    Gated<pb::gate_admin_service_server::GateAdminServiceServer<AdminService>>,
+) {
+    let service = InterceptedService::new(
+        pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(
+            gate.clone(),
+        ))
+        .max_decoding_message_size(max_message_bytes),
+        auth.clone(),
+    );
+    let admin = InterceptedService::new(
+        pb::gate_admin_service_server::GateAdminServiceServer::new(AdminService::new(gate.clone()))
+            .max_decoding_message_size(max_message_bytes),
+        auth,
+    );
+    (service, admin)
+}
+
+/// Serves both gate services on the Unix socket `path` to the local operator: the socket is
+/// created mode 0600 (only the gate's user, and root, can connect), a stale one from an earlier
+/// run is replaced, and a path that is not a socket is refused. `None` when another gate already
+/// serves it (replicas sharing a data directory): that one answers `oncegate admin`.
+async fn serve_admin_socket(
+    path: &std::path::Path,
+    gate: &Gate,
+    options: &ServerOptions,
+    rpc_layer: RpcLayer,
+) -> Result<Option<(tokio::task::JoinHandle<()>, std::path::PathBuf)>, ServeError> {
+    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+    let failed = |source| ServeError::AdminSocket {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(failed)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                tracing::warn!(socket = %path.display(), "another gate serves this admin socket; this one serves none");
+                return Ok(None);
+            }
+            std::fs::remove_file(path).map_err(failed)?
+        }
+        Ok(_) => {
+            return Err(failed(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a socket; remove it or choose another --admin-socket",
+            )));
+        }
+        Err(_) => {}
+    }
+    // Created with no permission for others, then set to owner read/write only.
+    let listener = tokio::net::UnixListener::bind(path).map_err(failed)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
+    let (service, admin) = services(gate, options.max_message_bytes, Authenticator::local());
+    let server = Server::builder()
+        .layer(rpc_layer)
+        .add_service(service)
+        .add_service(admin)
+        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener));
+    tracing::info!(socket = %path.display(), "admin socket: `oncegate admin` on this machine is the local operator");
+    let task = tokio::spawn(async move {
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "the admin socket stopped serving");
+        }
+    });
+    Ok(Some((task, path.to_owned())))
+}
+
 /// Name of the gate service in the health service (readiness follows the store under this name).
 pub const SERVICE_NAME: &str = "oncegate.v1.ActionGateService";
 
@@ -44,6 +122,9 @@ pub struct ServerOptions {
     pub health_listen: Option<std::net::SocketAddr>,
     /// Who may call the gate services; empty means an open gate.
     pub principals: Principals,
+    /// A Unix socket (mode 0600) serving both gate services to the local operator: `oncegate
+    /// admin` on the gate's machine needs no principal. `None`: no socket.
+    pub admin_socket: Option<std::path::PathBuf>,
 }
 
 /// Why the server stopped abnormally.
@@ -55,6 +136,11 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("health listener {0}: {1}")]
     HealthListen(std::net::SocketAddr, std::io::Error),
+    #[error("admin socket {}: {source}", path.display())]
+    AdminSocket {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Serves `gate` on `listener` until `shutdown` resolves, then drains in-flight calls for at most
@@ -108,19 +194,15 @@ pub async fn run(
         .build_v1alpha()?;
 
     let rpc_layer = RpcLayer::new(gate.metrics().clone());
+    let local = match &options.admin_socket {
+        Some(path) => serve_admin_socket(path, &gate, &options, rpc_layer.clone()).await?,
+        None => None,
+    };
     // Both gate services sit behind the one authenticator; health and reflection stay open.
-    let auth = Authenticator::new(options.principals.clone());
-    let service = InterceptedService::new(
-        pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(
-            gate.clone(),
-        ))
-        .max_decoding_message_size(options.max_message_bytes),
-        auth.clone(),
-    );
-    let admin = InterceptedService::new(
-        pb::gate_admin_service_server::GateAdminServiceServer::new(AdminService::new(gate))
-            .max_decoding_message_size(options.max_message_bytes),
-        auth,
+    let (service, admin) = services(
+        &gate,
+        options.max_message_bytes,
+        Authenticator::new(options.principals.clone()),
     );
 
     let mut builder = Server::builder();
@@ -158,6 +240,10 @@ pub async fn run(
         }
     };
     monitor.abort();
+    if let Some((task, path)) = local {
+        task.abort();
+        let _ = std::fs::remove_file(path);
+    }
     counter.abort();
     if let Some(task) = health_only {
         task.abort();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use super::{
-    auth::{self, Principal},
+    auth::{self, Capability, Principal},
     convert::{action_key, action_ref, action_view, approval, completion, duration_ms, timestamp},
     status::answer,
 };
@@ -31,7 +31,7 @@ impl GateService {
 /// The caller, and the check that it may act for `agent_id` (before any store call).
 fn authorized(principal: &Arc<Principal>, agent_id: &str) -> Result<(), GateError> {
     telemetry::record_principal(&principal.name);
-    principal.authorize(agent_id, false)
+    principal.authorize(agent_id, Capability::Work)
 }
 
 #[tonic::async_trait]

@@ -111,9 +111,9 @@ pub fn status(err: GateError) -> Status {
             Code::Unauthenticated,
             "a credential is required: `authorization: Bearer <api key>` or a client certificate",
         ),
-        GateError::ForbiddenScope { principal } => Wire::new(
+        GateError::ForbiddenScope { principal, why } => Wire::new(
             Code::PermissionDenied,
-            format!("principal {principal:?} may not act on this scope or call this RPC"),
+            format!("principal {principal:?} may not act on this scope or call this RPC: {why}"),
         )
         .meta("principal", principal),
         GateError::RateLimited { retry_after } => rate_limited(retry_after),

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Status, service::Interceptor};
 
-pub use principal::{Principal, Role};
+pub use principal::{ANONYMOUS, Capability, LOCAL_OPERATOR, Principal, Role};
 pub use principals::{PrincipalConfig, Principals, hash_key};
 
 use super::{status::status, tls};
@@ -57,7 +57,18 @@ impl Authenticator {
         }
     }
 
-    /// Resolves the caller of `request`.
+    /// The admin socket's: every call is [`Principal::local_operator`] (the socket's file mode
+    /// is the credential).
+    pub fn local() -> Self {
+        Self {
+            principals: Principals::default(),
+            anonymous: Arc::new(Principal::local_operator()),
+        }
+    }
+
+    /// Resolves the caller of `request`. A call with no credential is [`Principal::anonymous`]
+    /// (an agent for every agent) while no principal has the agent role: operators and approvers
+    /// added to an open gate do not lock its agents out.
     pub fn authenticate<T>(&self, request: &Request<T>) -> Result<Arc<Principal>, GateError> {
         if self.principals.is_empty() {
             return Ok(self.anonymous.clone());
@@ -73,11 +84,15 @@ impl Authenticator {
                 .by_api_key(key)
                 .ok_or(GateError::Unauthenticated);
         }
-        request
+        let by_certificate = request
             .peer_certs()
             .and_then(|certs| certs.first().map(|leaf| tls::identities(leaf.as_ref())))
-            .and_then(|ids| self.principals.by_cert_identity(&ids))
-            .ok_or(GateError::Unauthenticated)
+            .and_then(|ids| self.principals.by_cert_identity(&ids));
+        match by_certificate {
+            Some(principal) => Ok(principal),
+            None if !self.principals.has_agents() => Ok(self.anonymous.clone()),
+            None => Err(GateError::Unauthenticated),
+        }
     }
 }
 
@@ -140,13 +155,55 @@ mod tests {
         assert!(billing.may_act_for("billing-eu") && billing.may_act_for("ledger"));
         assert!(!billing.may_act_for("ledger-2") && !billing.may_act_for("bill"));
         assert!(
-            billing.authorize("billing-eu", true).is_err(),
+            billing.authorize("billing-eu", Capability::Settle).is_err(),
             "agents are not operators"
         );
         let ops = p
             .by_cert_identity(&["x".into(), "ops.example".into()])
             .unwrap();
-        assert!(ops.acts_for_all() && ops.authorize("anything", true).is_ok());
+        assert!(ops.acts_for_all() && ops.authorize("anything", Capability::Settle).is_ok());
+    }
+
+    #[test]
+    fn an_approver_decides_approvals_and_nothing_else() {
+        let p = config(&format!(
+            r#"
+            [[principals]]
+            name = "finance-lead"
+            role = "approver"
+            agents = ["billing-*"]
+            api_key_sha256 = "{}"
+            "#,
+            hash_key("k1")
+        ))
+        .unwrap();
+        let lead = p.by_api_key("k1").unwrap();
+        assert!(lead.authorize("billing-eu", Capability::Approve).is_ok());
+        for what in [Capability::Work, Capability::Settle, Capability::Read] {
+            let refused = lead.authorize("billing-eu", what).unwrap_err().to_string();
+            assert!(
+                refused.contains("role is approver") && refused.contains("needs the"),
+                "{refused}"
+            );
+        }
+        let elsewhere = lead.authorize("hr-1", Capability::Approve).unwrap_err();
+        assert!(elsewhere.to_string().contains("\"hr-1\""), "{elsewhere}");
+    }
+
+    #[test]
+    fn an_anonymous_refusal_says_what_to_configure() {
+        let refused = Principal::anonymous()
+            .authorize("billing", Capability::Settle)
+            .unwrap_err()
+            .to_string();
+        for needle in [
+            "admin.sock",
+            "[[principals]]",
+            "role = \"operator\"",
+            "--api-key",
+        ] {
+            assert!(refused.contains(needle), "{needle}: {refused}");
+        }
     }
 
     #[test]

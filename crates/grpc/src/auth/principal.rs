@@ -20,7 +20,61 @@ pub enum Role {
     /// A person or tool that settles what needs a human: every RPC, including GateAdminService,
     /// for its agents (every agent when `agents` is unset).
     Operator,
+    /// A person who decides held actions (a finance lead, an on-call engineer): DecideApproval
+    /// and ListApprovals for its agents (every agent when `agents` is unset), and nothing else.
+    Approver,
 }
+
+impl Role {
+    /// Its name, as the config file writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Agent => "agent",
+            Self::Operator => "operator",
+            Self::Approver => "approver",
+        }
+    }
+
+    /// Whether the role may do `what`.
+    pub fn grants(self, what: Capability) -> bool {
+        matches!(
+            (self, what),
+            (Self::Operator, _)
+                | (Self::Agent, Capability::Work)
+                | (Self::Approver, Capability::Approve)
+        )
+    }
+}
+
+/// What an RPC needs of its caller, besides acting for the agent it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// The worker RPCs (ActionGateService).
+    Work,
+    /// Deciding and listing approvals.
+    Approve,
+    /// Settling actions: an operator's completion, ResolveExpired.
+    Settle,
+    /// Reading what operators read: unresolved actions, receipt chains, budgets.
+    Read,
+}
+
+impl Capability {
+    /// The roles that have it, for the refusal's message.
+    fn roles(self) -> &'static str {
+        match self {
+            Self::Work => "agent or operator",
+            Self::Approve => "operator or approver",
+            Self::Settle | Self::Read => "operator",
+        }
+    }
+}
+
+/// The name of the caller that presented no credential.
+pub const ANONYMOUS: &str = "anonymous";
+
+/// The name of the caller on the gate's admin socket.
+pub const LOCAL_OPERATOR: &str = "local-operator";
 
 /// The agent ids a principal may act for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,8 +128,19 @@ impl Principal {
     /// actions.
     pub fn anonymous() -> Self {
         Self {
-            name: "anonymous".into(),
+            name: ANONYMOUS.into(),
             role: Role::Agent,
+            agents: Agents::All,
+            limiter: None,
+        }
+    }
+
+    /// The caller on the gate's own admin socket (`<data-dir>/admin.sock`, mode 0600): whoever can
+    /// open it is the user that runs the gate (or root), so it is an operator for every agent.
+    pub fn local_operator() -> Self {
+        Self {
+            name: LOCAL_OPERATOR.into(),
+            role: Role::Operator,
             agents: Agents::All,
             limiter: None,
         }
@@ -91,22 +156,59 @@ impl Principal {
         self.agents == Agents::All
     }
 
-    /// The scope check: `FORBIDDEN_SCOPE` unless it may act for `agent_id` (and, for an
-    /// operator-only RPC, is an operator). Decided before any store call, so a refused caller
-    /// learns nothing about the action.
-    pub fn authorize(&self, agent_id: &str, operator_only: bool) -> Result<(), GateError> {
-        let role_ok = !operator_only || self.role == Role::Operator;
-        if role_ok && self.may_act_for(agent_id) {
-            Ok(())
-        } else {
-            Err(self.forbidden())
+    /// The scope check: `FORBIDDEN_SCOPE` unless its role grants `what` and it may act for
+    /// `agent_id`. Decided before any store call, so a refused caller learns nothing about the
+    /// action. The refusal says what is missing.
+    pub fn authorize(&self, agent_id: &str, what: Capability) -> Result<(), GateError> {
+        if !self.role.grants(what) {
+            return Err(self.forbidden(self.lacks(what)));
         }
+        if !self.may_act_for(agent_id) {
+            return Err(self.forbidden(format!(
+                "it may not act for agent {agent_id:?} (its `agents` in [[principals]] do not \
+                 name it)"
+            )));
+        }
+        Ok(())
     }
 
-    /// `FORBIDDEN_SCOPE` for this principal.
-    pub fn forbidden(&self) -> GateError {
+    /// The check of a call about every agent at once (listing without naming an agent).
+    pub fn authorize_all(&self, what: Capability) -> Result<(), GateError> {
+        if !self.role.grants(what) {
+            return Err(self.forbidden(self.lacks(what)));
+        }
+        if !self.acts_for_all() {
+            return Err(
+                self.forbidden("it does not act for every agent: name one (--agent)".to_owned())
+            );
+        }
+        Ok(())
+    }
+
+    /// Why this principal's role does not allow `what`, and what to configure.
+    fn lacks(&self, what: Capability) -> String {
+        let needs = what.roles();
+        if self.name == ANONYMOUS {
+            return format!(
+                "this needs a principal with the {needs} role, and the caller presented no \
+                 credential: on the gate's machine run `oncegate admin` as the user that runs the \
+                 gate (it connects through <data-dir>/admin.sock); from elsewhere add a \
+                 [[principals]] entry with role = \"operator\" (or \"approver\") and an \
+                 api_key_sha256 to the config file (`oncegate hash-key` prints it) and pass its \
+                 key with --api-key"
+            );
+        }
+        format!(
+            "its role is {} and this needs the {needs} role (role in its [[principals]] entry)",
+            self.role.as_str()
+        )
+    }
+
+    /// `FORBIDDEN_SCOPE` for this principal, saying why.
+    pub fn forbidden(&self, why: String) -> GateError {
         GateError::ForbiddenScope {
             principal: self.name.clone(),
+            why,
         }
     }
 

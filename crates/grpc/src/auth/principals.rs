@@ -16,7 +16,7 @@ use super::principal::{Agents, Principal, Role};
 pub struct PrincipalConfig {
     /// Unique name, shown in audit events and errors.
     pub name: String,
-    /// `agent` or `operator`.
+    /// `agent`, `operator` or `approver`.
     pub role: Role,
     /// Agent ids it may act for: exact ids, `prefix*` patterns, or `*`. Required for agents;
     /// operators act for every agent when unset.
@@ -83,7 +83,7 @@ impl Principals {
                 (Some(list), _) if !list.is_empty() && list.iter().all(|a| !a.is_empty()) => {
                     Agents::parse(list)
                 }
-                (None, Role::Operator) => Agents::All,
+                (None, Role::Operator | Role::Approver) => Agents::All,
                 _ => {
                     return Err(format!(
                         "{at}: agents must list at least one non-empty agent id or pattern"
@@ -116,6 +116,12 @@ impl Principals {
     /// True when none are configured (the gate is open; see docs/security.md).
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// True when some principal has the agent role. Until one has, agents call without a
+    /// credential (as on an open gate): configuring operators or approvers never locks agents out.
+    pub fn has_agents(&self) -> bool {
+        self.entries.iter().any(|e| e.principal.role == Role::Agent)
     }
 
     /// How many are configured.
