@@ -171,6 +171,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
     tracing::info!(%addr, store = config.store.name(), durability_replicas = config.durability_replicas,
         config = %config_file, policies = config.policies.names().count(),
         strict = config.policies.strict, principals = config.server.principals.len(),
+        budgets = config.authorization.budgets.len(),
+        admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
         "oncegate serving");
     if let Some(rules) = &config.authorization.rules {
         tracing::info!(

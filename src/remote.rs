@@ -8,7 +8,7 @@
 
 use std::{error::Error as _, path::PathBuf, process::ExitCode, time::Duration};
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde_json::{Map, Value, json};
 use tonic::{
     Request, Status,
@@ -237,7 +237,7 @@ impl ActionArgs {
     }
 }
 
-/// A receipt, as text or from a file.
+/// A receipt, as text or from a file, and what it is.
 #[derive(Debug, Clone, Args)]
 pub struct ReceiptArgs {
     /// The receipt as text (e.g. the provider's transaction id, or JSON).
@@ -246,9 +246,30 @@ pub struct ReceiptArgs {
     /// A file holding the receipt (bytes).
     #[arg(long)]
     pub receipt_file: Option<PathBuf>,
+    /// What an operator's receipt is, so that every client replays it: json (replayed as the
+    /// value) or text (replayed as text). Default: json when it parses as JSON, else text.
+    #[arg(long, value_enum)]
+    pub receipt_format: Option<ReceiptFormatArg>,
+}
+
+/// `--receipt-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ReceiptFormatArg {
+    Json,
+    Text,
 }
 
 impl ReceiptArgs {
+    /// The operator receipt's format: as given, or json when `receipt` parses as JSON, else text.
+    pub fn format(&self, receipt: &[u8]) -> pb::ReceiptFormat {
+        match self.receipt_format {
+            Some(ReceiptFormatArg::Json) => pb::ReceiptFormat::Json,
+            Some(ReceiptFormatArg::Text) => pb::ReceiptFormat::Text,
+            None if serde_json::from_slice::<Value>(receipt).is_ok() => pb::ReceiptFormat::Json,
+            None => pb::ReceiptFormat::Text,
+        }
+    }
+
     /// The receipt's bytes (empty when neither is given).
     pub fn bytes(&self) -> Result<Vec<u8>, Stop> {
         match (&self.receipt, &self.receipt_file) {

@@ -29,6 +29,12 @@ pub fn completion(c: &pb::Completion) -> Value {
         "operator": c.operator,
         "seq": (c.seq != 0).then_some(c.seq),
         "statement": c.statement,
+        // Shown for an operator's receipt, which says what it is (a worker's is its own).
+        "receipt_format": match c.receipt_format() {
+            pb::ReceiptFormat::Json => Some("json"),
+            pb::ReceiptFormat::Text => Some("text"),
+            pb::ReceiptFormat::Unspecified => None,
+        },
     })
 }
 

@@ -193,6 +193,7 @@ async fn complete(
     let r = admin
         .record_external_completion(pb::RecordExternalCompletionRequest {
             action: Some(c.action.to_ref()),
+            receipt_format: c.receipt.format(&receipt) as i32,
             receipt,
             note: c.note.clone(),
             action_name: c.action_name.clone().unwrap_or_default(),
@@ -223,6 +224,10 @@ async fn resolve(
         .resolve_expired(pb::ResolveExpiredRequest {
             action: Some(r.action.to_ref()),
             resolution: resolution as i32,
+            receipt_format: match r.outcome {
+                Outcome::Completed => r.receipt.format(&receipt) as i32,
+                Outcome::Failed => pb::ReceiptFormat::Unspecified as i32,
+            },
             receipt,
             note: r.note.clone(),
         })

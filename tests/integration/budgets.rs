@@ -106,6 +106,28 @@ async fn sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back(ki
         .unwrap_err();
     let (budget, retry) = exceeded(&refused);
     assert_eq!(budget, "eur-per-hour");
+    // What a person reads: used and limit in the budget's units, when and in how long it frees up.
+    let meta = expect_error(&refused, Code::ResourceExhausted, "BUDGET_EXCEEDED");
+    assert_eq!(
+        (
+            meta["used"].as_str(),
+            meta["limit"].as_str(),
+            meta["requested"].as_str()
+        ),
+        ("100.00", "100.00", "1.00"),
+        "{meta:?}"
+    );
+    let message = refused.message();
+    assert!(
+        message.contains("100.00 of 100.00 used in the last 1 h, and this action needs 1.00"),
+        "{message}"
+    );
+    assert!(
+        message.contains(&format!("it frees up at {}", meta["retry_at"]))
+            && meta["retry_at"].ends_with('Z')
+            && (message.contains("(in 1 h") || message.contains("(in 59 min")),
+        "{message}"
+    );
     let retry = retry.expect("RetryInfo says when the window frees up");
     assert!(
         retry > Duration::from_secs(3500) && retry <= Duration::from_secs(3661),

@@ -12,8 +12,9 @@ use oncegate_domain::{
     ActionKey,
     fingerprint::{self, KeyFields, ParamsLimits},
     ledger::{
-        self, Bucket, Charge, ExternalCompletion, Hold, Millis, OnExpiry, Record, RequestHash,
-        Resolution, Side, SideWrite, Step, TokenRequest, Write, approval,
+        self, Bucket, Charge, ExternalCompletion, Hold, Millis, OnExpiry, OperatorReceipt,
+        ReceiptFormat, Record, RequestHash, Resolution, Side, SideWrite, Step, TokenRequest, Write,
+        approval,
     },
 };
 use oncegate_store::{Reply, Store};
@@ -181,6 +182,7 @@ impl Actor {
                 new_id: format!("ap-{}-{i}", self.seed),
                 ttl: 400,
                 action: "pay".into(),
+                params: format!(r#"{{"amount":{i}}}"#),
             }),
             charges: if self.charged {
                 BUDGETS
@@ -235,7 +237,7 @@ impl Actor {
                 self.tokens.push(grant.token.clone());
             }
             Ok(ledger::TokenOutcome::PendingApproval(_)) => self.visit("held for approval"),
-            Err(ledger::Refusal::BudgetExceeded { .. }) => self.visit("budget exceeded"),
+            Err(ledger::Refusal::BudgetExceeded(_)) => self.visit("budget exceeded"),
             Err(ledger::Refusal::ApprovalDenied { .. }) => {
                 self.visit("denied approval refused a request")
             }
@@ -371,9 +373,13 @@ impl Actor {
         let rng = &mut self.rng;
         let variant = rng.below(2) as usize;
         let ext = ExternalCompletion {
-            receipt: [&b"by hand"[..], b"phone"][rng.below(2) as usize].to_vec(),
-            note: "ticket-1".into(),
-            operator: ["ops", "ops2"][rng.below(2) as usize].into(),
+            written: OperatorReceipt {
+                receipt: [&b"by hand"[..], b"phone"][rng.below(2) as usize].to_vec(),
+                // Two formats: a repeat in the other one is another completion.
+                format: [ReceiptFormat::Text, ReceiptFormat::Json][rng.below(2) as usize],
+                note: "ticket-1".into(),
+                operator: ["ops", "ops2"][rng.below(2) as usize].into(),
+            },
             request: (rng.below(3) > 0).then(|| RequestHash {
                 fingerprint: format!("fp-{variant}"),
                 digests: digests(PARAMS[variant]),
@@ -399,11 +405,12 @@ impl Actor {
         let resolution = if self.rng.below(2) == 0 {
             Resolution::Failed
         } else {
-            Resolution::Completed {
-                receipt: format!("resolved-{i}").into_bytes(),
+            Resolution::Completed(OperatorReceipt {
+                receipt: format!("\"resolved-{i}\"").into_bytes(),
+                format: ReceiptFormat::Json,
                 note: "reconciled".into(),
                 operator: "ops".into(),
-            }
+            })
         };
         let superseded = self.released_with_superseded();
         let reply = self

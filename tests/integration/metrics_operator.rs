@@ -111,6 +111,7 @@ async fn operator_calls_are_timed_and_counted_by_operation() {
     let resolve = |action: &pb::ActionRef, resolution: pb::Resolution, receipt: &[u8]| {
         authed(
             pb::ResolveExpiredRequest {
+                receipt_format: pb::ReceiptFormat::Text as i32,
                 action: Some(action.clone()),
                 resolution: resolution as i32,
                 receipt: receipt.to_vec(),
@@ -138,6 +139,7 @@ async fn operator_calls_are_timed_and_counted_by_operation() {
     admin
         .record_external_completion(authed(
             pb::RecordExternalCompletionRequest {
+                receipt_format: pb::ReceiptFormat::Text as i32,
                 action: Some(operator_ref("invoice-3")),
                 receipt: b"tx-3".to_vec(),
                 note: "paid by hand".into(),

@@ -87,6 +87,7 @@ async fn hand_done_completion_reaches_the_worker_as_completed_by_other(kind: Kin
             pb::RecordExternalCompletionRequest {
                 action: Some(action.clone()),
                 receipt: b"wire 991".to_vec(),
+                receipt_format: pb::ReceiptFormat::Text as i32,
                 note: "paid by phone, ticket OPS-12".into(),
                 ..Default::default()
             },
@@ -136,6 +137,7 @@ async fn hand_done_completion_reaches_the_worker_as_completed_by_other(kind: Kin
         ..action.clone()
     };
     let external = |params: &str| pb::RecordExternalCompletionRequest {
+        receipt_format: pb::ReceiptFormat::Text as i32,
         action: Some(other.clone()),
         receipt: b"manual".to_vec(),
         note: "done in the admin panel".into(),
@@ -298,6 +300,7 @@ async fn expired_lease_resolved_completed(kind: Kind) {
         .admin
         .resolve_expired(authed(
             pb::ResolveExpiredRequest {
+                receipt_format: pb::ReceiptFormat::Text as i32,
                 action: Some(action.clone()),
                 resolution: pb::Resolution::Completed as i32,
                 receipt: b"tx_42".to_vec(),

@@ -115,6 +115,7 @@ async fn completions_form_one_chain_per_agent(kind: Kind) {
     let external = admin
         .record_external_completion(authed(
             pb::RecordExternalCompletionRequest {
+                receipt_format: pb::ReceiptFormat::Text as i32,
                 action: Some(pb::ActionRef {
                     scope: Some(pb::Scope {
                         agent_id: "billing-a".into(),

@@ -62,8 +62,10 @@ pub(super) fn token(key: &ActionKey, action: &str, decision: &TokenDecision, mod
             mode,
             "request_token"
         ),
-        TokenDecision::BudgetExceeded { budget, .. } => {
-            audit!(info, key, decision = name, action, budget = %budget, mode, "request_token")
+        TokenDecision::BudgetExceeded(exceeded) => {
+            audit!(info, key, decision = name, action, budget = %exceeded.budget,
+                used = exceeded.used, limit = exceeded.limit, requested = exceeded.requested,
+                mode, "request_token")
         }
         TokenDecision::Held(pending) => audit!(
             info,
@@ -142,7 +144,7 @@ pub fn refusal_name(refusal: &Refusal) -> &'static str {
         Refusal::AlreadyCompleted => "already_completed",
         Refusal::RequestRequired => "request_required",
         Refusal::NotExpired { .. } => "not_expired",
-        Refusal::BudgetExceeded { .. } => "budget_exceeded",
+        Refusal::BudgetExceeded(_) => "budget_exceeded",
         Refusal::ApprovalDenied { .. } => "approval_denied",
         Refusal::ApprovalNotPending { .. } => "approval_not_pending",
     }

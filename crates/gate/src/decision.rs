@@ -6,7 +6,7 @@
 
 use oncegate_domain::{
     ActionKey,
-    ledger::{Completion, Grant, GrantKind, Millis, Pending, Refusal, TokenOutcome},
+    ledger::{Completion, Exceeded, Grant, GrantKind, Millis, Pending, Refusal, TokenOutcome},
 };
 use oncegate_observe::metrics::Decision;
 use oncegate_store::StoreError;
@@ -33,11 +33,8 @@ pub enum TokenDecision {
         fencing: u64,
         expired_at: Millis,
     },
-    /// A budget would be exceeded; `retry_after` when enough of its window frees up.
-    BudgetExceeded {
-        budget: String,
-        retry_after: Option<Millis>,
-    },
+    /// A budget would be exceeded: which, used and limit, and when enough frees up.
+    BudgetExceeded(Exceeded),
     /// An operator denied the approval it needs.
     ApprovalDenied { id: String },
     /// A rule denies it (`policy`: the deciding policy; empty when none permits it).
@@ -63,13 +60,7 @@ impl TokenDecision {
                 fencing,
                 expired_at,
             },
-            Err(Refusal::BudgetExceeded {
-                budget,
-                retry_after,
-            }) => Self::BudgetExceeded {
-                budget,
-                retry_after,
-            },
+            Err(Refusal::BudgetExceeded(exceeded)) => Self::BudgetExceeded(exceeded),
             Err(Refusal::ApprovalDenied { id }) => Self::ApprovalDenied { id },
             Err(other) => {
                 return Err(StoreError::corrupt(format!(
@@ -99,7 +90,7 @@ impl TokenDecision {
             Self::KeyReused { .. } => Decision::KeyReused,
             Self::InProgress { .. } => Decision::InProgress,
             Self::LeaseExpired { .. } => Decision::LeaseExpired,
-            Self::BudgetExceeded { .. } => Decision::BudgetExceeded,
+            Self::BudgetExceeded(_) => Decision::BudgetExceeded,
             Self::ApprovalDenied { .. } => Decision::ApprovalDenied,
             Self::PolicyDenied { .. } => Decision::PolicyDenied,
         }
@@ -154,13 +145,7 @@ impl TokenDecision {
                     expired_at,
                 },
             }),
-            Self::BudgetExceeded {
-                budget,
-                retry_after,
-            } => Err(refused(Refusal::BudgetExceeded {
-                budget,
-                retry_after,
-            })),
+            Self::BudgetExceeded(exceeded) => Err(refused(Refusal::BudgetExceeded(exceeded))),
             Self::ApprovalDenied { id } => Err(refused(Refusal::ApprovalDenied { id })),
             Self::PolicyDenied { policy } => Err(GateError::PolicyDenied { policy }),
         }
@@ -190,10 +175,13 @@ mod tests {
             grant(GrantKind::Regranted),
             TokenDecision::KeyReused { differing: vec![] },
             TokenDecision::InProgress { retry_after: 1 },
-            TokenDecision::BudgetExceeded {
+            TokenDecision::BudgetExceeded(Exceeded {
                 budget: "b".into(),
                 retry_after: None,
-            },
+                used: 9,
+                limit: 10,
+                requested: 2,
+            }),
             TokenDecision::ApprovalDenied { id: "a".into() },
             TokenDecision::PolicyDenied { policy: "p".into() },
         ];

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use oncegate_domain::{ActionKey, ledger::Refusal};
+use oncegate_domain::{
+    ActionKey,
+    ledger::{Millis, Refusal},
+};
 use oncegate_store::StoreError;
 
 /// Why the gate did not do what was asked.
@@ -37,6 +40,26 @@ pub enum GateError {
     /// no policy permits it).
     #[error("denied by authorization policy {policy:?}")]
     PolicyDenied { policy: String },
+    /// A budget would be exceeded, as a person reads it.
+    #[error("budget {:?} would be exceeded", .0.budget)]
+    OverBudget(Box<OverBudget>),
+}
+
+/// A budget refusal as a person reads it: amounts in the budget's own units (`12.50`, a count of
+/// grants for a velocity cap), and when enough of the window frees up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OverBudget {
+    pub budget: String,
+    /// What the window holds, what it allows, what this action would add.
+    pub used: String,
+    pub limit: String,
+    pub requested: String,
+    /// The window's length.
+    pub window: Millis,
+    /// When enough frees up (store clock), and how long that is from the refusal; `None` when the
+    /// action alone is above the limit.
+    pub retry_at: Option<Millis>,
+    pub retry_after: Option<Millis>,
 }
 
 impl GateError {

@@ -24,7 +24,7 @@ mod token;
 use std::{future::Future, sync::Arc, time::Instant};
 
 pub use decision::TokenDecision;
-pub use error::GateError;
+pub use error::{GateError, OverBudget};
 pub use operator::ExternalCall;
 pub use request::{Prepared, TokenCall};
 pub use signing::Signer;

@@ -7,11 +7,23 @@
 use super::{Gate, GateError, audit, request};
 use oncegate_domain::{
     ActionKey,
-    ledger::{CompleteOutcome, ExternalCompletion, Resolution, Resolved, Source},
+    ledger::{
+        CompleteOutcome, ExternalCompletion, OperatorReceipt, ReceiptFormat, Resolution, Resolved,
+        Source,
+    },
     statement::receipt::ChainEntry,
 };
 use oncegate_observe::telemetry::{self, AUDIT};
 use oncegate_store::{ListCursor, Page};
+
+/// The name of a receipt format in audit lines.
+fn format_name(format: ReceiptFormat) -> &'static str {
+    match format {
+        ReceiptFormat::Unspecified => "unspecified",
+        ReceiptFormat::Json => "json",
+        ReceiptFormat::Text => "text",
+    }
+}
 
 /// Longest operator note, in bytes.
 pub const MAX_NOTE_BYTES: usize = 1024;
@@ -36,6 +48,8 @@ pub struct ReceiptPage {
 pub struct ExternalCall {
     pub key: ActionKey,
     pub receipt: Vec<u8>,
+    /// What the receipt is: JSON or text (required, checked).
+    pub format: ReceiptFormat,
     pub note: String,
     /// The operator principal's name.
     pub operator: String,
@@ -50,7 +64,7 @@ impl Gate {
     /// RecordExternalCompletion: mark an action completed by hand.
     pub async fn record_external(&self, call: ExternalCall) -> Result<CompleteOutcome, GateError> {
         let key = &call.key;
-        self.check_operator_input(key, &call.receipt, &call.note)?;
+        self.check_operator_input(key, &call.receipt, call.format, &call.note)?;
         telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
         let request = request::operator_request_hash(
             &self.policies,
@@ -60,9 +74,12 @@ impl Gate {
             &call.intent_id,
         )?;
         let ext = ExternalCompletion {
-            receipt: call.receipt,
-            note: call.note,
-            operator: call.operator,
+            written: OperatorReceipt {
+                receipt: call.receipt,
+                format: call.format,
+                note: call.note,
+                operator: call.operator,
+            },
             request,
         };
         let reply = self
@@ -81,7 +98,8 @@ impl Gate {
             Ok(done) => ("operator_completion_repeated", done.completion.fencing),
             Err(refusal) => (audit::refusal_name(refusal), 0),
         };
-        audit::audit!(info, key, decision = decision, fencing, note = %ext.note, "record_external_completion");
+        audit::audit!(info, key, decision = decision, fencing, note = %ext.written.note,
+            receipt_format = format_name(ext.written.format), "record_external_completion");
         let done = reply.result.map_err(GateError::Refused)?;
         if done.recorded {
             self.metrics.completion(Source::Operator);
@@ -97,11 +115,13 @@ impl Gate {
         resolution: Resolution,
         note: &str,
     ) -> Result<Resolved, GateError> {
-        let receipt = match &resolution {
-            Resolution::Completed { receipt, .. } => receipt.as_slice(),
-            Resolution::Failed => &[],
-        };
-        self.check_operator_input(key, receipt, note)?;
+        match &resolution {
+            Resolution::Completed(written) => {
+                self.check_operator_input(key, &written.receipt, written.format, note)?
+            }
+            Resolution::Failed => self.check_ref(key)?,
+        }
+        request::check_bytes("note", note.len(), MAX_NOTE_BYTES)?;
         telemetry::record_action(&key.agent_id, &key.run_id, None, &key.key);
         let reply = self
             .timed(
@@ -257,15 +277,31 @@ impl Gate {
     }
 
     /// Checks an operator call's action reference, receipt and note against the limits.
+    /// An operator's receipt: within the limits, and what it says it is (every client must be
+    /// able to replay it: JSON that parses, or UTF-8 text).
     fn check_operator_input(
         &self,
         key: &ActionKey,
         receipt: &[u8],
+        format: ReceiptFormat,
         note: &str,
     ) -> Result<(), GateError> {
         self.check_ref(key)?;
         let max = self.policies.limits.max_receipt_bytes;
         request::check_bytes("receipt", receipt.len(), max)?;
-        request::check_bytes("note", note.len(), MAX_NOTE_BYTES)
+        request::check_bytes("note", note.len(), MAX_NOTE_BYTES)?;
+        match format {
+            ReceiptFormat::Unspecified => Err(GateError::invalid(
+                "receipt_format",
+                "say what the receipt is, RECEIPT_FORMAT_JSON or RECEIPT_FORMAT_TEXT, so that \
+                 every client can replay it",
+            )),
+            ReceiptFormat::Json => serde_json::from_slice::<serde_json::Value>(receipt)
+                .map(drop)
+                .map_err(|e| GateError::invalid("receipt", format!("is not JSON: {e}"))),
+            ReceiptFormat::Text => std::str::from_utf8(receipt)
+                .map(drop)
+                .map_err(|e| GateError::invalid("receipt", format!("is not UTF-8 text: {e}"))),
+        }
     }
 }

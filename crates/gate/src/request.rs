@@ -35,6 +35,8 @@ pub struct Prepared {
     pub request: TokenRequest,
     /// The parsed params (for the authorization rules and budgets).
     pub params: serde_json::Map<String, serde_json::Value>,
+    /// The params as sent (kept with an approval, for the approver).
+    pub params_json: String,
     /// The action type, as asked.
     pub action: String,
     /// The intent, as asked (empty: none).
@@ -159,6 +161,7 @@ pub fn prepare_token(
         key,
         request,
         params: hashed.params,
+        params_json: call.params_json,
         action: call.action,
         intent_id: call.intent_id,
         keyed,

@@ -11,8 +11,8 @@ use super::{Gate, TokenAnswer, audit, request};
 use oncegate_domain::{
     ActionKey,
     ledger::{
-        CompleteOutcome, Completion, Grant, GrantKind, Millis, Source, TokenOutcome, TokenRequest,
-        first_fencing,
+        CompleteOutcome, Completion, Grant, GrantKind, Millis, ReceiptFormat, Source, TokenOutcome,
+        TokenRequest, first_fencing,
     },
 };
 
@@ -73,6 +73,7 @@ pub(super) fn complete(key: &ActionKey, token: &str, receipt: &[u8]) -> Option<C
             operator: String::new(),
             seq: 0,
             statement: String::new(),
+            format: ReceiptFormat::Unspecified,
         },
         recorded: false,
         double_execution: false,

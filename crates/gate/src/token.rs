@@ -7,6 +7,7 @@ use super::{
     Gate, GateError, Prepared, TokenAnswer, TokenCall, audit,
     authorization::Mode,
     decision::TokenDecision,
+    error::OverBudget,
     policy::ActionPolicy,
     policy_name, request,
     rules::{Facts, Verdict},
@@ -14,7 +15,7 @@ use super::{
 };
 use oncegate_domain::{
     ActionKey,
-    ledger::{Hold, Millis, Pending, TokenOutcome},
+    ledger::{Exceeded, Hold, Millis, Pending, TokenOutcome},
     statement::grant::GrantClaims,
 };
 use oncegate_observe::telemetry;
@@ -67,9 +68,15 @@ impl Gate {
             let answer = self.shadow_grant(key, &request);
             return Ok(self.signed(answer, policy, &action, &intent_id, shadow::now()));
         }
+        let outcome = match decision {
+            TokenDecision::BudgetExceeded(exceeded) => {
+                return Err(self.over_budget(exceeded, now));
+            }
+            decision => decision.into_outcome(&key)?,
+        };
         let answer = TokenAnswer {
             provider_key: key.provider_key(),
-            outcome: decision.into_outcome(&key)?,
+            outcome,
             key,
             fingerprint: request.fingerprint,
             replicas_acknowledged: replicas,
@@ -77,6 +84,26 @@ impl Gate {
             shadow: false,
         };
         Ok(self.signed(answer, policy, &action, &intent_id, now))
+    }
+
+    /// A budget refusal in the budget's own units, with when it frees up (`now`: the store's
+    /// time of the refusal).
+    fn over_budget(&self, exceeded: Exceeded, now: Millis) -> GateError {
+        let budget = self
+            .authz
+            .budgets
+            .iter()
+            .find(|b| b.name == exceeded.budget);
+        let display = |units: u64| budget.map_or_else(|| units.to_string(), |b| b.display(units));
+        GateError::OverBudget(Box::new(OverBudget {
+            used: display(exceeded.used),
+            limit: display(exceeded.limit),
+            requested: display(exceeded.requested),
+            window: budget.map_or(0, |b| b.window),
+            retry_at: exceeded.retry_after.map(|ms| now + ms),
+            retry_after: exceeded.retry_after,
+            budget: exceeded.budget,
+        }))
     }
 
     /// Counts and audits a decision: the attempt by its label and mode, the budget checks of a
@@ -96,8 +123,9 @@ impl Gate {
                     .budget(&charge.budget, "reserved", mode.as_str());
             }
         }
-        if let TokenDecision::BudgetExceeded { budget, .. } = decision {
-            self.metrics.budget(budget, "exceeded", mode.as_str());
+        if let TokenDecision::BudgetExceeded(exceeded) = decision {
+            self.metrics
+                .budget(&exceeded.budget, "exceeded", mode.as_str());
         }
         audit::token(&prepared.key, &prepared.action, decision, mode);
     }
@@ -173,6 +201,7 @@ impl Gate {
                     new_id: request::new_token(),
                     ttl: self.authz.approval_ttl,
                     action: prepared.action.clone(),
+                    params: prepared.params_json.clone(),
                 });
             }
         }

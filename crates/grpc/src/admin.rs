@@ -12,13 +12,14 @@ use tonic::{Request, Response, Status};
 use super::{
     auth::{self, Capability, Principal},
     convert::{
-        action_key, action_ref, approval_entry, completion, duration, receipt_entry, timestamp,
+        action_key, action_ref, approval_entry, completion, duration, receipt_entry,
+        receipt_format, timestamp,
     },
     status::answer,
 };
 use oncegate_domain::{
     ledger::approval::Decision,
-    ledger::{Resolution, Resolved},
+    ledger::{OperatorReceipt, Resolution, Resolved},
 };
 use oncegate_gate::{ExternalCall, Gate, GateError};
 use oncegate_observe::telemetry;
@@ -57,6 +58,7 @@ impl GateAdminService for AdminService {
             let call = ExternalCall {
                 key,
                 receipt: req.receipt,
+                format: receipt_format(req.receipt_format),
                 note: req.note,
                 operator: principal.name.clone(),
                 action_name: req.action_name,
@@ -82,11 +84,12 @@ impl GateAdminService for AdminService {
             let key = action_key(req.action)?;
             allowed(&principal, &key.agent_id, Capability::Settle)?;
             let resolution = match pb::Resolution::try_from(req.resolution) {
-                Ok(pb::Resolution::Completed) => Resolution::Completed {
+                Ok(pb::Resolution::Completed) => Resolution::Completed(OperatorReceipt {
                     receipt: req.receipt,
+                    format: receipt_format(req.receipt_format),
                     note: req.note.clone(),
                     operator: principal.name.clone(),
-                },
+                }),
                 Ok(pb::Resolution::Failed) if req.receipt.is_empty() => Resolution::Failed,
                 Ok(pb::Resolution::Failed) => {
                     return Err(GateError::invalid(

@@ -69,6 +69,20 @@ pub fn completion(done: ledger::Completion) -> pb::Completion {
         operator: done.operator,
         seq: done.seq,
         statement: done.statement,
+        receipt_format: match done.format {
+            ledger::ReceiptFormat::Unspecified => pb::ReceiptFormat::Unspecified,
+            ledger::ReceiptFormat::Json => pb::ReceiptFormat::Json,
+            ledger::ReceiptFormat::Text => pb::ReceiptFormat::Text,
+        } as i32,
+    }
+}
+
+/// A receipt format from the wire (an unknown number is unspecified: refused where required).
+pub fn receipt_format(format: i32) -> ledger::ReceiptFormat {
+    match pb::ReceiptFormat::try_from(format) {
+        Ok(pb::ReceiptFormat::Json) => ledger::ReceiptFormat::Json,
+        Ok(pb::ReceiptFormat::Text) => ledger::ReceiptFormat::Text,
+        _ => ledger::ReceiptFormat::Unspecified,
     }
 }
 

@@ -15,7 +15,7 @@ use oncegate_domain::{
     ActionKey,
     ledger::{Millis, Refusal, State},
 };
-use oncegate_gate::GateError;
+use oncegate_gate::{GateError, OverBudget};
 use oncegate_proto::ErrorReason;
 use oncegate_store::StoreError;
 
@@ -40,6 +40,7 @@ pub fn reason(error: &GateError) -> ErrorReason {
             Refusal::ApprovalNotPending { .. } => ErrorReason::ApprovalNotPending,
         },
         GateError::PolicyDenied { .. } => ErrorReason::PolicyDenied,
+        GateError::OverBudget(_) => ErrorReason::BudgetExceeded,
         GateError::Invalid { .. } => ErrorReason::InvalidRequest,
         GateError::Unauthenticated => ErrorReason::Unauthenticated,
         GateError::ForbiddenScope { .. } => ErrorReason::ForbiddenScope,
@@ -126,6 +127,7 @@ pub fn status(err: GateError) -> Status {
             },
         )
         .meta("policy_id", policy),
+        GateError::OverBudget(over) => budget_exceeded(&over),
     };
     let Wire {
         code,
@@ -191,10 +193,15 @@ fn refused(refusal: Refusal) -> Wire {
              hash can be stored",
         ),
         Refusal::NotExpired { state } => not_expired(state),
-        Refusal::BudgetExceeded {
-            budget,
-            retry_after,
-        } => budget_exceeded(&budget, retry_after),
+        Refusal::BudgetExceeded(exceeded) => budget_exceeded(&OverBudget {
+            used: exceeded.used.to_string(),
+            limit: exceeded.limit.to_string(),
+            requested: exceeded.requested.to_string(),
+            window: 0,
+            retry_at: None,
+            retry_after: exceeded.retry_after,
+            budget: exceeded.budget,
+        }),
         Refusal::ApprovalDenied { id } => Wire::new(
             Code::PermissionDenied,
             "an operator denied the approval this action needs; nothing was recorded",
@@ -212,22 +219,81 @@ fn refused(refusal: Refusal) -> Wire {
     }
 }
 
-fn budget_exceeded(budget: &str, retry_after: Option<Millis>) -> Wire {
-    let wire = Wire::new(
+/// A budget refusal a person reads: used and limit in the budget's units, and when it frees up
+/// as a time (UTC) and a duration; the metadata carries the same for programs.
+fn budget_exceeded(over: &OverBudget) -> Wire {
+    let OverBudget {
+        budget,
+        used,
+        limit,
+        requested,
+        window,
+        retry_at,
+        retry_after,
+    } = over;
+    let within = match window {
+        0 => String::new(),
+        w => format!(" in the last {}", human_duration(*w)),
+    };
+    let when = match (retry_at, retry_after) {
+        (Some(at), Some(ms)) => format!(
+            "; it frees up at {} (in {})",
+            rfc3339(*at),
+            human_duration(*ms)
+        ),
+        (None, Some(ms)) => format!("; it frees up in {}", human_duration(*ms)),
+        _ => "; this action alone is above the limit".to_owned(),
+    };
+    let mut wire = Wire::new(
         Code::ResourceExhausted,
-        match retry_after {
-            Some(ms) => format!(
-                "budget {budget:?} would be exceeded; nothing was recorded; it frees up in {ms} ms"
-            ),
-            None => format!(
-                "budget {budget:?} is smaller than this action by itself; nothing was recorded"
-            ),
-        },
+        format!(
+            "budget {budget:?} would be exceeded: {used} of {limit} used{within}, and this action \
+             needs {requested}; nothing was recorded{when}"
+        ),
     )
-    .meta("budget", budget);
+    .meta("budget", budget)
+    .meta("used", used)
+    .meta("limit", limit)
+    .meta("requested", requested);
+    if let Some(at) = retry_at {
+        wire = wire.meta("retry_at", rfc3339(*at));
+    }
     match retry_after {
-        Some(ms) => wire.meta("retry_after_ms", ms).retry_after(millis(ms)),
+        Some(ms) => wire.meta("retry_after_ms", ms).retry_after(millis(*ms)),
         None => wire,
+    }
+}
+
+/// Unix milliseconds as RFC 3339 UTC, to the second (`2026-12-03T14:05:00Z`).
+fn rfc3339(ms: Millis) -> String {
+    let seconds = ms.div_euclid(1000);
+    time::OffsetDateTime::from_unix_timestamp(seconds)
+        .ok()
+        .and_then(|t| {
+            t.format(&time::format_description::well_known::Rfc3339)
+                .ok()
+        })
+        .unwrap_or_else(|| format!("{seconds} (Unix seconds)"))
+}
+
+/// A duration as a person reads it: `23 h 59 min`, `4 min 10 s`, `12 s`, `350 ms`.
+fn human_duration(ms: Millis) -> String {
+    let ms = ms.max(0);
+    let (d, h, m, s) = (
+        ms / 86_400_000,
+        ms / 3_600_000 % 24,
+        ms / 60_000 % 60,
+        ms / 1000 % 60,
+    );
+    match (d, h, m, s) {
+        (0, 0, 0, 0) => format!("{ms} ms"),
+        (0, 0, 0, s) => format!("{s} s"),
+        (0, 0, m, 0) => format!("{m} min"),
+        (0, 0, m, s) => format!("{m} min {s} s"),
+        (0, h, 0, _) => format!("{h} h"),
+        (0, h, m, _) => format!("{h} h {m} min"),
+        (d, 0, _, _) => format!("{d} d"),
+        (d, h, _, _) => format!("{d} d {h} h"),
     }
 }
 

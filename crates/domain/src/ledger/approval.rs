@@ -47,6 +47,10 @@ pub struct Approval {
     /// The operator who decided it, and their note.
     pub operator: String,
     pub note: String,
+    /// The params of the request it covers, as the agent sent them (JSON text): what the
+    /// approver decides on. Empty in approvals stored before it was kept.
+    #[serde(default)]
+    pub params: String,
 }
 
 /// A rule's hold on a request, as the gate passes it to the store.
@@ -59,6 +63,8 @@ pub struct Hold {
     /// How long a new approval lives.
     pub ttl: Millis,
     pub action: String,
+    /// The request's params, as sent (JSON text), kept with a new approval for the approver.
+    pub params: String,
 }
 
 /// A pending approval as RequestToken answers it.
@@ -128,6 +134,7 @@ pub fn meet(
                 action: hold.action.clone(),
                 operator: String::new(),
                 note: String::new(),
+                params: hold.params.clone(),
             };
             Met::Wait {
                 pending: pending(&new),
@@ -201,6 +208,7 @@ mod tests {
             new_id: id.into(),
             ttl: 1_000,
             action: "files.delete".into(),
+            params: r#"{"path":"/a"}"#.into(),
         }
     }
 

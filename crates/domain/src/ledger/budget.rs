@@ -57,12 +57,16 @@ pub struct Reservation {
     pub amount: u64,
 }
 
-/// A grant that does not fit: the budget, and when enough of its window frees up (`None` when
-/// the amount alone is above the limit).
+/// A grant that does not fit: the budget, what its window holds and allows and what the grant
+/// would add (in the budget's units), and when enough of the window frees up (`None` when the
+/// amount alone is above the limit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exceeded {
     pub budget: String,
     pub retry_after: Option<Millis>,
+    pub used: u64,
+    pub limit: u64,
+    pub requested: u64,
 }
 
 /// The slot length of a window.
@@ -133,10 +137,14 @@ pub fn charge(
 ) -> Result<Vec<Reservation>, Exceeded> {
     for c in charges {
         let bucket = buckets.get(&c.bucket).cloned().unwrap_or_default();
-        if bucket.used(c.window, now) + c.amount > c.limit {
+        let used = bucket.used(c.window, now);
+        if used + c.amount > c.limit {
             return Err(Exceeded {
                 budget: c.budget.clone(),
                 retry_after: bucket.fits_in(c.limit, c.amount, c.window, now),
+                used,
+                limit: c.limit,
+                requested: c.amount,
             });
         }
     }

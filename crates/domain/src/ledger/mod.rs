@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::fingerprint;
 
 pub use approval::{Approval, ApprovalState, Hold, Pending};
-pub use budget::{Bucket, Charge, Reservation};
+pub use budget::{Bucket, Charge, Exceeded, Reservation};
 pub use operator::{is_unresolved, record_external};
 pub use side::{Side, SideWrite, release, request_token, reserved_buckets, resolve_expired};
 pub use worker::{complete, extend_lease, view};
@@ -148,6 +148,32 @@ pub struct Completion {
     /// ledger.
     #[serde(default)]
     pub statement: String,
+    /// How the receipt is read (an operator says JSON or text; a worker's is its own encoding).
+    #[serde(default)]
+    pub format: ReceiptFormat,
+}
+
+/// How a receipt's bytes are to be read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum ReceiptFormat {
+    /// The writer's own encoding (a worker's receipt): its client reads it back.
+    #[default]
+    Unspecified,
+    /// A JSON document.
+    Json,
+    /// UTF-8 text.
+    Text,
+}
+
+/// What an operator writes when they record an outcome: the receipt and how to read it, why,
+/// and who they are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorReceipt {
+    pub receipt: Vec<u8>,
+    pub format: ReceiptFormat,
+    pub note: String,
+    /// The operator principal's name.
+    pub operator: String,
 }
 
 /// What to do when a lease ends without Complete or Release.
@@ -278,12 +304,9 @@ pub enum Refusal {
     RequestRequired,
     /// ResolveExpired of an action whose lease has not ended unresolved (absent or live).
     NotExpired { state: State },
-    /// A budget would be exceeded by the grant; `retry_after` when enough of its window frees up
-    /// (`None`: the amount alone is above the limit).
-    BudgetExceeded {
-        budget: String,
-        retry_after: Option<Millis>,
-    },
+    /// A budget would be exceeded by the grant: which, what its window holds and allows, what
+    /// the grant would add, and when enough of it frees up.
+    BudgetExceeded(Exceeded),
     /// An operator denied the approval this request needs.
     ApprovalDenied { id: String },
     /// DecideApproval of an approval that is not pending: its state, or `None` when there is no
@@ -350,10 +373,7 @@ pub struct RequestHash {
 /// An operator's record of an action done by hand, outside any agent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExternalCompletion {
-    pub receipt: Vec<u8>,
-    pub note: String,
-    /// The operator principal's name.
-    pub operator: String,
+    pub written: OperatorReceipt,
     /// Required when the action has no record; checked against the stored hash otherwise.
     pub request: Option<RequestHash>,
 }
@@ -362,11 +382,7 @@ pub struct ExternalCompletion {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
     /// The effect happened: record it, as an operator completion.
-    Completed {
-        receipt: Vec<u8>,
-        note: String,
-        operator: String,
-    },
+    Completed(OperatorReceipt),
     /// The effect definitely did not happen: release (fencing kept), so the action can be granted
     /// again with a higher fencing number.
     Failed,

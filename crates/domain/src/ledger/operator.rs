@@ -2,29 +2,29 @@
 //! of an expired lease, and what ListUnresolved lists.
 
 use super::{
-    CompleteOutcome, Completion, ExternalCompletion, Millis, Phase, Record, Refusal, Resolution,
-    Resolved, Source, State, Step, TokenGrant, Write, live, refuse_reused, view,
+    CompleteOutcome, Completion, ExternalCompletion, Millis, OperatorReceipt, Phase, Record,
+    Refusal, Resolution, Resolved, Source, State, Step, TokenGrant, Write, live, refuse_reused,
+    view,
 };
 
 /// A completion recorded by an operator, with the live token (if any) moved to `older` so that
 /// its holder's later Complete hears COMPLETED_BY_OTHER: the action may then have run twice.
 fn operator_completion(
     rec: &Record,
-    receipt: &[u8],
-    note: &str,
-    operator: &str,
+    written: &OperatorReceipt,
     now: Millis,
 ) -> (Completion, Record) {
     let completion = Completion {
-        receipt: receipt.to_vec(),
+        receipt: written.receipt.clone(),
         completed_at: now,
         fencing: rec.fencing,
         token: String::new(),
         source: Source::Operator,
-        note: note.to_owned(),
-        operator: operator.to_owned(),
+        note: written.note.clone(),
+        operator: written.operator.clone(),
         seq: 0,
         statement: String::new(),
+        format: written.format,
     };
     let mut older = rec.older.clone();
     if let Phase::Authorized { token, .. } = &rec.phase {
@@ -78,8 +78,7 @@ pub fn record_external(
                 at: now,
             },
         };
-        let (completion, record) =
-            operator_completion(&base, &ext.receipt, &ext.note, &ext.operator, now);
+        let (completion, record) = operator_completion(&base, &ext.written, now);
         let outcome = CompleteOutcome {
             completion,
             recorded: true,
@@ -90,8 +89,9 @@ pub fn record_external(
     match &rec.phase {
         Phase::Completed(done)
             if done.source == Source::Operator
-                && done.receipt == ext.receipt
-                && done.operator == ext.operator =>
+                && done.receipt == ext.written.receipt
+                && done.format == ext.written.format
+                && done.operator == ext.written.operator =>
         {
             let outcome = CompleteOutcome {
                 completion: done.clone(),
@@ -102,8 +102,7 @@ pub fn record_external(
         }
         Phase::Completed(_) => Step::refuse(Refusal::AlreadyCompleted),
         _ => {
-            let (completion, record) =
-                operator_completion(rec, &ext.receipt, &ext.note, &ext.operator, now);
+            let (completion, record) = operator_completion(rec, &ext.written, now);
             let outcome = CompleteOutcome {
                 completion,
                 recorded: true,
@@ -130,12 +129,8 @@ pub(super) fn resolve_expired(
         (_, state) => return Step::refuse(Refusal::NotExpired { state }),
     };
     match resolution {
-        Resolution::Completed {
-            receipt,
-            note,
-            operator,
-        } => {
-            let (completion, record) = operator_completion(rec, receipt, note, operator, now);
+        Resolution::Completed(written) => {
+            let (completion, record) = operator_completion(rec, written, now);
             Step::reply(Resolved::Completed(completion), Write::Put(record))
         }
         Resolution::Failed => {

@@ -82,12 +82,7 @@ pub fn request_token(
         let mut buckets = side.buckets.clone();
         match budget::charge(&mut buckets, &req.charges, grant.fencing, now) {
             Ok(reserved) => rec.reservations.extend(reserved),
-            Err(exceeded) => {
-                return Step::refuse(Refusal::BudgetExceeded {
-                    budget: exceeded.budget,
-                    retry_after: exceeded.retry_after,
-                });
-            }
+            Err(exceeded) => return Step::refuse(Refusal::BudgetExceeded(exceeded)),
         }
         write.buckets = buckets;
     }

@@ -1,9 +1,9 @@
 //! The worker transitions: RequestToken, Complete, Release, ExtendLease, and the GetAction view.
 
 use super::{
-    ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Phase, Record,
-    Refusal, Source, State, Step, TokenGrant, TokenOutcome, TokenRequest, Write, first_fencing,
-    live, refuse_reused,
+    ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Phase,
+    ReceiptFormat, Record, Refusal, Source, State, Step, TokenGrant, TokenOutcome, TokenRequest,
+    Write, first_fencing, live, refuse_reused,
 };
 
 /// RequestToken against the record alone (the side state's part is [`super::side`]'s).
@@ -208,6 +208,7 @@ fn record_completion(
         operator: String::new(),
         seq: 0,
         statement: String::new(),
+        format: ReceiptFormat::Unspecified,
     };
     let older = rec
         .older

@@ -5,7 +5,9 @@ use super::{Decoded, Extra, Ran, RedisStore, confirmed, listing, unexpected};
 use crate::{ListCursor, Page, Receipts, Reply, StoreError};
 use oncegate_domain::{
     ActionKey,
-    ledger::{CompleteOutcome, ExternalCompletion, Resolution, Resolved, refuse_reused},
+    ledger::{
+        CompleteOutcome, ExternalCompletion, ReceiptFormat, Resolution, Resolved, refuse_reused,
+    },
     statement::receipt::receipt_digest,
 };
 
@@ -29,19 +31,21 @@ impl RedisStore {
             ),
             None => ("", "", "0".to_owned(), false),
         };
+        let written = &ext.written;
         let digest = receipts
-            .map(|_| receipt_digest(&ext.receipt))
+            .map(|_| receipt_digest(&written.receipt))
             .unwrap_or_default();
-        let args: [&[u8]; 9] = [
-            &ext.receipt,
-            ext.note.as_bytes(),
-            ext.operator.as_bytes(),
+        let args: [&[u8]; 10] = [
+            &written.receipt,
+            written.note.as_bytes(),
+            written.operator.as_bytes(),
             if ext.request.is_some() { b"1" } else { b"0" },
             fp.as_bytes(),
             digests.as_bytes(),
             retention.as_bytes(),
             if sliding { b"1" } else { b"0" },
             digest.as_bytes(),
+            format_arg(written.format),
         ];
         let wait = self.wait_for(replicas);
         let Ran {
@@ -104,22 +108,19 @@ impl RedisStore {
         receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
         let digest = match (resolution, receipts) {
-            (Resolution::Completed { receipt, .. }, Some(_)) => receipt_digest(receipt),
+            (Resolution::Completed(written), Some(_)) => receipt_digest(&written.receipt),
             _ => String::new(),
         };
-        let args: [&[u8]; 5] = match resolution {
-            Resolution::Completed {
-                receipt,
-                note,
-                operator,
-            } => [
+        let args: [&[u8]; 6] = match resolution {
+            Resolution::Completed(written) => [
                 b"completed",
-                receipt,
-                note.as_bytes(),
-                operator.as_bytes(),
+                &written.receipt,
+                written.note.as_bytes(),
+                written.operator.as_bytes(),
                 digest.as_bytes(),
+                format_arg(written.format),
             ],
-            Resolution::Failed => [b"failed", b"", b"", b"", b""],
+            Resolution::Failed => [b"failed", b"", b"", b"", b"", b"0"],
         };
         let wait = self.wait_for(replicas);
         let Ran {
@@ -170,5 +171,14 @@ impl RedisStore {
         limit: usize,
     ) -> Result<Reply<Page>, StoreError> {
         listing::list(self, agent_id, after, limit).await
+    }
+}
+
+/// A receipt format as the scripts take it (the RECEIPT_FORMAT slot of prelude.lua).
+fn format_arg(format: ReceiptFormat) -> &'static [u8] {
+    match format {
+        ReceiptFormat::Unspecified => b"0",
+        ReceiptFormat::Json => b"1",
+        ReceiptFormat::Text => b"2",
     }
 }

@@ -22,6 +22,8 @@ local OPERATOR = 17         -- the operator principal's name (idem)
 local PRINCIPAL = 18        -- the principal the live token was granted to (absent in older records)
 local RECEIPT_SEQ = 19      -- the completion's place in its agent's receipt chain (absent/0: none)
 local STATEMENT = 20        -- the completion's signed receipt statement ('' until the gate stores it)
+-- (21 is RESERVED, the budget reservations, below)
+local RECEIPT_FORMAT = 22   -- how the receipt is read: 0 the writer's own, 1 JSON, 2 text (absent: 0)
 
 -- Values of STATE and SOURCE, and the slots of one OLDER entry.
 local AUTHORIZED, COMPLETED, RELEASED = 1, 2, 3
@@ -111,13 +113,14 @@ end
 
 -- An operator completion (ledger::operator_completion): the live token, if any, joins the older
 -- ones so that its holder hears COMPLETED_BY_OTHER.
-local function operator_complete(rec, receipt, note, operator)
+local function operator_complete(rec, receipt, note, operator, format)
   if rec[STATE] == AUTHORIZED then
     table.insert(rec[OLDER], { [G_TOKEN] = rec[TOKEN], [G_FENCING] = rec[FENCING] })
   end
   rec[STATE], rec[EXPIRES_AT], rec[TOKEN] = COMPLETED, NOW + rec[RETENTION], ''
   rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING] = receipt, NOW, rec[FENCING]
   rec[SOURCE], rec[NOTE], rec[OPERATOR] = BY_OPERATOR, note, operator
+  rec[RECEIPT_FORMAT] = format
   settled_grant(rec)
 end
 
@@ -139,13 +142,14 @@ local function find_older(rec, token)
   return nil, nil
 end
 
--- The completion fields of a reply end with the receipt chain's: seq, statement, and (for the
--- completion a script just recorded and chained) the previous and the new chain entries, raw.
+-- The completion fields of a reply end with the receipt chain's (seq, statement), the receipt's
+-- format, and (for the completion a script just recorded and chained) the previous and the new
+-- chain entries, raw.
 local function completion_reply(tag, rec, recorded, double, chained)
   chained = chained or { '', '' }
   return { NOW, tag, recorded, double, rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING],
            rec[TOKEN], rec[SOURCE], rec[NOTE] or '', rec[OPERATOR] or '', rec[RECEIPT_SEQ] or 0,
-           rec[STATEMENT] or '', chained[1], chained[2] }
+           rec[STATEMENT] or '', rec[RECEIPT_FORMAT] or 0, chained[1], chained[2] }
 end
 
 -- Receipt chains. One agent's chain is a list, og:{<agent digest>}:receipts (KEYS[3] of the
@@ -249,8 +253,9 @@ local function budget_charge(hash, charges, fencing)
   for i, c in ipairs(charges) do
     local b = bucket_load(hash, c[1]) or { c[3], c[4], {} }
     loaded[i] = b
-    if bucket_used(b, c[6]) + c[7] > c[5] then
-      return { NOW, 'budget_exceeded', c[2], bucket_fits_in(b, c[5], c[7], c[6]) }, nil
+    local used = bucket_used(b, c[6])
+    if used + c[7] > c[5] then
+      return { NOW, 'budget_exceeded', c[2], bucket_fits_in(b, c[5], c[7], c[6]), used, c[5], c[7] }, nil
     end
   end
   local reserved = {}
@@ -311,9 +316,10 @@ local function budget_give_back(hash, rec, fencing)
 end
 
 -- An approval (og:{<agent digest>}:<action digest>:approval, with PXAT when it lapses):
--- { id, fingerprint, digests, state, created_at, expires_at, policy, reason, action, operator, note }
+-- { id, fingerprint, digests, state, created_at, expires_at, policy, reason, action, operator, note,
+--   params } (params: the request's params as sent; absent in approvals stored before it was kept)
 local A_ID, A_FINGERPRINT, A_DIGESTS, A_STATE, A_CREATED, A_EXPIRES = 1, 2, 3, 4, 5, 6
-local A_POLICY, A_REASON, A_ACTION, A_OPERATOR, A_NOTE = 7, 8, 9, 10, 11
+local A_POLICY, A_REASON, A_ACTION, A_OPERATOR, A_NOTE, A_PARAMS = 7, 8, 9, 10, 11, 12
 local PENDING, APPROVED, DENIED, USED = 1, 2, 3, 4
 
 local function approval_load(key)
@@ -341,7 +347,7 @@ local function approval_pending_reply(a)
 end
 
 -- What a held grant meets (approval::meet): a reply to give instead of the grant, or nil and the
--- approval to store with the grant (used). hold: { policy, reason, new_id, ttl, action }.
+-- approval to store with the grant (used). hold: { policy, reason, new_id, ttl, action, params }.
 local function approval_meet(key, index, member, hold, fingerprint, digests)
   local a = approval_load(key)
   if a and a[A_STATE] == USED then
@@ -360,7 +366,8 @@ local function approval_meet(key, index, member, hold, fingerprint, digests)
   if a then
     return approval_pending_reply(a), nil
   end
-  a = { hold[3], fingerprint, digests, PENDING, NOW, NOW + hold[4], hold[1], hold[2], hold[5], '', '' }
+  a = { hold[3], fingerprint, digests, PENDING, NOW, NOW + hold[4], hold[1], hold[2], hold[5], '', '',
+        hold[6] }
   approval_save(key, index, member, a)
   return approval_pending_reply(a), nil
 end

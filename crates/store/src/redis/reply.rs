@@ -7,8 +7,10 @@ use super::listing;
 
 use crate::StoreError;
 use oncegate_domain::{
-    ledger::{ActionView, Completion, Grant, GrantKind, Millis, Refusal, Source, State},
-    ledger::{Approval, ApprovalState, Bucket, Pending},
+    ledger::{
+        ActionView, Completion, Grant, GrantKind, Millis, ReceiptFormat, Refusal, Source, State,
+    },
+    ledger::{Approval, ApprovalState, Bucket, Exceeded, Pending},
 };
 
 /// What a script said, decoded once.
@@ -65,6 +67,22 @@ type PackedApproval = (
     String,
     String,
     String,
+    String,
+);
+
+/// An approval stored before the params were kept (eleven slots).
+type OlderApproval = (
+    String,
+    String,
+    String,
+    i64,
+    Millis,
+    Millis,
+    String,
+    String,
+    String,
+    String,
+    String,
 );
 
 fn approval(bytes: &[u8]) -> Result<Approval, StoreError> {
@@ -80,8 +98,16 @@ fn approval(bytes: &[u8]) -> Result<Approval, StoreError> {
         action,
         operator,
         note,
-    ): PackedApproval =
-        rmp_serde::from_slice(bytes).map_err(|e| StoreError::corrupt_by("approval", e))?;
+        params,
+    ): PackedApproval = match rmp_serde::from_slice(bytes) {
+        Ok(packed) => packed,
+        Err(e) => match rmp_serde::from_slice::<OlderApproval>(bytes) {
+            Ok((id, fp, dg, st, cr, ex, po, re, ac, op, no)) => {
+                (id, fp, dg, st, cr, ex, po, re, ac, op, no, String::new())
+            }
+            Err(_) => return Err(StoreError::corrupt_by("approval", e)),
+        },
+    };
     Ok(Approval {
         id,
         fingerprint,
@@ -94,6 +120,7 @@ fn approval(bytes: &[u8]) -> Result<Approval, StoreError> {
         action,
         operator,
         note,
+        params,
     })
 }
 
@@ -213,10 +240,13 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
         "approval_denied" => Decoded::Refused(Refusal::ApprovalDenied {
             id: fields.string()?,
         }),
-        "budget_exceeded" => Decoded::Refused(Refusal::BudgetExceeded {
+        "budget_exceeded" => Decoded::Refused(Refusal::BudgetExceeded(Exceeded {
             budget: fields.string()?,
             retry_after: Some(fields.int()?).filter(|ms| *ms >= 0),
-        }),
+            used: fields.int()?.max(0) as u64,
+            limit: fields.int()?.max(0) as u64,
+            requested: fields.int()?.max(0) as u64,
+        })),
         "not_pending" => Decoded::Refused(Refusal::ApprovalNotPending {
             state: match fields.int()? {
                 0 => None,
@@ -352,6 +382,11 @@ impl Fields {
         let operator = self.string()?;
         let seq = self.uint()?;
         let statement = self.string()?;
+        let format = match self.int()? {
+            1 => ReceiptFormat::Json,
+            2 => ReceiptFormat::Text,
+            _ => ReceiptFormat::Unspecified,
+        };
         Ok(Completion {
             receipt,
             completed_at,
@@ -362,6 +397,7 @@ impl Fields {
             operator,
             seq,
             statement,
+            format,
         })
     }
 }

@@ -17,12 +17,14 @@
 -- KEYS[3..5], only with a hold or charges: the agent's budgets hash, the action's approval, the
 --   agent's approvals index (og:{<agent digest>}:budgets, …:<action digest>:approval, …:approvals)
 -- Returns: { now, 'granted', kind (1 new, 2 redelivered, 3 regranted), token, fencing, lease_expires_at }
---        | { now, 'completed', 0, 0, receipt, completed_at, fencing, token, source, note, operator }
+--        | { now, 'completed', 0, 0, receipt, completed_at, fencing, token, source, note, operator,
+--            seq, statement, receipt_format, '', '' }
 --        | { now, 'key_reused', stored_digests }
 --        | { now, 'in_progress', retry_after_ms }
 --        | { now, 'lease_expired', token, fencing, lease_expired_at }
 --        | { now, 'pending_approval', approval_id, expires_at, policy, reason }
---        | { now, 'approval_denied', approval_id } | { now, 'budget_exceeded', budget, retry_after_ms (-1: never) }
+--        | { now, 'approval_denied', approval_id } | { now, 'budget_exceeded', budget, retry_after_ms (-1: never),
+--          used, limit, requested }
 local key = KEYS[1]
 local fingerprint, digests, holder, new_token = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local lease, retention = tonumber(ARGV[6]), tonumber(ARGV[7])

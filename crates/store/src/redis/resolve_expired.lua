@@ -8,10 +8,11 @@
 -- ARGV[4]: note ('completed' only; kept with the completion)
 -- ARGV[5]: operator (the principal's name)
 -- ARGV[6]: the receipt's SHA-256 (hex) to chain the completion with ('completed'); '' for no chain
+-- ARGV[7]: the receipt's format ('completed'): 0 unspecified, 1 JSON, 2 text
 -- KEYS[3]: the agent's receipt chain (used with ARGV[6])
 -- KEYS[4]: the agent's budgets hash ('failed' gives the grant's budget reservations back)
 -- Returns: { now, 'completed', 1, 0, receipt, completed_at, fencing, token, source, note, operator,
---            seq, statement, previous entry, new entry }
+--            seq, statement, receipt_format, previous entry, new entry }
 --        | { now, 'released', fencing }
 --        | { now, 'not_expired', state (1 absent, 2 authorized) } | { now, 'already_completed' }
 local key, resolution = KEYS[1], ARGV[2]
@@ -30,7 +31,7 @@ if rec[STATE] == AUTHORIZED and NOW < rec[LEASE_END] then
   return { NOW, 'not_expired', 2 }
 end
 if resolution == 'completed' then
-  operator_complete(rec, ARGV[3], ARGV[4], ARGV[5])
+  operator_complete(rec, ARGV[3], ARGV[4], ARGV[5], tonumber(ARGV[7]) or 0)
   local chained = chain(rec, ARGV[6])
   save(key, rec)
   return completion_reply('completed', rec, 1, 0, chained)

@@ -242,7 +242,7 @@ fn authorization_args(req: &TokenRequest) -> Result<(Vec<u8>, Vec<u8>), StoreErr
         rmp_serde::to_vec(value).map_err(|e| StoreError::corrupt_by("packing", e))
     }
     let hold = match &req.hold {
-        Some(h) => pack(&(&h.policy, &h.reason, &h.new_id, h.ttl, &h.action))?,
+        Some(h) => pack(&(&h.policy, &h.reason, &h.new_id, h.ttl, &h.action, &h.params))?,
         None => Vec::new(),
     };
     let charges = if req.charges.is_empty() {

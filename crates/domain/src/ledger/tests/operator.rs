@@ -13,19 +13,23 @@ pub(super) fn hash(fp: &str) -> RequestHash {
 
 pub(super) fn external(receipt: &[u8], request: Option<RequestHash>) -> ExternalCompletion {
     ExternalCompletion {
-        receipt: receipt.to_vec(),
-        note: "paid by phone".into(),
-        operator: "ops".into(),
+        written: OperatorReceipt {
+            receipt: receipt.to_vec(),
+            format: ReceiptFormat::Text,
+            note: "paid by phone".into(),
+            operator: "ops".into(),
+        },
         request,
     }
 }
 
 pub(super) fn resolved_completed(receipt: &[u8]) -> Resolution {
-    Resolution::Completed {
+    Resolution::Completed(OperatorReceipt {
         receipt: receipt.to_vec(),
+        format: ReceiptFormat::Json,
         note: "provider says paid".into(),
         operator: "ops".into(),
-    }
+    })
 }
 
 #[test]
