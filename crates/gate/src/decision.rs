@@ -138,7 +138,7 @@ impl TokenDecision {
                 fencing,
                 expired_at,
             } => Err(GateError::Unresolved {
-                key: key.clone(),
+                key: Box::new(key.clone()),
                 refusal: Refusal::LeaseExpired {
                     token,
                     fencing,
@@ -219,7 +219,7 @@ mod tests {
             expired_at: 9,
         };
         match decision.into_outcome(&key) {
-            Err(GateError::Unresolved { key: named, .. }) => assert_eq!(named, key),
+            Err(GateError::Unresolved { key: named, .. }) => assert_eq!(*named, key),
             other => panic!("{other:?}"),
         }
     }

@@ -19,7 +19,10 @@ pub enum GateError {
     /// refusal with the action it names, so that the answer carries everything settling it needs
     /// (the action reference and its provider key, besides the token and fencing number).
     #[error("refused: {refusal:?} for {key:?}")]
-    Unresolved { key: ActionKey, refusal: Refusal },
+    Unresolved {
+        key: Box<ActionKey>,
+        refusal: Refusal,
+    },
     /// The request is malformed; `field` is the proto field path.
     #[error("invalid {field}: {description}")]
     Invalid { field: String, description: String },
