@@ -11,9 +11,12 @@ BUF := npx --yes @bufbuild/buf@1.75.0
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data. ARGS passes flags
 ## to `oncegate serve`, e.g. make run ARGS="--config policies.toml --log-format json". The binary
-## it builds is target/release/oncegate.
+## it builds is target/release/oncegate; the first build says so, and cargo shows its progress.
 run:
-	$(CARGO) run --release --locked -- serve $(ARGS)
+	@test -x target/release/oncegate || echo "make run: first build of the gate (release, every dependency; a few minutes on 2 cores; cargo prints each crate as it compiles). Later runs rebuild only what changed."
+	$(CARGO) build --release --locked --bin oncegate
+	@echo "make run: starting the gate on 127.0.0.1:50051, embedded store in ./oncegate-data. On this machine target/release/oncegate admin needs no key (it uses ./oncegate-data/admin.sock). Ctrl-C stops the gate."
+	target/release/oncegate serve $(ARGS)
 
 ## Start clean: delete the records `make run` keeps in ./oncegate-data (the build stays).
 clean-data:
