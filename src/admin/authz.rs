@@ -147,6 +147,7 @@ fn entry(e: &pb::ApprovalEntry) -> Value {
         "expires_at": approval.expires_at.map(|t| t.to_string()),
         "operator": e.operator,
         "note": e.note,
+        "params": serde_json::from_str::<Value>(&e.params_json).unwrap_or(Value::Null),
     })
 }
 
@@ -171,6 +172,9 @@ pub fn human(command: &AuthzCommand, value: &Value) -> Option<String> {
                     a["reason"].as_str().unwrap_or_default(),
                     a["expires_at"].as_str().unwrap_or("?"),
                 ));
+                if !a["params"].is_null() {
+                    out.push_str(&format!("    params {}\n", a["params"]));
+                }
             }
         }
         AuthzCommand::Budgets(_) => {

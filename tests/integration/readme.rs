@@ -5,8 +5,12 @@
 //! value) and in a command stands for it; `...` skips lines; a shown `oncegate call:` (or
 //! `admin:`) error line, or a `refused:` line, means the command must fail with exit status 1. So
 //! the docs cannot drift from the product: change one, the other must follow. The pages:
-//! docs/getting-started.md (the walkthrough) and docs/security.md (a grant statement verified
-//! offline). `docs.rs` checks that no other page has a `console` block.
+//! docs/getting-started.md (the walkthrough), docs/security.md (a grant statement verified
+//! offline) and docs/operators-guide.md (the first approval and the first reconciliation, with
+//! `oncegate admin` over the admin socket: that page names the gate's address itself, which the
+//! test maps to its gate's, and its first `cedar` block is written as `rules.cedar` beside the
+//! config). Besides `oncegate`, a session may `sleep`. `docs.rs` checks that no other page has a
+//! `console` block.
 //!
 //! The grpcurl alternative is run by the Python client's tests (`test_docs.py`): grpcurl is not
 //! packaged here. What it relies on, reflection describing the error details, is
@@ -20,10 +24,15 @@ use crate::support::GateProcess;
 
 /// The pages with terminal sessions, and the `oncegate serve` flags of each one's gate beyond
 /// `--data-dir` (`{toml}`: the page's first `toml` block, as a file).
-pub const SESSIONS: [(&str, &[&str]); 2] = [
+pub const SESSIONS: [(&str, &[&str]); 3] = [
     ("docs/getting-started.md", &[]),
     ("docs/security.md", &["--config", "{toml}"]),
+    ("docs/operators-guide.md", &["--config", "{toml}"]),
 ];
+
+/// The address the operator's guide names (the one `make run` listens on), mapped to the test
+/// gate's; that page is not given `ONCEGATE_SERVER`, so `oncegate admin` finds the admin socket.
+const MAKE_RUN_ADDRESS: &str = "127.0.0.1:50051";
 
 /// One command of a session and the output the page shows for it.
 #[derive(Debug)]
@@ -183,6 +192,11 @@ fn run_sessions(page: &str, gate_args: &[&str]) {
             args.push(arg);
         }
     }
+    if text.contains("```cedar\n") {
+        std::fs::write(dir.path().join("rules.cedar"), first_block(&text, "cedar")).unwrap();
+    }
+    // Only the operator's guide names the address (the others rely on ONCEGATE_SERVER).
+    let names_address = page == SESSIONS[2].0;
     let gate = GateProcess::spawn(&args);
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_oncegate")).parent().unwrap();
     let path = format!(
@@ -193,13 +207,21 @@ fn run_sessions(page: &str, gate_args: &[&str]) {
     let mut bound = HashMap::new();
     for step in &steps {
         let command = substitute(&step.command, &bound);
-        assert!(command.starts_with("oncegate "), "{command}");
-        let out = Command::new("sh")
+        assert!(
+            command.starts_with("oncegate ") || command.starts_with("sleep "),
+            "{command}"
+        );
+        let command = command.replace(MAKE_RUN_ADDRESS, &gate.addr);
+        let mut shell = Command::new("sh");
+        shell.env_remove("ONCEGATE_SERVER");
+        if !names_address {
+            shell.env("ONCEGATE_SERVER", format!("http://{}", gate.addr));
+        }
+        let out = shell
             .arg("-c")
             .arg(&command)
             .current_dir(dir.path())
             .env("PATH", &path)
-            .env("ONCEGATE_SERVER", format!("http://{}", gate.addr))
             .env_remove("ONCEGATE_API_KEY")
             .env_remove("ONCEGATE_DATA_DIR")
             .env_remove("ONCEGATE_SIGNING_KEY")
@@ -241,6 +263,12 @@ fn the_getting_started_walkthrough_runs_as_written() {
 #[test]
 fn the_security_guide_verifies_a_grant_as_written() {
     let (page, args) = SESSIONS[1];
+    run_sessions(page, args);
+}
+
+#[test]
+fn the_operators_guide_approves_and_reconciles_as_written() {
+    let (page, args) = SESSIONS[2];
     run_sessions(page, args);
 }
 

@@ -157,6 +157,7 @@ pub fn approval_entry(key: &ActionKey, a: Approval) -> pb::ApprovalEntry {
         created_at: Some(timestamp(a.created_at)),
         operator: a.operator,
         note: a.note,
+        params_json: a.params,
     }
 }
 
