@@ -4,8 +4,8 @@
 //! not a bare `tonic::Status`, so callers branch on what happened.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), oncegate::client::ClientError> {
-//! use oncegate::client::{ActionSpec, GateClient};
+//! # async fn demo() -> Result<(), oncegate_client::ClientError> {
+//! use oncegate_client::{ActionSpec, GateClient};
 //! let mut gate = GateClient::connect("http://127.0.0.1:50051").await?;
 //! let spec = ActionSpec::new("billing-agent", "run-7", "payments.transfer", r#"{"amount":100}"#);
 //! let reply = gate.request_token(&spec).await?;

@@ -109,7 +109,8 @@ async fn acquire<G: GateCalls, E: std::fmt::Debug>(
         if left.is_zero() {
             return Err(GuardError::Gate(err));
         }
-        tokio::time::sleep(delay.clamp(Duration::from_millis(10), left)).await;
+        // Not `clamp`: it panics when less than its minimum is left.
+        tokio::time::sleep(delay.max(Duration::from_millis(10)).min(left)).await;
     }
 }
 
