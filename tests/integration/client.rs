@@ -1,6 +1,6 @@
 //! The Rust client and guard against a real gate: replay without running, definite failures
-//! released, ambiguous ones kept for reconciliation, waiting out an attempt in progress, and a
-//! reused key stopping the guard.
+//! released, ambiguous ones kept for reconciliation, waiting out an attempt in progress, a
+//! reused key stopping the guard, and the hooks the MCP gateway runs the guard with.
 
 use std::{
     sync::{
@@ -11,12 +11,13 @@ use std::{
 };
 
 use oncegate_client::{
-    ActionSpec, ClientError, Failure, GateClient, GuardError, GuardOptions, Outcome, TokenReply,
+    ActionSpec, ClientError, Failure, GateClient, GuardError, GuardHooks, GuardOptions, Outcome,
+    TokenReply, run_once_on,
 };
 use oncegate_gate::policy::Policies;
 use oncegate_proto::{self as pb};
 
-use crate::support::{Kind, StoreTime, TestGate, millis_of};
+use crate::support::{Kind, Scrape, StoreTime, TestGate, millis_of};
 
 async fn gate_client(gate: &TestGate) -> GateClient {
     GateClient::connect(format!("http://{}", gate.addr))
@@ -243,4 +244,121 @@ async fn the_heartbeat_keeps_a_long_action_alive() {
         .await
         .unwrap();
     assert!(matches!(outcome, Outcome::Executed { .. }));
+}
+
+/// The guard's hooks (what the MCP gateway runs it with) change what they name and nothing else:
+/// the release reason, a receipt too large to keep, waiting for a lease longer than the wait, and
+/// an unreachable gate.
+#[tokio::test]
+async fn the_guard_hooks_change_what_they_name() {
+    let mut policies = Policies::default();
+    policies.limits.max_receipt_bytes = 64;
+    let (gate, metrics) = TestGate::start_with_metrics(Kind::Embedded, policies).await;
+    let client = gate_client(&gate).await;
+    let defaults = GuardOptions::default();
+
+    // A definite failure of an action that never started: released as not attempted.
+    let spec = ActionSpec::new("agent", "run", "payments.transfer", r#"{"amount":1}"#);
+    let never = GuardHooks::new().release_reason(|_: &&str| pb::ReleaseReason::NotAttempted);
+    let err = run_once_on(&client, &spec, &defaults, &never, |_| async {
+        Err::<Vec<u8>, _>(Failure::Definite("refused before sending"))
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, GuardError::Failed("refused before sending")),
+        "{err:?}"
+    );
+    let scrape = Scrape::fetch(metrics).await;
+    let releases = |reason| scrape.sum("oncegate_releases_total", &[("reason", reason)]);
+    assert_eq!(
+        (releases("not_attempted"), releases("definite_failure")),
+        (1.0, 0.0)
+    );
+
+    // A receipt above the limit: without the hook, Complete is not acknowledged; with it, the
+    // replacement is recorded, and replayed later.
+    let large = vec![b'x'; 100];
+    let spec = ActionSpec::new("agent", "run", "report.export", r#"{"month":5}"#);
+    let err = client
+        .run_once(&spec, &defaults, |_| async {
+            Ok::<_, Failure<()>>(large.clone())
+        })
+        .await
+        .unwrap_err();
+    let GuardError::CompleteUnacknowledged { error, .. } = &err else {
+        panic!("expected CompleteUnacknowledged, got {err:?}");
+    };
+    assert!(matches!(error, ClientError::Invalid { field, .. } if field == "receipt"));
+    let spec = ActionSpec::new("agent", "run", "report.export", r#"{"month":6}"#);
+    let note = GuardHooks::<()>::new()
+        .replace_oversized_receipt(|r| format!("{} bytes, not kept", r.len()).into_bytes());
+    let outcome = run_once_on(&client, &spec, &defaults, &note, |_| async {
+        Ok::<_, Failure<()>>(large.clone())
+    })
+    .await
+    .unwrap();
+    assert_eq!(outcome.receipt(), b"100 bytes, not kept");
+    let again = client
+        .run_once(&spec, &defaults, |_| async {
+            Ok::<_, Failure<()>>(b"no".to_vec())
+        })
+        .await
+        .unwrap();
+    assert!(matches!(&again, Outcome::Replayed(done) if done.receipt == b"100 bytes, not kept"));
+
+    // Another attempt's lease (300 s) outlasts the wait: by default the guard stops at once;
+    // told to wait whatever the lease, it polls for the whole wait and then says in progress.
+    let other = ActionSpec::new("agent", "run", "email.send", r#"{"to":"x"}"#);
+    client.clone().request_token(&other).await.unwrap();
+    let short = GuardOptions {
+        max_wait: Duration::from_millis(300),
+        poll_interval: Duration::from_millis(50),
+        ..GuardOptions::default()
+    };
+    let ran = Arc::new(AtomicUsize::new(0));
+    let work = |_| {
+        let ran = ran.clone();
+        async move {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Failure<()>>(b"sent".to_vec())
+        }
+    };
+    let err = client.run_once(&other, &short, work).await.unwrap_err();
+    assert!(
+        matches!(err, GuardError::InProgressBeyondWait { .. }),
+        "{err:?}"
+    );
+    let patient = GuardHooks::new().wait_whatever_the_lease();
+    let err = run_once_on(&client, &other, &short, &patient, work)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GuardError::Gate(ClientError::InProgress { .. })),
+        "{err:?}"
+    );
+
+    // Nobody listens: told to fail at once, the guard does not wait out its hour.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect_lazy();
+    let nobody = GateClient::from_channel(channel);
+    let hour = GuardOptions {
+        max_wait: Duration::from_secs(3600),
+        ..GuardOptions::default()
+    };
+    let fast = GuardHooks::new().fail_at_once_when_unavailable();
+    let err = run_once_on(&nobody, &spec, &hour, &fast, work)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, GuardError::Gate(ClientError::Unavailable(_))),
+        "{err:?}"
+    );
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "nothing ran");
 }

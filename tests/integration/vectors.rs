@@ -11,7 +11,7 @@ fn error_name(e: &ParamsError) -> &'static str {
         ParamsError::NotAnObject => "not_an_object",
         ParamsError::TooDeep(_) => "too_deep",
         ParamsError::DuplicateMember(_) => "duplicate_member",
-        ParamsError::UnsafeNumber => "unsafe_number",
+        ParamsError::UnsafeNumber { .. } => "unsafe_number",
         ParamsError::InexactNumber { .. } => "inexact_number",
     }
 }

@@ -1,5 +1,7 @@
 """Fixtures of the MCP gateway tests: the `oncegate` binary ($ONCEGATE_BIN), gateways over stdio
-and Streamable HTTP, a gRPC gate with API keys, and the upstream's effects file."""
+and Streamable HTTP, a gRPC gate with API keys, the upstream's effects file, and raw JSON-RPC
+sessions (over stdio and Streamable HTTP) for what the SDK cannot send: number literals a Python
+float would round before they leave the client."""
 
 from __future__ import annotations
 
@@ -8,15 +10,20 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 
 BIN = os.environ.get("ONCEGATE_BIN", str(Path(__file__).parents[2] / "target/debug/oncegate"))
 UPSTREAM = str(Path(__file__).with_name("upstream_server.py"))
@@ -30,8 +37,6 @@ def anyio_backend() -> str:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -103,23 +108,48 @@ class World:
         self.config.write_text(text)
         return self.config
 
-    def gateway_args(self, *extra: str, data_dir: str = "gateway-data") -> list[str]:
+    def gateway_args(
+        self, *extra: str, data_dir: str = "gateway-data", upstream: str | None = None
+    ) -> list[str]:
         args = ["mcp", *extra]
         if "--gate" not in extra:
             args += ["--data-dir", str(self.dir / data_dir)]
         if self.config is not None:
             args += ["--config", str(self.config)]
+        if upstream is not None:
+            return [*args, "--upstream-url", upstream]
         return [*args, "--upstream-command", sys.executable, UPSTREAM]
 
-    def stdio_client(self, *extra: str, **options) -> Client:
-        """An MCP client that starts the gateway as its stdio server (the `command`/`args` form)."""
+    def start_http_upstream(self) -> str:
+        """Starts the upstream on Streamable HTTP (once for many sessions); returns its URL."""
+        port = free_port()
+        process = subprocess.Popen([sys.executable, UPSTREAM, "--http", str(port)], env=self.env())
+        self.processes.insert(0, process)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    return f"http://127.0.0.1:{port}/mcp"
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("the upstream did not start")
+
+    def stdio_client(self, *extra: str, errlog: TextIO | None = None, **options) -> Client:
+        """An MCP client that starts the gateway as its stdio server (the `command`/`args` form);
+        the gateway's standard error goes to `errlog` when given."""
         params = StdioServerParameters(command=BIN, args=self.gateway_args(*extra), env=self.env())
+        if errlog is not None:
+            return Client(stdio_client(params, errlog=errlog), **options)
         return Client(params, **options)
 
-    def start_http_gateway(self, *extra: str) -> str:
-        """Starts a gateway on Streamable HTTP; returns its URL."""
+    def start_http_gateway(
+        self, *extra: str, data_dir: str = "gateway-data", upstream: str | None = None
+    ) -> str:
+        """Starts a gateway on Streamable HTTP (upstream: a child process, or `upstream`'s URL);
+        returns its URL."""
+        args = self.gateway_args("--listen", "127.0.0.1:0", *extra, data_dir=data_dir, upstream=upstream)
         process = subprocess.Popen(
-            [BIN, *self.gateway_args("--listen", "127.0.0.1:0", *extra)],
+            [BIN, *args],
             stdout=subprocess.PIPE,
             text=True,
             env=self.env(),
@@ -131,12 +161,17 @@ class World:
         while self.processes and self.processes[-1].args[1] == "mcp":
             _stop(self.processes.pop())
 
-    def start_gate(self, config: str, *extra: str) -> str:
-        """Starts `oncegate serve` (embedded store) with `config`; returns its URL."""
+    def stop_gates(self) -> None:
+        for process in [p for p in self.processes if p.args[1] == "serve"]:
+            _stop(process)
+            self.processes.remove(process)
+
+    def start_gate(self, config: str, *extra: str, data_dir: str = "gate-data") -> str:
+        """Starts `oncegate serve` (embedded store in `data_dir`) with `config`; returns its URL."""
         path = self.dir / "gate.toml"
         path.write_text(config)
         process = subprocess.Popen(
-            [BIN, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(self.dir / "gate-data"),
+            [BIN, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(self.dir / data_dir),
              "--config", str(path), *extra],
             stdout=subprocess.PIPE,
             text=True,
@@ -144,6 +179,27 @@ class World:
         )
         self.processes.insert(0, process)
         return f"http://{_listening(process, 'oncegate serve')}"
+
+    def cli(self, *args: str) -> tuple[int, dict]:
+        """`oncegate ARGS --json`: the exit code and the JSON document (an error's too)."""
+        done = subprocess.run(
+            [BIN, *args, "--json"], capture_output=True, text=True, timeout=30, check=False
+        )
+        return done.returncode, json.loads(done.stdout)
+
+    def raw_stdio(self, *extra: str) -> RawStdio:
+        """A gateway on stdio, driven by raw JSON-RPC lines (its standard error in a file)."""
+        log = open(self.dir / f"gateway-{len(self.processes)}.log", "w", encoding="utf-8")  # noqa: SIM115
+        process = subprocess.Popen(
+            [BIN, *self.gateway_args(*extra)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            env=self.env(),
+        )
+        self.processes.append(process)
+        return RawStdio(process, Path(log.name))
 
     def admin(self, gate: str, *args: str) -> dict:
         """`oncegate admin --json` as the operator."""
@@ -153,6 +209,109 @@ class World:
         )
         assert done.returncode == 0, done.stdout + done.stderr
         return json.loads(done.stdout)
+
+
+INITIALIZE = {
+    "protocolVersion": "2025-06-18",
+    "capabilities": {},
+    "clientInfo": {"name": "raw-json-rpc", "version": "1"},
+}
+
+
+def tools_call(request_id: int, tool: str, arguments: str | None) -> str:
+    """A `tools/call` line whose arguments are `arguments` verbatim (JSON text, or absent)."""
+    params = f'{{"name":{json.dumps(tool)}' + (f',"arguments":{arguments}' if arguments is not None else "")
+    return f'{{"jsonrpc":"2.0","id":{request_id},"method":"tools/call","params":{params}}}}}'
+
+
+class RawStdio:
+    """One MCP session over a gateway's stdio, one JSON-RPC message per line, sent as written."""
+
+    def __init__(self, process: subprocess.Popen[str], log: Path) -> None:
+        self.process, self.log, self.next_id = process, log, 100
+        self.request("initialize", INITIALIZE)
+        self.send('{"jsonrpc":"2.0","method":"notifications/initialized"}')
+
+    def send(self, line: str) -> None:
+        assert self.process.stdin is not None and "\n" not in line
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def answer(self, request_id: int) -> dict:
+        """Reads messages until the answer to `request_id`."""
+        assert self.process.stdout is not None
+        while True:
+            line = self.process.stdout.readline()
+            if not line:
+                raise AssertionError(f"the gateway exited: {self.log.read_text()}")
+            message = json.loads(line)
+            if message.get("id") == request_id and "method" not in message:
+                return message
+
+    def request(self, method: str, params: dict) -> dict:
+        self.next_id += 1
+        self.send(json.dumps({"jsonrpc": "2.0", "id": self.next_id, "method": method, "params": params}))
+        return self.answer(self.next_id)
+
+    def call(self, tool: str, arguments: str | None) -> dict:
+        """`tools/call` with `arguments` as written; the JSON-RPC answer."""
+        self.next_id += 1
+        self.send(tools_call(self.next_id, tool, arguments))
+        return self.answer(self.next_id)
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(30)
+
+
+class RawHttp:
+    """One MCP session over a gateway's Streamable HTTP endpoint: each message POSTed as written."""
+
+    HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+    def __init__(self, url: str) -> None:
+        self.url, self.next_id, self.session = url, 100, ""
+        status, headers, _ = self.post(json.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INITIALIZE}
+        ))
+        assert status == 200, status
+        self.session = headers["mcp-session-id"]
+        status, _, _ = self.post('{"jsonrpc":"2.0","method":"notifications/initialized"}')
+        assert status == 202, status
+
+    def _send(self, method: str, body: str | None) -> tuple[int, dict[str, str], str]:
+        headers = dict(self.HEADERS)
+        if self.session:
+            headers |= {"Mcp-Session-Id": self.session, "MCP-Protocol-Version": "2025-06-18"}
+        request = urllib.request.Request(
+            self.url, data=None if body is None else body.encode(), headers=headers, method=method
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                status, got, text = response.status, response.headers, response.read().decode()
+        except urllib.error.HTTPError as refused:
+            status, got, text = refused.code, refused.headers, refused.read().decode()
+        return status, {k.lower(): v for k, v in got.items()}, text
+
+    def post(self, body: str) -> tuple[int, dict[str, str], str]:
+        return self._send("POST", body)
+
+    def call(self, tool: str, arguments: str | None) -> tuple[int, dict | None]:
+        """`tools/call` with `arguments` as written: the HTTP status and the JSON-RPC answer (from
+        the event stream; `None` when the body holds none)."""
+        self.next_id += 1
+        status, _, text = self.post(tools_call(self.next_id, tool, arguments))
+        for line in text.splitlines():
+            if line.startswith("data:") and line[5:].strip():
+                message = json.loads(line[5:])
+                if message.get("id") == self.next_id:
+                    return status, message
+        return status, None
+
+    def delete(self) -> int:
+        """Ends the session (HTTP DELETE); the status."""
+        return self._send("DELETE", None)[0]
 
 
 @pytest.fixture

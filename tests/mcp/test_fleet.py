@@ -6,24 +6,18 @@ from __future__ import annotations
 
 import os
 import signal
-import urllib.request
 
 import anyio
 import pytest
 from conftest import AGENT_KEY, GATE_CONFIG, World, free_port
 from mcp import Client
-from test_gateway import content, meta
+from test_gateway import content, meta, scrape
 
 pytestmark = pytest.mark.anyio
 
 
 def gateway_to(gate: str, *extra: str) -> tuple[str, ...]:
     return ("--gate", gate, "--api-key", AGENT_KEY, "--agent-id", "support-bot", *extra)
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return response.read().decode()
 
 
 async def test_two_clients_racing_through_two_gateways_execute_once(world: World) -> None:
@@ -43,11 +37,23 @@ async def test_two_clients_racing_through_two_gateways_execute_once(world: World
     assert sorted(bool(meta(r).get("oncegate/replayed")) for r in results) == [False, True]
 
 
+async def until_unresolved(world: World, gate: str) -> list[dict]:
+    """Waits until the gate lists an unresolved action of support-bot (its lease has ended)."""
+    while True:
+        listed = world.admin(gate, "list-unresolved", "--agent", "support-bot")["actions"]
+        if listed:
+            return listed
+        await anyio.sleep(0.2)
+
+
 async def test_upstream_killed_mid_call_outcome_unknown_until_an_operator_resolves(world: World) -> None:
-    gate = world.start_gate(GATE_CONFIG)
-    args = gateway_to(gate, "--run-id", "run-9", "--in-progress-wait-seconds", "10")
+    # A lease long enough that the retries below meet it live (the gate says "in progress").
+    gate = world.start_gate(GATE_CONFIG.replace("lease_ttl_seconds = 2", "lease_ttl_seconds = 6"))
+    seen = gateway_to(gate, "--run-id", "run-9")
+    # Another gateway of the fleet, which did not see the attempt die (it answers at once).
+    elsewhere = gateway_to(gate, "--run-id", "run-9", "--in-progress-wait-seconds", "0")
     call = {"title": "replace disk", "delay": 30}
-    async with world.stdio_client(*args) as client:
+    async with world.stdio_client(*seen) as client, world.stdio_client(*elsewhere) as other:
         outcome: dict = {}
 
         async def slow() -> None:
@@ -57,7 +63,8 @@ async def test_upstream_killed_mid_call_outcome_unknown_until_an_operator_resolv
             tg.start_soon(slow)
             while not world.effects():
                 await anyio.sleep(0.05)
-            os.kill(world.upstream_pids()[-1], signal.SIGKILL)
+            # The first upstream started is the first client's (each starts at initialize).
+            os.kill(world.upstream_pids()[0], signal.SIGKILL)
         unknown = outcome["result"]
         assert unknown.is_error and meta(unknown)["oncegate/error"] == "OUTCOME_UNKNOWN"
         text = content(unknown)[0]["text"]
@@ -65,22 +72,39 @@ async def test_upstream_killed_mid_call_outcome_unknown_until_an_operator_resolv
         assert meta(unknown)["oncegate/provider_key"].startswith("og-")
         assert meta(unknown)["oncegate/provider_key"] in text
 
-        # The retry does not execute: the lease was kept, and once it ends it is unresolved.
+        # The gateway that saw the attempt die says so at once: the lease is live, but nobody
+        # is running the tool. Nothing is executed.
         retry = await client.call_tool("create_ticket", call)
-        assert retry.is_error and meta(retry)["oncegate/error"] == "LEASE_EXPIRED_UNRESOLVED"
+        assert retry.is_error and meta(retry)["oncegate/error"] == "OUTCOME_UNKNOWN"
+        assert "forwarded by this gateway" in content(retry)[0]["text"]
+        assert meta(retry)["oncegate/provider_key"] == meta(unknown)["oncegate/provider_key"]
+        # Another gateway cannot tell a lost attempt from a running one: it says both.
+        other_retry = await other.call_tool("create_ticket", call)
+        assert meta(other_retry)["oncegate/error"] == "IDEMPOTENCY_IN_PROGRESS"
+        other_text = content(other_retry)[0]["text"]
+        assert "its outcome is unknown or it is still running" in other_text
+        assert "do not re-run it" in other_text
         assert len(world.effects()) == 1
 
-        listed = world.admin(gate, "list-unresolved", "--agent", "support-bot")["actions"]
+        # Once the lease ends, the gate itself says so to every gateway.
+        listed = await until_unresolved(world, gate)
         assert len(listed) == 1 and listed[0]["run_id"] == "run-9"
+        for gateway in (client, other):
+            after = await gateway.call_tool("create_ticket", call)
+            assert meta(after)["oncegate/error"] == "LEASE_EXPIRED_UNRESOLVED"
+        assert len(world.effects()) == 1
+
         world.admin(gate, "resolve", "--agent", "support-bot", "--run", "run-9",
                     "--key", listed[0]["key"], "--outcome", "completed",
                     "--receipt", "ticket T-1 found in the help desk", "--note", "checked by hand")
 
         replayed = await client.call_tool("create_ticket", call)
-    assert not replayed.is_error
-    assert meta(replayed)["oncegate/replayed"] is True
-    assert meta(replayed)["oncegate/recorded_by"] == "operator"
-    assert "ticket T-1 found in the help desk" in content(replayed)[0]["text"]
+        replayed_elsewhere = await other.call_tool("create_ticket", call)
+    for result in (replayed, replayed_elsewhere):
+        assert not result.is_error
+        assert meta(result)["oncegate/replayed"] is True
+        assert meta(result)["oncegate/recorded_by"] == "operator"
+        assert "ticket T-1 found in the help desk" in content(result)[0]["text"]
     assert len(world.effects()) == 1
 
 
@@ -145,6 +169,7 @@ async def test_the_in_progress_wait_runs_out_while_another_gateway_holds_the_lea
         assert waited.is_error and meta(waited)["oncegate/error"] == "IDEMPOTENCY_IN_PROGRESS"
         text = content(waited)[0]["text"]
         assert "had not finished after 1 s" in text
+        assert "its outcome is unknown or it is still running" in text
         assert meta(waited)["oncegate/provider_key"] in text
         # Once the holder has finished, the same call gets its result.
         later = await client.call_tool("create_ticket", call)
@@ -155,16 +180,27 @@ async def test_the_in_progress_wait_runs_out_while_another_gateway_holds_the_lea
 
 
 
-async def test_an_unreachable_gate_executes_nothing_and_read_only_tools_pass(world: World) -> None:
+async def test_an_unreachable_gate_fails_at_once_logged_and_counted(world: World) -> None:
     closed = f"http://127.0.0.1:{free_port()}"
-    args = ("--gate", closed, "--agent-id", "support-bot", "--in-progress-wait-seconds", "1")
-    async with world.stdio_client(*args) as client:
-        refused = await client.call_tool("create_ticket", {"title": "nobody home"})
-        read = await client.call_tool("count_tickets", {})
-        listed = await client.list_tools()
-    assert refused.is_error and meta(refused)["oncegate/error"] == "GATE_UNAVAILABLE"
-    text = content(refused)[0]["text"]
-    assert "Nothing was done" in text and "unavailable" in text
+    port = free_port()
+    # An hour of in-progress wait: were an unreachable gate waited out, this test would not end.
+    args = ("--gate", closed, "--agent-id", "support-bot", "--in-progress-wait-seconds", "3600",
+            "--metrics-listen", f"127.0.0.1:{port}")
+    log = world.dir / "gateway.log"
+    with log.open("w", encoding="utf-8") as errlog:
+        async with world.stdio_client(*args, errlog=errlog) as client:
+            refused = [
+                await client.call_tool("create_ticket", {"title": f"nobody home {n}"}) for n in range(2)
+            ]
+            read = await client.call_tool("count_tickets", {})
+            listed = await client.list_tools()
+            metrics = scrape(port)
+    for result in refused:
+        assert result.is_error and meta(result)["oncegate/error"] == "GATE_UNAVAILABLE"
+        text = content(result)[0]["text"]
+        assert "Nothing was done" in text and "unavailable" in text
+    assert "oncegate_mcp_gate_unavailable_total 2" in metrics
+    assert log.read_text().count("the gate is unavailable: the call was not forwarded") == 2
     assert not read.is_error and "0 executions" in content(read)[0]["text"]
     assert "create_ticket" in [tool.name for tool in listed.tools]
     assert world.effects() == []

@@ -3,14 +3,12 @@ over stdio and over Streamable HTTP, in front of a real upstream that records ea
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
+import logging
+import urllib.request
 
 import anyio
 import pytest
-from conftest import BIN, UPSTREAM, World, free_port
+from conftest import BIN, RawHttp, World, free_port
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
@@ -27,6 +25,11 @@ def content(result) -> list:
 
 def meta(result) -> dict:
     return dump(result).get("_meta", {})
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
 
 
 @pytest.mark.parametrize("transport", ["stdio", "http"])
@@ -101,7 +104,8 @@ async def test_a_tool_error_is_recorded_unless_the_tool_says_errors_are_definite
 
 
 async def test_an_upstream_refusal_releases_the_token(world: World) -> None:
-    async with world.stdio_client("--run-id", "r") as client:
+    port = free_port()
+    async with world.stdio_client("--run-id", "r", "--metrics-listen", f"127.0.0.1:{port}") as client:
         for _attempt in range(2):
             with pytest.raises(MCPError) as refused:
                 await client.call_tool("reserve_seat", {"seat": "Z9"})
@@ -109,7 +113,11 @@ async def test_an_upstream_refusal_releases_the_token(world: World) -> None:
         # Released, not left in progress: the same call reaches the upstream each time.
         assert world.refused_seats() == ["Z9", "Z9"]
         ok = await client.call_tool("reserve_seat", {"seat": "A1"})
+        metrics = scrape(port)
     assert not ok.is_error and len(world.effects()) == 1
+    # Released as never attempted (the guard's release reason for an upstream refusal).
+    assert 'oncegate_releases_total{reason="not_attempted"} 2' in metrics
+    assert 'oncegate_releases_total{reason="definite_failure"} 0' in metrics
 
 
 async def test_read_only_tools_resources_prompts_and_unknown_tools_pass_through(world: World) -> None:
@@ -146,17 +154,7 @@ async def test_a_tool_can_be_passed_through_by_the_config_file(world: World) -> 
 
 
 async def test_an_upstream_over_streamable_http(world: World) -> None:
-    port = free_port()
-    upstream = subprocess.Popen([sys.executable, UPSTREAM, "--http", str(port)], env=world.env())
-    world.processes.append(upstream)
-    url = f"http://127.0.0.1:{port}/mcp"
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            time.sleep(0.1)
+    url = world.start_http_upstream()
     args = ["mcp", "--data-dir", str(world.dir / "d"), "--run-id", "r", "--upstream-url", url]
     params = StdioServerParameters(command=BIN, args=args, env=world.env())
     async with Client(params) as client:
@@ -225,7 +223,7 @@ async def test_key_fields_decide_what_a_retry_must_repeat(world: World) -> None:
 
 async def test_past_the_call_timeout_the_outcome_is_unknown_and_the_lease_kept(world: World) -> None:
     world.write_config('[actions."create_ticket"]\nlease_ttl_seconds = 1\n')
-    args = ("--run-id", "r", "--call-timeout-seconds", "1", "--in-progress-wait-seconds", "5")
+    args = ("--run-id", "r", "--call-timeout-seconds", "1")
     call = {"title": "stuck", "delay": 8}
     async with world.stdio_client(*args) as client:
         unknown = await client.call_tool("create_ticket", call)
@@ -233,8 +231,45 @@ async def test_past_the_call_timeout_the_outcome_is_unknown_and_the_lease_kept(w
         text = content(unknown)[0]["text"]
         assert "did not answer within 1 s" in text and "may or may not have happened" in text
         assert meta(unknown)["oncegate/provider_key"] in text
-        # Not released: once the lease ends (no heartbeat now), the retry is refused as
-        # unresolved instead of executing again.
+        # Not released. The gateway that lost the attempt answers a retry with the unknown
+        # outcome (not "in progress", not after a wait), and once the lease ends the gate
+        # refuses it as unresolved: it never executes again.
         retry = await client.call_tool("create_ticket", call)
+        assert meta(retry)["oncegate/error"] in ("OUTCOME_UNKNOWN", "LEASE_EXPIRED_UNRESOLVED")
+        while meta(retry)["oncegate/error"] == "OUTCOME_UNKNOWN":
+            assert "did not answer within 1 s" in content(retry)[0]["text"]
+            await anyio.sleep(0.2)
+            retry = await client.call_tool("create_ticket", call)
     assert retry.is_error and meta(retry)["oncegate/error"] == "LEASE_EXPIRED_UNRESOLVED"
+    assert len(world.effects()) == 1
+
+
+async def test_a_result_too_large_to_keep_is_returned_once_then_replayed_as_a_note(world: World) -> None:
+    world.write_config("[limits]\nmax_receipt_bytes = 2048\n")
+    title = "long " * 800
+    async with world.stdio_client("--run-id", "r") as client:
+        first = await client.call_tool("create_ticket", {"title": title})
+        again = await client.call_tool("create_ticket", {"title": title})
+    assert not first.is_error and title in str(content(first))
+    assert meta(again)["oncegate/replayed"] is True
+    assert "larger than the gate keeps" in content(again)[0]["text"]
+    assert len(world.effects()) == 1
+
+
+async def test_closing_an_http_session_is_answered_as_the_spec_and_the_sdk_expect(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = world.start_http_gateway("--run-id", "r")
+    with caplog.at_level(logging.DEBUG, logger="mcp.client.streamable_http"):
+        async with Client(url) as client:
+            await client.call_tool("create_ticket", {"title": "then close"})
+    # The SDK ends its session with DELETE and warns unless it hears 200 or 204.
+    assert "Received session ID" in caplog.text, "the SDK's log is captured"
+    assert "Session termination failed" not in caplog.text
+    session = RawHttp(url)
+    assert session.delete() == 200
+    # Ended: the session is gone, for DELETE as for every other request naming it.
+    assert session.delete() == 404
+    status, _ = session.call("create_ticket", '{"title":"after the end"}')
+    assert status == 404
     assert len(world.effects()) == 1

@@ -60,6 +60,13 @@ def transfer(to: str, amount: int, memo: str = "") -> str:
 
 
 @server.tool()
+def schedule_payment(amount: int, seconds: float) -> str:
+    """Schedules a payment of `amount` in `seconds` (recorded with the values it received)."""
+    number = _effect("payment", amount=amount, seconds=seconds)
+    return f"payment {number}: {amount} in {seconds} s"
+
+
+@server.tool()
 def reserve_seat(seat: str) -> str:
     """Reserves a seat; an unknown seat is refused as invalid params before anything happens."""
     if not seat.startswith("A"):

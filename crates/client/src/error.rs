@@ -59,7 +59,8 @@ pub enum ClientError {
     Invalid {
         /// The offending request field.
         field: String,
-        /// What is wrong with it.
+        /// What is wrong with it (the `BadRequest` violation's description; the status message
+        /// when the gate sent none).
         description: String,
     },
     /// No or wrong credential.
@@ -145,7 +146,10 @@ impl ClientError {
             Some("ALREADY_COMPLETED") => Self::AlreadyCompleted,
             Some("INVALID_REQUEST") => Self::Invalid {
                 field: get("field"),
-                description: status.message().to_owned(),
+                description: details
+                    .bad_request()
+                    .and_then(|bad| bad.field_violations.first())
+                    .map_or_else(|| status.message().to_owned(), |v| v.description.clone()),
             },
             Some("UNAUTHENTICATED") => Self::Unauthenticated,
             Some("FORBIDDEN_SCOPE") => Self::Forbidden,

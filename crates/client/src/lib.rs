@@ -4,8 +4,8 @@
 //! not a bare `tonic::Status`, so callers branch on what happened.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), oncegate::client::ClientError> {
-//! use oncegate::client::{ActionSpec, GateClient};
+//! # async fn demo() -> Result<(), oncegate_client::ClientError> {
+//! use oncegate_client::{ActionSpec, GateClient};
 //! let mut gate = GateClient::connect("http://127.0.0.1:50051").await?;
 //! let spec = ActionSpec::new("billing-agent", "run-7", "payments.transfer", r#"{"amount":100}"#);
 //! let reply = gate.request_token(&spec).await?;
@@ -24,7 +24,7 @@ use tonic::{Code, metadata::MetadataValue, transport::Channel};
 use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
 
 pub use error::ClientError;
-pub use guard::{Failure, GuardError, GuardOptions, Outcome};
+pub use guard::{Failure, GateCalls, GuardError, GuardHooks, GuardOptions, Outcome, run_once_on};
 pub use verify::{GrantClaims, PublicKeys, StatementError, verify_grant};
 
 /// How long [`GateClient::connect`] waits for the connection.
@@ -151,6 +151,33 @@ pub enum TokenReply {
     PendingApproval(pb::Approval),
 }
 
+impl TokenReply {
+    /// Reads a RequestToken response (a malformed one is [`ClientError::Other`]). The grant's
+    /// lease is measured from this process's clock.
+    pub fn from_response(resp: pb::RequestTokenResponse) -> Result<Self, ClientError> {
+        let action = resp.action.clone().unwrap_or_default();
+        match (resp.decision(), resp.grant, resp.completion) {
+            (pb::Decision::Granted, Some(grant), _) => Ok(Self::Granted(Grant {
+                lease: grant.lease_expires_at.map(remaining).unwrap_or_default(),
+                action,
+                token: grant.token,
+                fencing: grant.fencing,
+                provider_key: grant.provider_key,
+                fingerprint: resp.fingerprint,
+                statement: grant.statement,
+            })),
+            (pb::Decision::AlreadyCompleted, _, Some(done)) => Ok(Self::AlreadyCompleted(done)),
+            (pb::Decision::PendingApproval, ..) if resp.approval.is_some() => {
+                Ok(Self::PendingApproval(resp.approval.unwrap_or_default()))
+            }
+            (decision, ..) => Err(ClientError::Other {
+                code: Code::Internal,
+                message: format!("malformed RequestToken reply ({decision:?})"),
+            }),
+        }
+    }
+}
+
 /// A typed gate client. Cheap to clone (one HTTP/2 channel underneath).
 #[derive(Debug, Clone)]
 pub struct GateClient {
@@ -207,28 +234,7 @@ impl GateClient {
     pub async fn request_token(&mut self, spec: &ActionSpec) -> Result<TokenReply, ClientError> {
         let request = self.request(spec.to_request());
         let resp = self.inner.request_token(request).await?.into_inner();
-        let action = resp.action.clone().unwrap_or_default();
-        match (resp.decision(), resp.grant, resp.completion) {
-            (pb::Decision::Granted, Some(grant), _) => Ok(TokenReply::Granted(Grant {
-                lease: grant.lease_expires_at.map(remaining).unwrap_or_default(),
-                action,
-                token: grant.token,
-                fencing: grant.fencing,
-                provider_key: grant.provider_key,
-                fingerprint: resp.fingerprint,
-                statement: grant.statement,
-            })),
-            (pb::Decision::AlreadyCompleted, _, Some(done)) => {
-                Ok(TokenReply::AlreadyCompleted(done))
-            }
-            (pb::Decision::PendingApproval, ..) if resp.approval.is_some() => Ok(
-                TokenReply::PendingApproval(resp.approval.unwrap_or_default()),
-            ),
-            (decision, ..) => Err(ClientError::Other {
-                code: Code::Internal,
-                message: format!("malformed RequestToken reply ({decision:?})"),
-            }),
-        }
+        TokenReply::from_response(resp)
     }
 
     /// Complete with a receipt; returns the stored completion.

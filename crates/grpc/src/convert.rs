@@ -6,8 +6,52 @@ use oncegate_domain::{
     ledger::{Approval, ApprovalState, Pending},
     statement::receipt::ChainEntry,
 };
-use oncegate_gate::GateError;
+use oncegate_gate::{GateError, TokenAnswer};
 use oncegate_proto as pb;
+
+/// A RequestToken answer on the wire.
+pub fn token_response(answer: TokenAnswer) -> pb::RequestTokenResponse {
+    let mut response = pb::RequestTokenResponse {
+        action: Some(action_ref(&answer.key)),
+        fingerprint: answer.fingerprint,
+        ..Default::default()
+    };
+    match answer.outcome {
+        ledger::TokenOutcome::Granted(grant, kind) => {
+            response.decision = pb::Decision::Granted as i32;
+            response.redelivered = kind == ledger::GrantKind::Redelivered;
+            response.grant = Some(pb::Grant {
+                token: grant.token,
+                fencing: grant.fencing,
+                lease_expires_at: Some(timestamp(grant.lease_expires_at)),
+                provider_key: answer.provider_key,
+                replicas_acknowledged: answer.replicas_acknowledged,
+                statement: answer.statement,
+            });
+        }
+        ledger::TokenOutcome::AlreadyCompleted(done) => {
+            response.decision = pb::Decision::AlreadyCompleted as i32;
+            response.completion = Some(completion(done));
+        }
+        ledger::TokenOutcome::PendingApproval(pending) => {
+            response.decision = pb::Decision::PendingApproval as i32;
+            response.approval = Some(approval(&pending));
+        }
+    }
+    response
+}
+
+/// A Release reason as the gate names it; INVALID_REQUEST for anything but the two reasons.
+pub fn release_reason(reason: i32) -> Result<&'static str, GateError> {
+    match pb::ReleaseReason::try_from(reason) {
+        Ok(pb::ReleaseReason::DefiniteFailure) => Ok("definite_failure"),
+        Ok(pb::ReleaseReason::NotAttempted) => Ok("not_attempted"),
+        _ => Err(GateError::invalid(
+            "reason",
+            "must be RELEASE_REASON_DEFINITE_FAILURE or RELEASE_REASON_NOT_ATTEMPTED",
+        )),
+    }
+}
 
 /// Store milliseconds as a protobuf Timestamp.
 pub fn timestamp(ms: Millis) -> prost_types::Timestamp {

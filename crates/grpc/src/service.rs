@@ -7,10 +7,11 @@ use tonic::{Request, Response, Status};
 
 use super::{
     auth::{self, Capability, Principal},
-    convert::{action_key, action_ref, action_view, approval, completion, duration_ms, timestamp},
+    convert::{
+        action_key, action_view, completion, duration_ms, release_reason, timestamp, token_response,
+    },
     status::answer,
 };
-use oncegate_domain::ledger::{self, TokenOutcome};
 use oncegate_gate::{Gate, GateError, TokenCall};
 use oncegate_observe::telemetry;
 use oncegate_proto::{self as pb, action_gate_service_server::ActionGateService};
@@ -61,35 +62,7 @@ impl ActionGateService for GateService {
                 lease,
                 principal: principal.name.clone(),
             };
-            let answer = self.gate.request_token(call).await?;
-            let mut response = pb::RequestTokenResponse {
-                action: Some(action_ref(&answer.key)),
-                fingerprint: answer.fingerprint,
-                ..Default::default()
-            };
-            match answer.outcome {
-                TokenOutcome::Granted(grant, kind) => {
-                    response.decision = pb::Decision::Granted as i32;
-                    response.redelivered = kind == ledger::GrantKind::Redelivered;
-                    response.grant = Some(pb::Grant {
-                        token: grant.token,
-                        fencing: grant.fencing,
-                        lease_expires_at: Some(timestamp(grant.lease_expires_at)),
-                        provider_key: answer.provider_key,
-                        replicas_acknowledged: answer.replicas_acknowledged,
-                        statement: answer.statement,
-                    });
-                }
-                TokenOutcome::AlreadyCompleted(done) => {
-                    response.decision = pb::Decision::AlreadyCompleted as i32;
-                    response.completion = Some(completion(done));
-                }
-                TokenOutcome::PendingApproval(pending) => {
-                    response.decision = pb::Decision::PendingApproval as i32;
-                    response.approval = Some(approval(&pending));
-                }
-            }
-            Ok(response)
+            Ok(token_response(self.gate.request_token(call).await?))
         })
         .await
     }
@@ -120,16 +93,7 @@ impl ActionGateService for GateService {
             let req = request.into_inner();
             let key = action_key(req.action)?;
             authorized(&principal, &key.agent_id)?;
-            let reason = match pb::ReleaseReason::try_from(req.reason) {
-                Ok(pb::ReleaseReason::DefiniteFailure) => "definite_failure",
-                Ok(pb::ReleaseReason::NotAttempted) => "not_attempted",
-                _ => {
-                    return Err(GateError::invalid(
-                        "reason",
-                        "must be RELEASE_REASON_DEFINITE_FAILURE or RELEASE_REASON_NOT_ATTEMPTED",
-                    ));
-                }
-            };
+            let reason = release_reason(req.reason)?;
             let fencing = self.gate.release(&key, &req.token, reason).await?;
             Ok(pb::ReleaseResponse { fencing })
         })

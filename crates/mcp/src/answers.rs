@@ -7,8 +7,8 @@ use std::time::Duration;
 use rmcp::model::{CallToolResult, ContentBlock, MetaObject};
 use serde_json::{Value, json};
 
-use super::gate::Recorded;
 use oncegate_domain::ActionKey;
+use oncegate_proto as pb;
 
 /// `_meta` key marking a result the gate replayed instead of running the tool.
 pub const META_REPLAYED: &str = "oncegate/replayed";
@@ -27,23 +27,20 @@ pub fn reference(key: &ActionKey) -> String {
 }
 
 /// The recorded result of an earlier execution, marked replayed.
-pub fn replay(recorded: &Recorded) -> CallToolResult {
-    let mut result = match serde_json::from_slice::<CallToolResult>(&recorded.receipt) {
-        Ok(result) if !recorded.by_operator => result,
-        _ => {
-            // An operator's receipt is their own text (or a tool result they copied).
-            serde_json::from_slice::<CallToolResult>(&recorded.receipt).unwrap_or_else(|_| {
-                CallToolResult::success(vec![ContentBlock::text(format!(
-                    "This action was already performed; an operator recorded it as completed: {}",
-                    String::from_utf8_lossy(&recorded.receipt)
-                ))])
-            })
-        }
+pub fn replay(done: &pb::Completion) -> CallToolResult {
+    let by_operator = done.source() == pb::CompletionSource::Operator;
+    let mut result = match serde_json::from_slice::<CallToolResult>(&done.receipt) {
+        Ok(result) => result,
+        // An operator's receipt is their own text (or a tool result they copied).
+        Err(_) => CallToolResult::success(vec![ContentBlock::text(format!(
+            "This action was already performed; an operator recorded it as completed: {}",
+            String::from_utf8_lossy(&done.receipt)
+        ))]),
     };
     let meta = result.meta.get_or_insert_with(MetaObject::new);
     meta.insert(META_REPLAYED.into(), Value::Bool(true));
-    meta.insert("oncegate/fencing".into(), json!(recorded.fencing));
-    if recorded.by_operator {
+    meta.insert("oncegate/fencing".into(), json!(done.fencing));
+    if by_operator {
         meta.insert("oncegate/recorded_by".into(), json!("operator"));
     }
     result
@@ -68,14 +65,17 @@ pub fn key_reused(fields: &[String]) -> CallToolResult {
     )
 }
 
-/// Another attempt of the same action still holds its lease after the wait.
+/// Another attempt of the same action still holds its lease after the wait. It may be running,
+/// or lost by another gateway (an unknown outcome): nobody can tell until its lease ends.
 pub fn in_progress(waited: Duration, key: &ActionKey) -> CallToolResult {
     error(
         "IDEMPOTENCY_IN_PROGRESS",
         format!(
-            "Not executed here. The same action is being performed by another attempt, which had \
-             not finished after {} s. Do not retry under a new idempotency key; call again with \
-             the same arguments later to get its result. ({})",
+            "Not executed here. Another attempt of this action holds its lease and had not \
+             finished after {} s: its outcome is unknown or it is still running, so do not \
+             re-run it, under this or any other idempotency key. Calling again later with the \
+             same arguments returns its result once it is recorded; if that attempt was lost, it \
+             must be reconciled first (`oncegate admin resolve`, once its lease has ended). ({})",
             waited.as_secs(),
             reference(key)
         ),

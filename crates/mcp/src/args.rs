@@ -66,7 +66,8 @@ pub struct McpArgs {
     pub run_id: Option<String>,
 
     /// How long a gated call waits for an attempt of the same action in progress elsewhere before
-    /// answering with a tool error, in seconds.
+    /// answering with a tool error, in seconds. Not for an attempt this gateway lost (answered at
+    /// once), nor for an unreachable gate (fails at once).
     #[arg(long, env = "ONCEGATE_MCP_IN_PROGRESS_WAIT_SECONDS",
           default_value_t = defaults::MCP_IN_PROGRESS_WAIT_SECONDS)]
     pub in_progress_wait_seconds: u64,
@@ -77,7 +78,8 @@ pub struct McpArgs {
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub call_timeout_seconds: u64,
 
-    /// Prometheus endpoint of the in-process gate's metrics (`GET /metrics`). Off when unset.
+    /// Prometheus endpoint (`GET /metrics`): the gateway's own series (`oncegate_mcp_*`) and, in
+    /// process, the gate's. Off when unset.
     #[arg(long, env = "ONCEGATE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 

@@ -1,8 +1,13 @@
 //! `tools/call` through the gate. A tool that is not gated (read-only by its annotations, passed
-//! through by the file, or unknown to the upstream) is forwarded unchanged. A gated one asks the
-//! gate first: a grant forwards the call while a heartbeat extends the lease and records the
-//! upstream's `CallToolResult` as the receipt; a completed action replays its receipt without
-//! calling upstream; a refusal becomes a tool error the model can act on. After a grant:
+//! through by the file, or unknown to the upstream) is forwarded unchanged. A gated one runs under
+//! the client crate's guard ([`run_once_on`], over [`super::gate`]), with the arguments as the
+//! client sent them ([`super::sent`]): a grant forwards the call while the guard's heartbeat
+//! extends the lease and records the upstream's `CallToolResult` as the receipt; a completed
+//! action replays its receipt without calling upstream; a refusal becomes a tool error the model
+//! can act on ([`super::answers`]). The gateway's choices are the guard's hooks: it waits for
+//! another attempt whatever its lease, fails at once when the gate cannot be reached, releases a
+//! call the upstream refused as not attempted, and records a note for a result too large to keep.
+//! After a grant:
 //!
 //! | upstream answer | gate | the model gets |
 //! | --- | --- | --- |
@@ -10,8 +15,11 @@
 //! | a result with `isError: true` | Complete (default), or Release with `on_error = "release"` | the result |
 //! | JSON-RPC error -32700/-32600/-32601/-32602 (the tool never ran) | Release (not attempted) | the error, unchanged |
 //! | any other JSON-RPC error, a broken connection, a timeout, a cancellation | nothing: the lease is kept | a tool error: outcome unknown, reconcile first |
+//!
+//! A retry of an action whose outcome this gateway lost is answered at once with that unknown
+//! outcome ([`super::unknown`]), not after waiting out a lease nobody will complete.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rmcp::{
     ErrorData as McpError, RoleServer,
@@ -20,15 +28,19 @@ use rmcp::{
 };
 
 use super::{
-    answers,
-    gate::{Answer, Ask, GateLink, Refused, Ticket},
-    identity,
+    Shared, answers, identity, sent,
     session::{Session, passthrough_error},
+    unknown::Lost,
+};
+use oncegate_client::{
+    ActionSpec, ClientError, Failure, Grant, GuardError, GuardHooks, GuardOptions, Outcome,
+    run_once_on,
 };
 use oncegate_config::mcp::{OnToolError, ToolRule};
 use oncegate_domain::ActionKey;
 use oncegate_gate::request::prepare_token;
 use oncegate_observe::telemetry::AUDIT;
+use oncegate_proto as pb;
 
 /// JSON-RPC errors that say the request was refused before the tool ran.
 const NOT_RUN: [i32; 4] = [-32700, -32600, -32601, -32602];
@@ -48,7 +60,11 @@ pub async fn call_tool(
             .await?
             .is_some_and(|read_only| !read_only),
     };
+    let sent = sent::of(&context, &params.name);
     if !gated {
+        if sent.as_ref().is_some_and(|sent| !sent.forwardable) {
+            return Err(unforwardable());
+        }
         // Not retried on a dead connection: the tool may have run.
         let answer = session
             .forward(
@@ -61,7 +77,7 @@ pub async fn call_tool(
             .map_err(passthrough_error)?;
         return response(answer);
     }
-    gated_call(session, &rule, params, &context)
+    gated_call(session, &rule, params, sent, &context)
         .await
         .map(CallToolResponse::Complete)
 }
@@ -78,10 +94,41 @@ fn response(answer: ServerResult) -> Result<CallToolResponse, McpError> {
     }
 }
 
+/// How a forwarded call ended, other than with a result to record.
+#[derive(Debug)]
+enum Upstream {
+    /// `isError: true` from a tool whose errors are definite failures (`on_error = "release"`).
+    ToolError(Box<CallToolResult>),
+    /// A JSON-RPC error saying the tool never ran.
+    Refused(Box<McpError>),
+    /// Anything else: what happened. The outcome is unknown.
+    Unknown(String),
+}
+
+impl Upstream {
+    /// The guard's release reason for a definite failure.
+    fn release_reason(&self) -> pb::ReleaseReason {
+        match self {
+            Self::Refused(_) => pb::ReleaseReason::NotAttempted,
+            _ => pb::ReleaseReason::DefiniteFailure,
+        }
+    }
+}
+
+/// Arguments rmcp could not read cannot be forwarded as sent.
+fn unforwardable() -> McpError {
+    McpError::invalid_params(
+        "tools/call: the arguments must be a JSON object whose numbers a double can hold; \
+         nothing was forwarded",
+        None,
+    )
+}
+
 async fn gated_call(
     session: &Session,
     rule: &ToolRule,
     params: CallToolRequestParams,
+    sent: Option<sent::Sent>,
     context: &RequestContext<RoleServer>,
 ) -> Result<CallToolResult, McpError> {
     let shared = &session.shared;
@@ -89,203 +136,314 @@ async fn gated_call(
         Ok(who) => who,
         Err(message) => return Ok(answers::refused("INVALID_REQUEST", &message)),
     };
-    let arguments = params.arguments.clone().unwrap_or_default();
-    let ask = Ask {
-        agent_id: who.agent_id,
-        run_id: who.run_id,
-        action: rule.action.clone(),
-        params_json: serde_json::Value::Object(arguments).to_string(),
-        idempotency_key: who.idempotency_key,
-        holder: format!("oncegate-mcp-{}", uuid::Uuid::new_v4().simple()),
+    let Some(sent) = sent else {
+        return Ok(answers::refused(
+            "INVALID_REQUEST",
+            "the gateway could not read this call's arguments exactly as sent (is a member of \
+             the request given twice?); nothing was forwarded",
+        ));
     };
-    let key = reference_key(shared, &ask);
-    let wait = shared.in_progress_wait;
-    let ticket = match acquire(&shared.gate, &ask, wait).await {
-        Ok(Answer::Granted(ticket)) => ticket,
-        Ok(Answer::Completed(recorded)) => return Ok(answers::replay(&recorded)),
-        Err(refused) => return Ok(refusal(refused, wait, &key)),
+    let mut spec = ActionSpec::new(&who.agent_id, &who.run_id, &rule.action, &sent.text)
+        .holder(&format!("oncegate-mcp-{}", uuid::Uuid::new_v4().simple()));
+    spec.idempotency_key = who.idempotency_key;
+    let key = reference_key(shared, &spec);
+    let lost = shared.unknowns.get(&key);
+    let options = GuardOptions {
+        // An attempt this gateway lost will not complete: ask once, then say so.
+        max_wait: if lost.is_some() {
+            Duration::ZERO
+        } else {
+            shared.in_progress_wait
+        },
+        poll_interval: Duration::from_millis(250),
+        ..GuardOptions::default()
     };
-    tracing::info!(target: AUDIT, agent_id = %ask.agent_id, run_id = %ask.run_id, action = %ask.action,
-        key = %ticket.key.key, tool = %params.name, fencing = ticket.fencing, decision = "mcp_forwarded",
-        "tools/call");
-    let heartbeat = heartbeat(shared.gate.clone(), ticket.clone());
-    let answer = session
-        .forward(
-            Session::call_request(params.clone()),
-            &context.meta,
-            &context.ct,
-            Some(shared.call_timeout),
-        )
-        .await;
-    heartbeat.abort();
-    match answer {
-        Ok(ServerResult::CallToolResult(result)) => {
-            if result.is_error == Some(true) && rule.on_error == OnToolError::Release {
-                if let Err(e) = shared.gate.release(&ticket, true).await {
-                    tracing::warn!(?e, tool = %params.name, "release after a tool error failed; the lease will expire");
-                }
-                return Ok(result);
+    let hooks = GuardHooks::new()
+        .wait_whatever_the_lease()
+        .fail_at_once_when_unavailable()
+        .release_reason(Upstream::release_reason)
+        .replace_oversized_receipt(oversized_note);
+    let mut result = None;
+    let call = Forward {
+        session,
+        rule,
+        params: &params,
+        forwardable: sent.forwardable,
+        context,
+    };
+    let outcome = run_once_on(&shared.gate, &spec, &options, &hooks, |grant| {
+        call.run(grant, &mut result)
+    })
+    .await;
+    let seen = Seen {
+        shared,
+        tool: params.name.as_ref(),
+        key,
+        lost,
+    };
+    seen.answer(outcome, result)
+}
+
+/// What the gateway knows of one gated call once the guard is done with it.
+struct Seen<'a> {
+    shared: &'a Shared,
+    tool: &'a str,
+    /// The action key as the gateway computes it.
+    key: ActionKey,
+    /// The attempt at it this gateway lost earlier, if any.
+    lost: Option<Lost>,
+}
+
+impl Seen<'_> {
+    /// What the model gets for the guard's outcome; `result` is the upstream's, when it ran.
+    fn answer(
+        self,
+        outcome: Result<Outcome, GuardError<Upstream>>,
+        result: Option<CallToolResult>,
+    ) -> Result<CallToolResult, McpError> {
+        let Self {
+            shared,
+            tool,
+            key,
+            lost,
+        } = self;
+        match outcome {
+            Ok(Outcome::Executed { .. }) => {
+                shared.unknowns.forget(&key);
+                executed(result)
             }
-            complete(&shared.gate, &ticket, &result).await;
-            Ok(result)
+            Ok(Outcome::Replayed(done)) => {
+                shared.unknowns.forget(&key);
+                Ok(answers::replay(&done))
+            }
+            Err(GuardError::Failed(cause)) => definite(cause),
+            Err(GuardError::ReleaseFailed { cause, release, .. }) => {
+                tracing::warn!(error = %release, tool,
+                    "Release after a definite failure failed; the lease will expire");
+                definite(cause)
+            }
+            Err(GuardError::OutcomeUnknown { cause, grant }) => {
+                let why = match cause {
+                    Upstream::Unknown(why) => why,
+                    other => format!("{other:?}"),
+                };
+                Ok(unknown(shared, tool, &grant, why))
+            }
+            Err(GuardError::CompleteUnacknowledged { error, grant, .. }) => {
+                tracing::error!(%error, key = %grant.action.key, tool,
+                    "the tool ran but Complete was not acknowledged; the lease will expire unresolved");
+                executed(result)
+            }
+            Err(GuardError::PendingApproval { approval }) => Ok(answers::refused(
+                "REFUSED",
+                &format!(
+                    "pending approval {} ({}): an operator must approve this call",
+                    approval.id, approval.reason
+                ),
+            )),
+            Err(GuardError::InProgressBeyondWait { .. }) => {
+                Ok(answers::in_progress(shared.in_progress_wait, &key))
+            }
+            Err(GuardError::Gate(error)) => Ok(refusal(shared, tool, error, lost, &key)),
         }
-        Ok(other) => Ok(unknown(
-            &params.name,
-            &ticket,
-            &format!(
+    }
+}
+
+/// A granted call to forward upstream.
+struct Forward<'a> {
+    session: &'a Session,
+    rule: &'a ToolRule,
+    params: &'a CallToolRequestParams,
+    /// False when rmcp could not read the arguments as sent.
+    forwardable: bool,
+    context: &'a RequestContext<RoleServer>,
+}
+
+impl Forward<'_> {
+    /// Forwards the call (the guard's closure): a result to record (kept in `result` for the
+    /// model), or how it failed.
+    async fn run(
+        &self,
+        grant: Grant,
+        result: &mut Option<CallToolResult>,
+    ) -> Result<Vec<u8>, Failure<Upstream>> {
+        let Self {
+            session,
+            rule,
+            params,
+            forwardable,
+            context,
+        } = *self;
+        let shared = &session.shared;
+        if !forwardable {
+            // The gate refuses what rmcp cannot read; should it not, the upstream still never
+            // gets arguments other than those sent.
+            return Err(Failure::Definite(Upstream::Refused(Box::new(
+                unforwardable(),
+            ))));
+        }
+        let key = action_key(&grant.action);
+        tracing::info!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id,
+            action = %rule.action, key = %key.key, tool = %params.name, fencing = grant.fencing,
+            decision = "mcp_forwarded", "tools/call");
+        let answer = session
+            .forward(
+                Session::call_request(params.clone()),
+                &context.meta,
+                &context.ct,
+                Some(shared.call_timeout),
+            )
+            .await;
+        let unknown = |why: String| Err(Failure::Ambiguous(Upstream::Unknown(why)));
+        match answer {
+            Ok(ServerResult::CallToolResult(done)) => {
+                if done.is_error == Some(true) && rule.on_error == OnToolError::Release {
+                    return Err(Failure::Definite(Upstream::ToolError(Box::new(done))));
+                }
+                let receipt = serde_json::to_vec(&done).unwrap_or_default();
+                *result = Some(done);
+                Ok(receipt)
+            }
+            Ok(other) => unknown(format!(
                 "the upstream answered with something other than a tool result ({})",
                 variant_name(&other)
-            ),
-        )),
-        Err(ServiceError::McpError(error)) if NOT_RUN.contains(&error.code.0) => {
-            if let Err(e) = shared.gate.release(&ticket, false).await {
-                tracing::warn!(?e, tool = %params.name, "release after an upstream refusal failed");
+            )),
+            Err(ServiceError::McpError(error)) if NOT_RUN.contains(&error.code.0) => {
+                Err(Failure::Definite(Upstream::Refused(Box::new(error))))
             }
-            Err(error)
-        }
-        Err(ServiceError::McpError(error)) => Ok(unknown(
-            &params.name,
-            &ticket,
-            &format!(
+            Err(ServiceError::McpError(error)) => unknown(format!(
                 "the upstream answered with JSON-RPC error {}: {}",
                 error.code.0, error.message
-            ),
-        )),
-        Err(ServiceError::Timeout { timeout }) => Ok(unknown(
-            &params.name,
-            &ticket,
-            &format!(
+            )),
+            Err(ServiceError::Timeout { timeout }) => unknown(format!(
                 "the upstream MCP server did not answer within {} s",
                 timeout.as_secs()
-            ),
-        )),
-        Err(ServiceError::Cancelled { .. }) => Ok(unknown(
-            &params.name,
-            &ticket,
-            "the call was cancelled while the tool ran",
-        )),
-        Err(other) => Ok(unknown(
-            &params.name,
-            &ticket,
-            &format!("the connection to the upstream MCP server failed during the call: {other}"),
-        )),
-    }
-}
-
-/// RequestToken, waiting within `wait` while another attempt holds the lease (or the gate is
-/// briefly unavailable: the holder makes asking again safe).
-async fn acquire(gate: &GateLink, ask: &Ask, wait: Duration) -> Result<Answer, Refused> {
-    let deadline = Instant::now() + wait;
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let refused = match gate.request_token(ask).await {
-            Ok(answer) => return Ok(answer),
-            Err(refused) => refused,
-        };
-        let delay = match &refused {
-            Refused::InProgress(left) => (*left).min(Duration::from_millis(250)),
-            Refused::Unavailable(_) => {
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                backoff
+            )),
+            Err(ServiceError::Cancelled { .. }) => {
+                unknown("the call was cancelled while the tool ran".into())
             }
-            _ => return Err(refused),
-        };
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(refused);
+            Err(other) => unknown(format!(
+                "the connection to the upstream MCP server failed during the call: {other}"
+            )),
         }
-        tokio::time::sleep(delay.clamp(Duration::from_millis(10), left)).await;
     }
 }
 
-fn refusal(refused: Refused, wait: Duration, key: &ActionKey) -> CallToolResult {
-    match refused {
-        Refused::KeyReused(fields) => answers::key_reused(&fields),
-        Refused::InProgress(_) => answers::in_progress(wait, key),
-        Refused::LeaseExpired { fencing } => answers::unresolved(fencing, key),
-        Refused::Unavailable(message) => answers::gate_unavailable(&message),
-        Refused::Invalid { field, description } => {
-            answers::refused("INVALID_REQUEST", &format!("{field}: {description}"))
-        }
-        Refused::Other(message) => answers::refused("REFUSED", &message),
+/// The upstream's result the guard recorded.
+fn executed(result: Option<CallToolResult>) -> Result<CallToolResult, McpError> {
+    result.ok_or_else(|| McpError::internal_error("the recorded tool result went missing", None))
+}
+
+/// A definite failure, its token released: what the upstream said, unchanged.
+fn definite(cause: Upstream) -> Result<CallToolResult, McpError> {
+    match cause {
+        Upstream::ToolError(result) => Ok(*result),
+        Upstream::Refused(error) => Err(*error),
+        Upstream::Unknown(why) => Err(McpError::internal_error(why, None)),
     }
 }
 
-/// The action key as the gate computes it (for the texts an operator reads), from the
-/// gateway's own policies: exact in process, and with a gate server that runs the same file.
-fn reference_key(shared: &super::Shared, ask: &Ask) -> ActionKey {
+/// What the gate's refusal tells the model. An attempt "in progress" that this gateway lost is
+/// its unknown outcome, said at once.
+fn refusal(
+    shared: &Shared,
+    tool: &str,
+    error: ClientError,
+    lost: Option<Lost>,
+    key: &ActionKey,
+) -> CallToolResult {
+    match error {
+        ClientError::KeyReused { differing_fields } => answers::key_reused(&differing_fields),
+        ClientError::InProgress { .. } => match lost {
+            Some(lost) => answers::outcome_unknown(
+                &format!(
+                    "attempt {} of this call, forwarded by this gateway: {}",
+                    lost.fencing, lost.why
+                ),
+                key,
+            ),
+            None => answers::in_progress(shared.in_progress_wait, key),
+        },
+        ClientError::LeaseExpired {
+            fencing, action, ..
+        } => {
+            let named = action_key(&action);
+            let key = if named.key.is_empty() { key } else { &named };
+            answers::unresolved(fencing, key)
+        }
+        ClientError::Invalid { field, description } => answers::refused(
+            "INVALID_REQUEST",
+            &format!("invalid {field}: {description}"),
+        ),
+        ClientError::Unavailable(message) => {
+            shared.metrics.gate_unavailable();
+            tracing::warn!(tool, error = %message,
+                "the gate is unavailable: the call was not forwarded (GATE_UNAVAILABLE)");
+            answers::gate_unavailable(&message)
+        }
+        ClientError::RateLimited { retry_after } => {
+            answers::gate_unavailable(&format!("rate limited for {retry_after:?}"))
+        }
+        other => answers::refused("REFUSED", &other.to_string()),
+    }
+}
+
+/// The action key as the gate computes it (for the texts an operator reads, and to find an
+/// attempt this gateway lost), from the gateway's own policies: exact in process, and with a gate
+/// server that runs the same file.
+fn reference_key(shared: &Shared, spec: &ActionSpec) -> ActionKey {
     let policies = &shared.policies;
     let call = oncegate_gate::TokenCall {
-        agent_id: ask.agent_id.clone(),
-        run_id: ask.run_id.clone(),
-        action: ask.action.clone(),
-        params_json: ask.params_json.clone(),
-        idempotency_key: ask.idempotency_key.clone(),
+        agent_id: spec.agent_id.clone(),
+        run_id: spec.run_id.clone(),
+        action: spec.action.clone(),
+        params_json: spec.params_json.clone(),
+        idempotency_key: spec.idempotency_key.clone(),
         ..Default::default()
     };
     match prepare_token(
         &policies.limits,
-        policies.for_action(&ask.action),
+        policies.for_action(&spec.action),
         call,
         String::new(),
     ) {
         Ok(prepared) => prepared.key,
-        Err(_) => ActionKey::new(&ask.agent_id, &ask.run_id, &ask.idempotency_key),
+        Err(_) => ActionKey::new(&spec.agent_id, &spec.run_id, &spec.idempotency_key),
     }
 }
 
-/// Extends the lease every third of it while the tool runs.
-fn heartbeat(gate: GateLink, ticket: Ticket) -> tokio::task::JoinHandle<()> {
-    let every = (ticket.lease / 3).max(Duration::from_millis(500));
-    tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(every).await;
-            if let Err(e) = gate.extend(&ticket).await {
-                tracing::warn!(?e, key = %ticket.key.key, "heartbeat: ExtendLease failed");
-                if !matches!(e, Refused::Unavailable(_)) {
-                    return;
-                }
-            }
-        }
-    })
+fn action_key(action: &pb::ActionRef) -> ActionKey {
+    let scope = action.scope.clone().unwrap_or_default();
+    ActionKey::new(scope.agent_id, scope.run_id, action.key.clone())
 }
 
-/// Records `result` as the receipt, retrying while the gate is unavailable; a result larger than
-/// the gate keeps is recorded as a note saying so.
-async fn complete(gate: &GateLink, ticket: &Ticket, result: &CallToolResult) {
-    let mut receipt = serde_json::to_vec(result).unwrap_or_default();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        match gate.complete(ticket, &receipt).await {
-            Ok(()) => return,
-            Err(Refused::Invalid { field, .. }) if field == "receipt" => {
-                let note = CallToolResult::success(vec![ContentBlock::text(format!(
-                    "This action was performed once; its result ({} bytes) was larger than the \
-                     gate keeps, so it cannot be shown again.",
-                    receipt.len()
-                ))]);
-                receipt = serde_json::to_vec(&note).unwrap_or_default();
-            }
-            Err(Refused::Unavailable(_)) if Instant::now() < deadline => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
-            }
-            Err(e) => {
-                tracing::error!(?e, key = %ticket.key.key,
-                    "the tool ran but Complete was not acknowledged; the lease will expire unresolved");
-                return;
-            }
-        }
-    }
+/// What Complete records when the gate refuses the result as too large to keep.
+fn oversized_note(receipt: &[u8]) -> Vec<u8> {
+    let note = CallToolResult::success(vec![ContentBlock::text(format!(
+        "This action was performed once; its result ({} bytes) was larger than the gate keeps, \
+         so it cannot be shown again.",
+        receipt.len()
+    ))]);
+    serde_json::to_vec(&note).unwrap_or_default()
 }
 
-/// The outcome is unknown: keep the lease, audit, tell the model.
-fn unknown(tool: &str, ticket: &Ticket, why: &str) -> CallToolResult {
-    tracing::warn!(target: AUDIT, agent_id = %ticket.key.agent_id, run_id = %ticket.key.run_id,
-        key = %ticket.key.key, tool, fencing = ticket.fencing, decision = "mcp_outcome_unknown",
+/// The outcome is unknown: the lease is kept (the guard did not release it); remember, count,
+/// audit, tell the model.
+fn unknown(shared: &Shared, tool: &str, grant: &Grant, why: String) -> CallToolResult {
+    let key = action_key(&grant.action);
+    tracing::warn!(target: AUDIT, agent_id = %key.agent_id, run_id = %key.run_id,
+        key = %key.key, tool, fencing = grant.fencing, decision = "mcp_outcome_unknown",
         why, "tools/call");
-    answers::outcome_unknown(why, &ticket.key)
+    shared.metrics.outcome_unknown();
+    let answer = answers::outcome_unknown(&why, &key);
+    shared.unknowns.remember(
+        key,
+        Lost {
+            fencing: grant.fencing,
+            why,
+        },
+    );
+    answer
 }
 
 fn variant_name(answer: &ServerResult) -> &'static str {

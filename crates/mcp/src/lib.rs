@@ -7,9 +7,10 @@
 //! [`oncegate_gate::Gate`] the gRPC server runs, in process on the embedded store, or a gate server
 //! over gRPC (`--gate`); either way its decisions are counted and audited as gRPC ones are.
 //!
-//! Reading order: [`args`] (flags) → [`run`] (wiring) → [`serve`] (stdio, HTTP) → [`handler`]
-//! (each MCP method) → [`session`] (one session's upstream) → [`call`] (the gated call) →
-//! [`identity`], [`gate`], [`answers`]; [`upstream`] (the client side).
+//! Reading order: [`args`] (flags) → [`run`] (wiring) → [`serve`] (stdio via [`stdio`], HTTP) →
+//! [`sent`] (the arguments as sent) → [`handler`] (each MCP method) → [`session`] (one session's
+//! upstream) → [`call`] (the gated call, under the client crate's guard) → [`identity`],
+//! [`gate`], [`unknown`], [`answers`], [`metrics`]; [`upstream`] (the client side).
 
 pub mod answers;
 pub mod args;
@@ -17,8 +18,12 @@ pub mod call;
 pub mod gate;
 pub mod handler;
 pub mod identity;
+pub mod metrics;
+pub mod sent;
 pub mod serve;
 pub mod session;
+pub mod stdio;
+pub mod unknown;
 pub mod upstream;
 
 use std::{process::ExitCode, sync::Arc, time::Duration};
@@ -28,7 +33,8 @@ pub use args::McpArgs;
 use oncegate_client::GateClient;
 use oncegate_config::{ConfigFile, StoreConfig, defaults, exit, mcp::McpSettings};
 use oncegate_gate::{Gate, policy::Policies};
-use oncegate_observe::metrics::{self, Metrics};
+use oncegate_observe::metrics::{self as gate_metrics, Metrics};
+use prometheus_client::registry::Registry;
 use upstream::Target;
 
 /// What every session of one gateway shares.
@@ -42,6 +48,10 @@ pub struct Shared {
     pub identity: identity::Defaults,
     pub in_progress_wait: Duration,
     pub call_timeout: Duration,
+    /// The attempts this gateway forwarded and lost.
+    pub unknowns: unknown::Unknowns,
+    /// The gateway's own series.
+    pub metrics: metrics::GatewayMetrics,
 }
 
 /// Runs `oncegate mcp` until its client goes away (stdio) or SIGINT/SIGTERM (HTTP).
@@ -78,10 +88,32 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         .clone()
         .or_else(|| settings.agent_id.clone())
         .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
+    let mut registry = Registry::default();
+    let gateway_metrics = metrics::GatewayMetrics::register(&mut registry);
     let gate = match &args.gate {
         Some(url) => remote_gate(url, args)?,
-        None => local_gate(args, &file.policies, file.authorization.clone()).await?,
+        None => {
+            local_gate(
+                args,
+                &file.policies,
+                file.authorization.clone(),
+                &mut registry,
+            )
+            .await?
+        }
     };
+    if let Some(addr) = args.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| (exit::UNAVAILABLE, format!("--metrics-listen {addr}: {e}")))?;
+        tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
+            "metrics of the gateway (and of the in-process gate)");
+        tokio::spawn(gate_metrics::endpoint::serve(
+            listener,
+            Arc::new(registry),
+            std::future::pending(),
+        ));
+    }
     Ok(Shared {
         target,
         gate,
@@ -93,6 +125,8 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         },
         in_progress_wait: Duration::from_secs(args.in_progress_wait_seconds),
         call_timeout: Duration::from_secs(args.call_timeout_seconds),
+        unknowns: unknown::Unknowns::default(),
+        metrics: gateway_metrics,
     })
 }
 
@@ -119,6 +153,7 @@ async fn local_gate(
     args: &McpArgs,
     policies: &Policies,
     authorization: oncegate_gate::authorization::Settings,
+    registry: &mut Registry,
 ) -> Result<gate::GateLink, (u8, String)> {
     let store = StoreConfig::Embedded {
         data_dir: args.data_dir.clone(),
@@ -135,25 +170,8 @@ async fn local_gate(
             ),
         )
     })?;
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = Metrics::register(
-        &mut registry,
-        policies.names(),
-        defaults::OTHER_ACTION_LABEL,
-    );
-    if let Some(addr) = args.metrics_listen {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| (exit::UNAVAILABLE, format!("--metrics-listen {addr}: {e}")))?;
-        tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(),
-            "metrics of the in-process gate");
-        tokio::spawn(metrics::endpoint::serve(
-            listener,
-            Arc::new(registry),
-            std::future::pending(),
-        ));
-    }
-    Ok(gate::GateLink::Local(
+    let metrics = Metrics::register(registry, policies.names(), defaults::OTHER_ACTION_LABEL);
+    Ok(gate::GateLink::Local(gate::LocalGate(
         Gate::with_metrics(store, policies.clone(), metrics).with_authorization(authorization),
-    ))
+    )))
 }

@@ -1,22 +1,29 @@
 //! Where the agent reaches the gateway: stdio (one session: the MCP client started this
-//! process), or Streamable HTTP at `/mcp` with `--listen` (a session per client, each with its
-//! own upstream connection). Owns the listeners and shutdown; nothing about MCP methods.
+//! process; [`super::stdio`]), or Streamable HTTP at `/mcp` with `--listen` (a session per
+//! client, each with its own upstream connection; rmcp's service, behind a layer that captures
+//! each `tools/call`'s arguments as sent ([`super::sent`]) and answers a session's DELETE 200 as
+//! the reference SDKs do, where rmcp answers 202). Owns the listeners and shutdown; nothing about
+//! MCP methods.
 
-use std::{convert::Infallible, process::ExitCode, sync::Arc};
+use std::{borrow::Cow, convert::Infallible, process::ExitCode, sync::Arc};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper_util::rt::TokioIo;
 use rmcp::{
     ServiceExt,
-    transport::streamable_http_server::{
-        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    transport::{
+        common::server_side_http::SessionId,
+        streamable_http_server::{
+            StreamableHttpServerConfig, StreamableHttpService,
+            session::{SessionManager as _, local::LocalSessionManager},
+        },
     },
 };
 use tokio_util::sync::CancellationToken;
 use tower_service::Service as _;
 
-use super::{McpArgs, Shared, session::Session};
+use super::{McpArgs, Shared, sent, session::Session, stdio::Stdio};
 use oncegate_config::{defaults, exit};
 
 /// Serves MCP on stdio, or on `--listen`.
@@ -29,7 +36,8 @@ pub async fn serve(args: &McpArgs, shared: Arc<Shared>) -> ExitCode {
 
 async fn stdio(shared: Arc<Shared>) -> ExitCode {
     let session = Session::new(shared);
-    let running = match session.serve(rmcp::transport::stdio()).await {
+    let (stdin, stdout) = rmcp::transport::stdio();
+    let running = match session.serve(Stdio::new(stdin, stdout)).await {
         Ok(running) => running,
         Err(e) => {
             tracing::error!(error = %e, "the MCP session did not start");
@@ -67,9 +75,11 @@ async fn http(addr: std::net::SocketAddr, hosts: Vec<String>, shared: Arc<Shared
     if !hosts.is_empty() {
         config = config.with_allowed_hosts(hosts);
     }
+    let body_limit = config.max_request_body_bytes;
+    let sessions = Arc::new(LocalSessionManager::default());
     let service = StreamableHttpService::new(
         move || Ok(Session::new(shared.clone())),
-        Arc::new(LocalSessionManager::default()),
+        sessions.clone(),
         config,
     );
     let signal = shutdown_signal();
@@ -85,17 +95,10 @@ async fn http(addr: std::net::SocketAddr, hosts: Vec<String>, shared: Arc<Shared
             },
             () = &mut signal => break,
         };
-        let service = service.clone();
-        let route =
-            hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
-                let mut service = service.clone();
-                async move {
-                    if request.uri().path() != defaults::MCP_PATH {
-                        return Ok::<_, Infallible>(not_found());
-                    }
-                    service.call(request).await
-                }
-            });
+        let (service, sessions) = (service.clone(), sessions.clone());
+        let route = hyper::service::service_fn(move |request| {
+            route(service.clone(), sessions.clone(), request, body_limit)
+        });
         tokio::spawn(async move {
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), route)
@@ -110,11 +113,99 @@ async fn http(addr: std::net::SocketAddr, hosts: Vec<String>, shared: Arc<Shared
     ExitCode::SUCCESS
 }
 
+type Mcp = StreamableHttpService<Session, LocalSessionManager>;
+type Response = http::Response<BoxBody<Bytes, Infallible>>;
+
+/// One HTTP request: `/mcp` to rmcp (with the arguments as sent), anything else 404.
+async fn route(
+    mut service: Mcp,
+    sessions: Arc<LocalSessionManager>,
+    request: http::Request<hyper::body::Incoming>,
+    body_limit: usize,
+) -> Result<Response, Infallible> {
+    if request.uri().path() != defaults::MCP_PATH {
+        return Ok(not_found());
+    }
+    let delete = request.method() == http::Method::DELETE;
+    let session = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(SessionId::from);
+    let request = match captured(request, body_limit).await {
+        Ok(request) => request,
+        Err(refused) => return Ok(refused),
+    };
+    if !delete {
+        return service.call(request).await;
+    }
+    // A client ending its session (MCP Streamable HTTP): a session that is not there (ended
+    // already, or never was) is 404, as for any request naming it; rmcp would answer 202.
+    if let Some(session) = session
+        && !sessions.has_session(&session).await.unwrap_or(false)
+    {
+        return Ok(plain(
+            http::StatusCode::NOT_FOUND,
+            "Not Found: Session not found\n",
+        ));
+    }
+    let mut response = service.call(request).await?;
+    if response.status() == http::StatusCode::ACCEPTED {
+        // Ended by now: 200, as the MCP SDKs answer (and their clients expect: 200 or 204).
+        *response.status_mut() = http::StatusCode::OK;
+    }
+    Ok(response)
+}
+
 fn not_found() -> http::Response<BoxBody<Bytes, Infallible>> {
-    let mut response =
-        http::Response::new(Full::new(Bytes::from_static(b"not found: use /mcp\n")).boxed());
-    *response.status_mut() = http::StatusCode::NOT_FOUND;
+    plain(http::StatusCode::NOT_FOUND, "not found: use /mcp\n")
+}
+
+fn plain(
+    status: http::StatusCode,
+    text: &'static str,
+) -> http::Response<BoxBody<Bytes, Infallible>> {
+    let mut response = http::Response::new(Full::new(Bytes::from_static(text.as_bytes())).boxed());
+    *response.status_mut() = status;
     response
+}
+
+/// The request with its body read (at most `limit` bytes, rmcp's own limit) and, when it is a
+/// `tools/call`, the call's arguments as sent in its extensions, for the handler.
+async fn captured(
+    request: http::Request<hyper::body::Incoming>,
+    limit: usize,
+) -> Result<http::Request<Full<Bytes>>, http::Response<BoxBody<Bytes, Infallible>>> {
+    let (mut parts, body) = request.into_parts();
+    let body = match http_body_util::Limited::new(body, limit).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(plain(
+                http::StatusCode::PAYLOAD_TOO_LARGE,
+                "Payload Too Large: the request body is above the limit\n",
+            ));
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "reading a request body failed");
+            return Err(plain(
+                http::StatusCode::BAD_REQUEST,
+                "Bad Request: the body could not be read\n",
+            ));
+        }
+    };
+    let mut body = body;
+    if parts.method == http::Method::POST
+        && let Ok(text) = std::str::from_utf8(&body)
+    {
+        let (readable, call) = sent::prepare(text);
+        if let Some(call) = call {
+            parts.extensions.insert(call);
+        }
+        if let Cow::Owned(readable) = readable {
+            body = Bytes::from(readable);
+        }
+    }
+    Ok(http::Request::from_parts(parts, Full::new(body)))
 }
 
 /// Resolves on SIGINT or SIGTERM.

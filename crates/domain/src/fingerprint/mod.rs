@@ -20,6 +20,11 @@ pub use params::{MAX_SAFE_INTEGER, ParamsError, ParamsLimits, parse_params};
 /// never silently change meaning.
 pub const VERSION_TAG: &str = "v1";
 
+/// One reference token of a JSON Pointer (RFC 6901): `~` as `~0`, `/` as `~1`.
+fn escape_segment(name: &str) -> String {
+    name.replace('~', "~0").replace('/', "~1")
+}
+
 /// What counts as the key fields of an action.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeyFields {
@@ -68,7 +73,7 @@ fn resolve<'a>(params: &'a Map<String, Value>, pointer: &str) -> Option<&'a Valu
 
 /// Escapes a member name as one JSON Pointer reference token (RFC 6901).
 fn pointer_for_member(name: &str) -> String {
-    format!("/{}", name.replace('~', "~0").replace('/', "~1"))
+    format!("/{}", escape_segment(name))
 }
 
 /// The canonical JSON (RFC 8785) of `{"action", "intent", "params"}`.

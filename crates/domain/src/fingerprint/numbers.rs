@@ -110,13 +110,9 @@ fn pointer(path: &[Segment]) -> String {
     for segment in path {
         out.push('/');
         match segment {
-            Segment::Member { name, .. } => out.push_str(
-                &name
-                    .as_deref()
-                    .unwrap_or_default()
-                    .replace('~', "~0")
-                    .replace('/', "~1"),
-            ),
+            Segment::Member { name, .. } => {
+                out.push_str(&super::escape_segment(name.as_deref().unwrap_or_default()));
+            }
             Segment::Index(index) => out.push_str(&index.to_string()),
         }
     }

@@ -1,8 +1,12 @@
 //! Strict params parsing: one pass that refuses duplicate members, nesting beyond the limit and
 //! integers beyond ±2^53, then (only when the params hold a fraction or an exponent) a check of
-//! those literals ([`super::numbers`]), so that RFC 8785 canonicalises what was sent.
+//! those literals ([`super::numbers`]), so that RFC 8785 canonicalises what was sent. Every number
+//! refused is named by its JSON Pointer.
 
-use std::{cell::Cell, fmt};
+use std::{
+    cell::{Cell, RefCell},
+    fmt,
+};
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
@@ -44,9 +48,14 @@ pub enum ParamsError {
     #[error("params repeat the member name {0:?}")]
     DuplicateMember(String),
     #[error(
-        "params hold a number beyond 2^53 in magnitude, which JSON doubles cannot represent exactly"
+        "params hold a number at {}, beyond 2^53 in magnitude, which a double cannot hold \
+         exactly; send it as a string",
+        at(pointer)
     )]
-    UnsafeNumber,
+    UnsafeNumber {
+        /// The JSON Pointer of the number (empty: the params text is that number).
+        pointer: String,
+    },
     #[error(
         "params hold the number {literal} at {pointer}, which a double cannot hold: it would be \
          read as {nearest}; send it as a string, or rounded to what a double holds"
@@ -61,6 +70,15 @@ pub enum ParamsError {
     },
 }
 
+/// Where a refused number sits, for the message: its pointer, or the top level.
+fn at(pointer: &str) -> String {
+    if pointer.is_empty() {
+        "the top level".to_owned()
+    } else {
+        pointer.to_owned()
+    }
+}
+
 /// Parses params text into a JSON object, refusing what RFC 8785 cannot canonicalise faithfully.
 pub fn parse_params(text: &str, limits: ParamsLimits) -> Result<Map<String, Value>, ParamsError> {
     if text.len() > limits.max_bytes {
@@ -68,10 +86,16 @@ pub fn parse_params(text: &str, limits: ParamsLimits) -> Result<Map<String, Valu
     }
     let mut de = serde_json::Deserializer::from_str(text);
     let fractions = Cell::new(false);
+    // The path to the value being read. A value that fails leaves its own path here (nothing is
+    // popped on the way out of an error), so a number serde_json itself refuses (beyond the
+    // double range) is named as well as one the visitor refuses.
+    let path = RefCell::new(Vec::new());
+    let classify = |e| classify(e, &path.borrow());
     let value = StrictValue {
         depth: 0,
         max_depth: limits.max_depth,
         fractions: &fractions,
+        path: &path,
     }
     .deserialize(&mut de)
     .map_err(classify)?;
@@ -85,8 +109,9 @@ pub fn parse_params(text: &str, limits: ParamsLimits) -> Result<Map<String, Valu
     Ok(map)
 }
 
-/// Our own errors travel through serde as custom messages; this recovers them.
-fn classify(err: serde_json::Error) -> ParamsError {
+/// Our own errors travel through serde as custom messages; this recovers them. `path` is where
+/// the parse stopped.
+fn classify(err: serde_json::Error, path: &[String]) -> ParamsError {
     let msg = err.to_string();
     if let Some(rest) = msg.strip_prefix(DUPLICATE_PREFIX) {
         let name = rest.split(SEPARATOR).next().unwrap_or_default();
@@ -97,7 +122,9 @@ fn classify(err: serde_json::Error) -> ParamsError {
         return ParamsError::TooDeep(depth.parse().unwrap_or(0));
     }
     if msg.starts_with(UNSAFE_NUMBER) || msg.starts_with("number out of range") {
-        return ParamsError::UnsafeNumber;
+        return ParamsError::UnsafeNumber {
+            pointer: path.iter().map(|segment| format!("/{segment}")).collect(),
+        };
     }
     if msg.starts_with("recursion limit exceeded") {
         return ParamsError::TooDeep(0);
@@ -116,6 +143,8 @@ struct StrictValue<'a> {
     depth: usize,
     max_depth: usize,
     fractions: &'a Cell<bool>,
+    /// The reference tokens (escaped) of the value being read.
+    path: &'a RefCell<Vec<String>>,
 }
 
 impl StrictValue<'_> {
@@ -124,6 +153,7 @@ impl StrictValue<'_> {
             depth: self.depth + 1,
             max_depth: self.max_depth,
             fractions: self.fractions,
+            path: self.path,
         }
     }
 
@@ -192,7 +222,13 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
         self.enter()?;
         let mut items = Vec::new();
-        while let Some(item) = seq.next_element_seed(self.nested())? {
+        loop {
+            self.path.borrow_mut().push(items.len().to_string());
+            let Some(item) = seq.next_element_seed(self.nested())? else {
+                self.path.borrow_mut().pop();
+                break;
+            };
+            self.path.borrow_mut().pop();
             items.push(item);
         }
         Ok(Value::Array(items))
@@ -206,7 +242,9 @@ impl<'de> Visitor<'de> for StrictValue<'_> {
                     "{DUPLICATE_PREFIX}{name}{SEPARATOR}"
                 )));
             }
+            self.path.borrow_mut().push(super::escape_segment(&name));
             let value = map.next_value_seed(self.nested())?;
+            self.path.borrow_mut().pop();
             members.insert(name, value);
         }
         Ok(Value::Object(members))

@@ -172,22 +172,19 @@ fn refuses_what_jcs_cannot_represent() {
     );
     assert_eq!(
         parse_params(r#"{"a":9007199254740993}"#, limits),
-        Err(ParamsError::UnsafeNumber)
+        Err(unsafe_at("/a"))
     );
     assert_eq!(
         parse_params(r#"{"a":-18446744073709551616}"#, limits),
-        Err(ParamsError::UnsafeNumber)
+        Err(unsafe_at("/a"))
     );
     assert!(parse_params(r#"{"a":9007199254740992}"#, limits).is_ok());
     assert!(parse_params(r#"{"a":-9007199254740992}"#, limits).is_ok());
     assert_eq!(
         parse_params(r#"{"a":9007199254740993.0}"#, limits),
-        Err(ParamsError::UnsafeNumber)
+        Err(unsafe_at("/a"))
     );
-    assert_eq!(
-        parse_params(r#"{"a":1e300}"#, limits),
-        Err(ParamsError::UnsafeNumber)
-    );
+    assert_eq!(parse_params(r#"{"a":1e300}"#, limits), Err(unsafe_at("/a")));
     assert!(parse_params(r#"{"a":1.5e15}"#, limits).is_ok());
     assert_eq!(parse_params("[1]", limits), Err(ParamsError::NotAnObject));
     assert!(matches!(
@@ -198,6 +195,42 @@ fn refuses_what_jcs_cannot_represent() {
         parse_params(r#"{"a":1} x"#, limits),
         Err(ParamsError::Syntax(_))
     ));
+}
+
+fn unsafe_at(pointer: &str) -> ParamsError {
+    ParamsError::UnsafeNumber {
+        pointer: pointer.into(),
+    }
+}
+
+#[test]
+fn an_unsafe_number_is_named_by_its_pointer() {
+    let limits = ParamsLimits::default();
+    for (text, pointer) in [
+        (r#"{"amount":9007199254740993}"#, "/amount"),
+        (
+            r#"{"x":1,"to":{"a/b":[0,{"c~d":-9007199254740993}]}}"#,
+            "/to/a~1b/1/c~0d",
+        ),
+        // Beyond the double range: refused by serde_json itself, still named.
+        (r#"{"a":[1,2,1e400]}"#, "/a/2"),
+        (r#"{"a":{"b":9007199254740994.0}}"#, "/a/b"),
+        ("[9007199254740993]", "/0"),
+        ("1e400", ""),
+    ] {
+        assert_eq!(
+            parse_params(text, limits),
+            Err(unsafe_at(pointer)),
+            "{text}"
+        );
+    }
+    let message = parse_params(r#"{"amount":9007199254740993}"#, limits)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("at /amount") && message.contains("2^53"),
+        "{message}"
+    );
 }
 
 #[test]

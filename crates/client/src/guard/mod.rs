@@ -3,7 +3,7 @@
 //! 1. Request a token (naming this attempt as the holder, so a lost reply is re-delivered).
 //! 2. Already completed → return the stored receipt without running anything.
 //! 3. Granted → run the caller's closure with the grant (token, fencing, provider key) while a
-//!    background heartbeat extends the lease.
+//!    heartbeat extends the lease.
 //! 4. Success → Complete with the receipt, retrying until the gate acknowledges it.
 //! 5. [`Failure::Definite`] → Release (the action had no effect), then return the error.
 //! 6. [`Failure::Ambiguous`] (timeouts, anything unmarked) → never Release: return
@@ -12,13 +12,23 @@
 //!    lease that outlasts what is left of it fails at once ([`GuardError::InProgressBeyondWait`]:
 //!    it may be the caller's own earlier attempt).
 //! 8. Key reused → stop with that error; never retry with a new key.
+//!
+//! One implementation, whatever the gate: [`GateClient::run_once`] runs it over gRPC; the MCP
+//! gateway runs it ([`run_once_on`]) over its in-process gate too, through [`GateCalls`], with the
+//! choices the defaults do not fit in [`GuardHooks`]. Files: [`calls`] (the four calls),
+//! [`hooks`] (the choices), [`run`] (the protocol).
 
-use std::{
-    future::Future,
-    time::{Duration, Instant},
-};
+mod calls;
+mod hooks;
+mod run;
 
-use super::{ActionSpec, ClientError, GateClient, Grant, TokenReply};
+use std::{future::Future, time::Duration};
+
+pub use calls::GateCalls;
+pub use hooks::GuardHooks;
+pub use run::run_once_on;
+
+use super::{ActionSpec, ClientError, GateClient, Grant};
 use oncegate_proto as pb;
 
 /// How the closure failed.
@@ -44,7 +54,8 @@ impl<E> From<E> for Failure<E> {
 pub enum Outcome {
     /// The closure ran and its receipt was recorded.
     Executed {
-        /// The closure's receipt, now stored.
+        /// The receipt now stored: the closure's (or, when the gate refused it as too large and
+        /// [`GuardHooks::replace_oversized_receipt`] is set, its replacement).
         receipt: Vec<u8>,
         /// The grant the closure ran under.
         grant: Grant,
@@ -134,7 +145,8 @@ pub enum GuardError<E: std::fmt::Debug> {
 pub struct GuardOptions {
     /// How long to wait, in total, for an attempt in progress elsewhere (or a briefly unavailable
     /// gate) before giving up with the gate's error. A live lease that outlasts what is left of
-    /// it is not waited for ([`GuardError::InProgressBeyondWait`]).
+    /// it is not waited for ([`GuardError::InProgressBeyondWait`]) unless
+    /// [`GuardHooks::wait_whatever_the_lease`] says so. Zero: ask once.
     pub max_wait: Duration,
     /// How long to keep retrying an unacknowledged Complete.
     pub complete_deadline: Duration,
@@ -157,7 +169,8 @@ impl Default for GuardOptions {
 }
 
 impl GateClient {
-    /// Runs `work` at most once for `spec` (see the module docs for the protocol).
+    /// Runs `work` at most once for `spec` (see the module docs for the protocol): [`run_once_on`]
+    /// this client with the default [`GuardHooks`].
     pub async fn run_once<F, Fut, E>(
         &self,
         spec: &ActionSpec,
@@ -169,137 +182,6 @@ impl GateClient {
         Fut: Future<Output = Result<Vec<u8>, Failure<E>>>,
         E: std::fmt::Debug,
     {
-        let mut spec = spec.clone();
-        if spec.holder.is_empty() {
-            // A holder makes RequestToken safe to retry: a lost grant reply is re-delivered.
-            spec.holder = format!("guard-{}", uuid::Uuid::new_v4().simple());
-        }
-        let grant = match self.acquire(&spec, options).await? {
-            TokenReply::AlreadyCompleted(done) => return Ok(Outcome::Replayed(done)),
-            TokenReply::PendingApproval(approval) => {
-                return Err(GuardError::PendingApproval { approval });
-            }
-            TokenReply::Granted(grant) => grant,
-        };
-        let heartbeat = self.start_heartbeat(&grant, &spec, options);
-        let result = work(grant.clone()).await;
-        heartbeat.abort();
-        match result {
-            Ok(receipt) => self.finish(grant, receipt, options.complete_deadline).await,
-            Err(Failure::Definite(cause)) => {
-                let mut client = self.clone();
-                match client
-                    .release(
-                        &grant.action,
-                        &grant.token,
-                        pb::ReleaseReason::DefiniteFailure,
-                    )
-                    .await
-                {
-                    Ok(_) => Err(GuardError::Failed(cause)),
-                    Err(release) => Err(GuardError::ReleaseFailed {
-                        cause,
-                        release,
-                        grant,
-                    }),
-                }
-            }
-            Err(Failure::Ambiguous(cause)) => Err(GuardError::OutcomeUnknown { cause, grant }),
-        }
-    }
-
-    /// RequestToken, waiting out IN_PROGRESS and brief unavailability within `max_wait`.
-    async fn acquire<E: std::fmt::Debug>(
-        &self,
-        spec: &ActionSpec,
-        options: &GuardOptions,
-    ) -> Result<TokenReply, GuardError<E>> {
-        let deadline = Instant::now() + options.max_wait;
-        let mut client = self.clone();
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            let err = match client.request_token(spec).await {
-                Ok(reply) => return Ok(reply),
-                Err(err) => err,
-            };
-            let left = deadline.saturating_duration_since(Instant::now());
-            let delay = match &err {
-                ClientError::InProgress { retry_after } if *retry_after > left => {
-                    return Err(GuardError::InProgressBeyondWait {
-                        retry_after: *retry_after,
-                        max_wait: options.max_wait,
-                    });
-                }
-                ClientError::InProgress { retry_after } => {
-                    (*retry_after).min(options.poll_interval)
-                }
-                ClientError::RateLimited { retry_after } => *retry_after,
-                ClientError::Unavailable(_) => {
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                    backoff
-                }
-                _ => return Err(GuardError::Gate(err)),
-            };
-            if left.is_zero() {
-                return Err(GuardError::Gate(err));
-            }
-            tokio::time::sleep(delay.clamp(Duration::from_millis(10), left)).await;
-        }
-    }
-
-    /// Complete, retrying transient failures until acknowledged or the deadline passes.
-    async fn finish<E: std::fmt::Debug>(
-        &self,
-        grant: Grant,
-        receipt: Vec<u8>,
-        deadline: Duration,
-    ) -> Result<Outcome, GuardError<E>> {
-        let until = Instant::now() + deadline;
-        let mut client = self.clone();
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            match client.complete(&grant.action, &grant.token, &receipt).await {
-                Ok(_) => return Ok(Outcome::Executed { receipt, grant }),
-                Err(error) if error.is_retryable() && Instant::now() < until => {
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(2));
-                }
-                Err(error) => {
-                    return Err(GuardError::CompleteUnacknowledged {
-                        error,
-                        receipt,
-                        grant,
-                    });
-                }
-            }
-        }
-    }
-
-    /// Extends the lease periodically while the closure runs.
-    fn start_heartbeat(
-        &self,
-        grant: &Grant,
-        spec: &ActionSpec,
-        options: &GuardOptions,
-    ) -> tokio::task::JoinHandle<()> {
-        let lease = spec
-            .lease
-            .unwrap_or(grant.lease)
-            .max(Duration::from_secs(1));
-        let every = options
-            .heartbeat
-            .unwrap_or((lease / 3).max(Duration::from_secs(1)));
-        let mut client = self.clone();
-        let (action, token) = (grant.action.clone(), grant.token.clone());
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(every).await;
-                if let Err(e) = client.extend_lease(&action, &token, lease).await
-                    && !e.is_retryable()
-                {
-                    return;
-                }
-            }
-        })
+        run_once_on(self, spec, options, &GuardHooks::default(), work).await
     }
 }
