@@ -356,7 +356,14 @@ fn make_dry_run(args: &[&str]) -> String {
 fn make_run_passes_flags_and_clean_data_keeps_the_build() {
     let run = make_dry_run(&["run", "ARGS=--config policies.toml --log-format json"]);
     assert!(
-        run.contains("-- serve --config policies.toml --log-format json"),
+        run.contains("cargo build --release --locked --bin oncegate")
+            && run
+                .contains("target/release/oncegate serve --config policies.toml --log-format json"),
+        "{run}"
+    );
+    // It says what it does: a first build, then where the gate is.
+    assert!(
+        run.contains("make run: first build") && run.contains("make run: starting the gate"),
         "{run}"
     );
     let clean = make_dry_run(&["clean-data"]);
