@@ -18,7 +18,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{ActionSpec, ClientError, GateClient, Grant, TokenReply};
+use serde::de::DeserializeOwned;
+
+use super::{ActionSpec, ClientError, GateClient, Grant, Receipt, Replay, TokenReply};
 use oncegate_proto as pb;
 
 /// How the closure failed.
@@ -49,16 +51,52 @@ pub enum Outcome {
         /// The grant the closure ran under.
         grant: Grant,
     },
-    /// The action had already completed: nothing ran; this is the original completion.
-    Replayed(pb::Completion),
+    /// The action had already completed: nothing ran; this is the original completion (it reads
+    /// as the [`pb::Completion`] it holds) and the action.
+    Replayed(Replay),
 }
 
 impl Outcome {
-    /// The receipt, whether fresh or replayed.
+    /// The receipt's bytes, whether fresh or replayed.
     pub fn receipt(&self) -> &[u8] {
         match self {
             Self::Executed { receipt, .. } => receipt,
             Self::Replayed(done) => &done.receipt,
+        }
+    }
+
+    /// The action, as the gate names it.
+    pub fn action(&self) -> &pb::ActionRef {
+        match self {
+            Self::Executed { grant, .. } => &grant.action,
+            Self::Replayed(done) => &done.action,
+        }
+    }
+
+    /// The receipt as its writer meant it: an operator's JSON as the value, an operator's text
+    /// as a string, a worker's (this closure's, or a replayed one) as its bytes.
+    pub fn decoded(&self) -> Result<Receipt, ClientError> {
+        match self {
+            Self::Executed { receipt, .. } => Ok(Receipt::Bytes(receipt.clone())),
+            Self::Replayed(done) => done.decoded(),
+        }
+    }
+
+    /// The receipt as a `T`: an operator's JSON value, an operator's text as a JSON string, a
+    /// worker's bytes parsed as JSON. One that is none of these, or not a `T`, is
+    /// [`ClientError::ReceiptUndecodable`], naming the action and who wrote the receipt.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
+        match self {
+            Self::Executed { receipt, grant } => {
+                let written = pb::Completion {
+                    receipt: receipt.clone(),
+                    fencing: grant.fencing,
+                    source: pb::CompletionSource::Worker as i32,
+                    ..Default::default()
+                };
+                crate::receipt::decode_json(&grant.action, &written)
+            }
+            Self::Replayed(done) => done.json(),
         }
     }
 }
@@ -174,8 +212,11 @@ impl GateClient {
             // A holder makes RequestToken safe to retry: a lost grant reply is re-delivered.
             spec.holder = format!("guard-{}", uuid::Uuid::new_v4().simple());
         }
-        let grant = match self.acquire(&spec, options).await? {
-            TokenReply::AlreadyCompleted(done) => return Ok(Outcome::Replayed(done)),
+        let (action, reply) = self.acquire(&spec, options).await?;
+        let grant = match reply {
+            TokenReply::AlreadyCompleted(completion) => {
+                return Ok(Outcome::Replayed(Replay { action, completion }));
+            }
             TokenReply::PendingApproval(approval) => {
                 return Err(GuardError::PendingApproval { approval });
             }
@@ -213,13 +254,13 @@ impl GateClient {
         &self,
         spec: &ActionSpec,
         options: &GuardOptions,
-    ) -> Result<TokenReply, GuardError<E>> {
+    ) -> Result<(pb::ActionRef, TokenReply), GuardError<E>> {
         let deadline = Instant::now() + options.max_wait;
         let mut client = self.clone();
         let mut backoff = Duration::from_millis(50);
         loop {
-            let err = match client.request_token(spec).await {
-                Ok(reply) => return Ok(reply),
+            let err = match client.request_token_for(spec).await {
+                Ok(answer) => return Ok(answer),
                 Err(err) => err,
             };
             let left = deadline.saturating_duration_since(Instant::now());

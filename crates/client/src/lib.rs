@@ -4,8 +4,8 @@
 //! not a bare `tonic::Status`, so callers branch on what happened.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), oncegate::client::ClientError> {
-//! use oncegate::client::{ActionSpec, GateClient};
+//! # async fn demo() -> Result<(), oncegate_client::ClientError> {
+//! use oncegate_client::{ActionSpec, GateClient};
 //! let mut gate = GateClient::connect("http://127.0.0.1:50051").await?;
 //! let spec = ActionSpec::new("billing-agent", "run-7", "payments.transfer", r#"{"amount":100}"#);
 //! let reply = gate.request_token(&spec).await?;
@@ -15,6 +15,7 @@
 pub mod channel;
 mod error;
 pub mod guard;
+pub mod receipt;
 pub mod verify;
 
 use std::time::Duration;
@@ -23,8 +24,9 @@ use tonic::{Code, metadata::MetadataValue, transport::Channel};
 
 use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
 
-pub use error::ClientError;
+pub use error::{BudgetRefusal, ClientError};
 pub use guard::{Failure, GuardError, GuardOptions, Outcome};
+pub use receipt::{Receipt, Replay};
 pub use verify::{GrantClaims, PublicKeys, StatementError, verify_grant};
 
 /// How long [`GateClient::connect`] waits for the connection.
@@ -144,7 +146,8 @@ pub struct Grant {
 pub enum TokenReply {
     /// Execute the action, then Complete or Release.
     Granted(Grant),
-    /// Do not execute: here is the original completion.
+    /// Do not execute: here is the original completion. [`receipt::decode`] reads its receipt as
+    /// its writer meant it (the action: [`GateClient::request_token_for`]).
     AlreadyCompleted(pb::Completion),
     /// Do not execute: a rule holds the action until an operator approves it (then the same
     /// request is granted once).
@@ -205,30 +208,40 @@ impl GateClient {
 
     /// RequestToken.
     pub async fn request_token(&mut self, spec: &ActionSpec) -> Result<TokenReply, ClientError> {
+        Ok(self.request_token_for(spec).await?.1)
+    }
+
+    /// RequestToken, and the action as the gate names it (its key is the fingerprint when the
+    /// spec has no idempotency key).
+    pub async fn request_token_for(
+        &mut self,
+        spec: &ActionSpec,
+    ) -> Result<(pb::ActionRef, TokenReply), ClientError> {
         let request = self.request(spec.to_request());
         let resp = self.inner.request_token(request).await?.into_inner();
         let action = resp.action.clone().unwrap_or_default();
-        match (resp.decision(), resp.grant, resp.completion) {
-            (pb::Decision::Granted, Some(grant), _) => Ok(TokenReply::Granted(Grant {
+        let reply = match (resp.decision(), resp.grant, resp.completion) {
+            (pb::Decision::Granted, Some(grant), _) => TokenReply::Granted(Grant {
                 lease: grant.lease_expires_at.map(remaining).unwrap_or_default(),
-                action,
+                action: action.clone(),
                 token: grant.token,
                 fencing: grant.fencing,
                 provider_key: grant.provider_key,
                 fingerprint: resp.fingerprint,
                 statement: grant.statement,
-            })),
-            (pb::Decision::AlreadyCompleted, _, Some(done)) => {
-                Ok(TokenReply::AlreadyCompleted(done))
-            }
-            (pb::Decision::PendingApproval, ..) if resp.approval.is_some() => Ok(
-                TokenReply::PendingApproval(resp.approval.unwrap_or_default()),
-            ),
-            (decision, ..) => Err(ClientError::Other {
-                code: Code::Internal,
-                message: format!("malformed RequestToken reply ({decision:?})"),
             }),
-        }
+            (pb::Decision::AlreadyCompleted, _, Some(done)) => TokenReply::AlreadyCompleted(done),
+            (pb::Decision::PendingApproval, ..) if resp.approval.is_some() => {
+                TokenReply::PendingApproval(resp.approval.unwrap_or_default())
+            }
+            (decision, ..) => {
+                return Err(ClientError::Other {
+                    code: Code::Internal,
+                    message: format!("malformed RequestToken reply ({decision:?})"),
+                });
+            }
+        };
+        Ok((action, reply))
     }
 
     /// Complete with a receipt; returns the stored completion.

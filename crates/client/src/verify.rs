@@ -3,7 +3,7 @@
 //! asked to act on, and gets the fencing number to compare with the highest it has seen.
 //!
 //! ```
-//! use oncegate::client::{PublicKeys, verify_grant};
+//! use oncegate_client::{PublicKeys, verify_grant};
 //! # let (jwks, statement) = ("{\"keys\":[]}", "");
 //! let keys = PublicKeys::from_jwks(jwks).unwrap(); // GET /.well-known/jwks.json, or `oncegate keys export`
 //! let params = r#"{"amount":100,"currency":"EUR","to":"DE89"}"#;
