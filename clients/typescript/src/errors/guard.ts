@@ -104,20 +104,6 @@ export class ReceiptDecodeError extends OncegateError {
   }
 }
 
-/** Who wrote a receipt and in what, as a person reads it: `operator "ops-alice" as text`. */
-export function receiptWriter(completion: Completion): string {
-  if (completion.source !== CompletionSource.OPERATOR) {
-    return `a worker (fencing ${completion.fencing}) in its client's own encoding`;
-  }
-  const what =
-    completion.receiptFormat === ReceiptFormat.JSON
-      ? "as JSON"
-      : completion.receiptFormat === ReceiptFormat.TEXT
-        ? "as text"
-        : "with no format stated";
-  return `operator ${JSON.stringify(completion.operator)} ${what}`;
-}
-
 /** The Rust `GuardError` variants the guard throws as its own classes. */
 export type GuardErrorKind = "Failed" | "ReleaseFailed" | "OutcomeUnknown" | "CompleteUnacknowledged";
 

@@ -29,7 +29,6 @@ import {
   OutcomeUnknownError,
   PendingApprovalError,
   ReceiptDecodeError,
-  receiptWriter,
   ReleaseFailedError,
 } from "../errors/guard.js";
 import {
@@ -150,6 +149,20 @@ function decodeReplay(
       error,
     );
   }
+}
+
+/** Who wrote a receipt and in what, as a person reads it: `operator "ops-alice" as text`. */
+function receiptWriter(completion: Completion): string {
+  if (completion.source !== CompletionSource.OPERATOR) {
+    return `a worker (fencing ${completion.fencing}) in its client's own encoding`;
+  }
+  const what =
+    completion.receiptFormat === ReceiptFormat.JSON
+      ? "as JSON"
+      : completion.receiptFormat === ReceiptFormat.TEXT
+        ? "as text"
+        : "with no format stated";
+  return `operator ${JSON.stringify(completion.operator)} ${what}`;
 }
 
 /** Strict UTF-8: a malformed text receipt is an error, not replacement characters. */
