@@ -91,6 +91,7 @@ class Operator:
                 request = pb.ResolveExpiredRequest(
                     action=entry.action, resolution=pb.RESOLUTION_COMPLETED,
                     receipt=json.dumps({"tx": answer["receipt"]}, separators=(",", ":")).encode(),
+                    receipt_format=pb.RECEIPT_FORMAT_JSON,  # replayed by the guard as the value
                     note="soak operator: the provider performed it")
             else:
                 request = pb.ResolveExpiredRequest(action=entry.action, resolution=pb.RESOLUTION_FAILED,

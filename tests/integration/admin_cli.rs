@@ -228,6 +228,8 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
     assert_eq!(code, Some(0), "{stderr}");
     let resolved: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(resolved["completion"]["receipt_text"], "tx_77");
+    // Not JSON, and no --receipt-format: the operator's receipt is text, and says so.
+    assert_eq!(resolved["completion"]["receipt_format"], "text");
     assert_eq!(
         resolved["completion"]["source"],
         "COMPLETION_SOURCE_OPERATOR"

@@ -420,15 +420,11 @@ sum = "/amount"
         .request_token(&pay(201, "pay-201"))
         .await
         .unwrap_err();
-    let ClientError::BudgetExceeded {
-        budget,
-        retry_after,
-    } = &over
-    else {
+    let ClientError::BudgetExceeded(refused) = &over else {
         panic!("expected BudgetExceeded, got {over:?}")
     };
-    assert_eq!(budget, "eur-per-day");
-    let retry_after = retry_after.expect("when the window frees up");
+    assert_eq!(refused.budget, "eur-per-day");
+    let retry_after = refused.retry_after.expect("when the window frees up");
     assert!(
         retry_after > std::time::Duration::from_secs(86_000)
             && retry_after <= std::time::Duration::from_secs(86_400 + 1_440),

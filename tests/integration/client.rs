@@ -1,23 +1,31 @@
 //! The Rust client and guard against a real gate: replay without running, definite failures
 //! released, ambiguous ones kept for reconciliation, waiting out an attempt in progress, a
-//! reused key stopping the guard, and the hooks the MCP gateway runs the guard with.
+//! reused key stopping the guard, the hooks the MCP gateway runs the guard with, receipts an
+//! operator resolved (`oncegate admin resolve` over the admin socket) read as the text or JSON they
+//! are, a receipt that cannot be decoded named with its action and writer, and a budget refusal's
+//! amounts and time.
 
 use std::{
     sync::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use oncegate_client::{
-    ActionSpec, ClientError, Failure, GateClient, GuardError, GuardHooks, GuardOptions, Outcome,
-    TokenReply, run_once_on,
+    ActionSpec, BudgetRefusal, ClientError, Failure, GateClient, GuardError, GuardHooks,
+    GuardOptions, Outcome, Receipt, TokenReply, run_once_on,
 };
 use oncegate_gate::policy::Policies;
 use oncegate_proto::{self as pb};
 
-use crate::support::{Kind, Scrape, StoreTime, TestGate, millis_of};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::support::{
+    Kind, LoggedGate, Scrape, StoreTime, TestGate, config, millis_of, oncegate_command, write_file,
+};
 
 async fn gate_client(gate: &TestGate) -> GateClient {
     GateClient::connect(format!("http://{}", gate.addr))
@@ -361,4 +369,269 @@ async fn the_guard_hooks_change_what_they_name() {
         "{err:?}"
     );
     assert_eq!(ran.load(Ordering::SeqCst), 0, "nothing ran");
+}
+
+/// A real `oncegate serve` on the embedded store in `dir/data`, with leases as short as 50 ms:
+/// its local operator is `oncegate admin --data-dir <dir>/data`, over the admin socket there.
+async fn served_with_operator(dir: &TempDir) -> (LoggedGate, GateClient) {
+    let config = write_file(
+        dir.path(),
+        "gate.toml",
+        "[limits]\nmin_lease_ttl_seconds = 0.05\n",
+    );
+    let served = LoggedGate::start(
+        dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+    );
+    let client = GateClient::connect(format!("http://{}", served.addr))
+        .await
+        .unwrap();
+    (served, client)
+}
+
+/// An attempt whose outcome is unknown and whose lease has ended: an operator's to settle.
+async fn left_unresolved(client: &GateClient, spec: &ActionSpec) -> pb::ActionRef {
+    let leased = spec.clone().lease(Duration::from_millis(100));
+    let err = client
+        .run_once(&leased, &GuardOptions::default(), |_| async {
+            Err::<Vec<u8>, Failure<&str>>("provider timed out".into())
+        })
+        .await
+        .unwrap_err();
+    let GuardError::OutcomeUnknown { grant, .. } = err else {
+        panic!("expected OutcomeUnknown, got {err:?}");
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while client
+        .clone()
+        .get_action(&grant.action)
+        .await
+        .unwrap()
+        .state()
+        != pb::ActionState::Expired
+    {
+        assert!(Instant::now() < deadline, "the lease did not end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    grant.action
+}
+
+/// `oncegate admin resolve --outcome completed` as the gate's local operator; its text output.
+fn operator_resolves(
+    dir: &TempDir,
+    action: &pb::ActionRef,
+    receipt: &str,
+    format: &[&str],
+) -> String {
+    let scope = action.scope.clone().unwrap();
+    let data = dir.path().join("data");
+    let out = oncegate_command()
+        .args(["admin", "resolve", "--data-dir", data.to_str().unwrap()])
+        .args([
+            "--agent",
+            &scope.agent_id,
+            "--run",
+            &scope.run_id,
+            "--key",
+            &action.key,
+        ])
+        .args(["--outcome", "completed", "--receipt", receipt])
+        .args(format)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The line of `oncegate admin`'s text output that says what the operator's receipt is.
+fn shown_format(shown: &str) -> Option<&str> {
+    shown
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("completion.receipt_format"))
+        .map(str::trim)
+}
+
+/// The guard's replay of `spec`, which must not run anything.
+async fn replayed(client: &GateClient, spec: &ActionSpec) -> Outcome {
+    let outcome = client
+        .run_once(spec, &GuardOptions::default(), |_| async {
+            Err::<Vec<u8>, _>(Failure::Definite("a completed action must not run"))
+        })
+        .await
+        .unwrap();
+    assert!(matches!(outcome, Outcome::Replayed(_)), "{outcome:?}");
+    outcome
+}
+
+#[tokio::test]
+async fn an_operators_text_and_json_receipts_replay_as_they_were_written() {
+    let dir = TempDir::new().unwrap();
+    let (_served, client) = served_with_operator(&dir).await;
+
+    // Text that would parse as JSON: the operator's word, not the bytes, says what it is.
+    let text = ActionSpec::new("reconciled", "run-1", "pay", r#"{"n":1}"#);
+    let action = left_unresolved(&client, &text).await;
+    let shown = operator_resolves(&dir, &action, "12345", &["--receipt-format", "text"]);
+    assert_eq!(shown_format(&shown), Some("text"), "{shown}");
+    let outcome = replayed(&client, &text).await;
+    assert_eq!(outcome.decoded().unwrap(), Receipt::Text("12345".into()));
+    assert_eq!(outcome.json::<String>().unwrap(), "12345");
+    assert_eq!(outcome.action(), &action);
+    let Outcome::Replayed(done) = outcome else {
+        unreachable!()
+    };
+    assert_eq!(done.receipt_format(), pb::ReceiptFormat::Text);
+    assert_eq!(done.source(), pb::CompletionSource::Operator);
+    assert_eq!(done.operator, "local-operator");
+
+    // No --receipt-format: the CLI says JSON because it parses as JSON.
+    let value = ActionSpec::new("reconciled", "run-1", "pay", r#"{"n":2}"#);
+    let action = left_unresolved(&client, &value).await;
+    let shown = operator_resolves(
+        &dir,
+        &action,
+        r#"{"transfer_id": "tr-op-2", "amount": 50}"#,
+        &[],
+    );
+    assert_eq!(shown_format(&shown), Some("json"), "{shown}");
+    let outcome = replayed(&client, &value).await;
+    let expected = json!({"transfer_id": "tr-op-2", "amount": 50});
+    assert_eq!(outcome.decoded().unwrap(), Receipt::Json(expected.clone()));
+    assert_eq!(outcome.json::<Value>().unwrap(), expected);
+    // The raw RequestToken's completion reads the same way.
+    let mut raw = client.clone();
+    let (named, TokenReply::AlreadyCompleted(done)) = raw.request_token_for(&value).await.unwrap()
+    else {
+        panic!("expected the completion");
+    };
+    assert_eq!(
+        oncegate_client::receipt::decode(&named, &done).unwrap(),
+        Receipt::Json(expected)
+    );
+}
+
+#[tokio::test]
+async fn a_receipt_the_client_cannot_decode_names_the_action_and_its_writer() {
+    let gate = TestGate::start(Kind::Embedded).await;
+    let mut client = gate_client(&gate).await;
+    let spec = ActionSpec::new("reconciled", "run-3", "pay", r#"{"n":3}"#);
+    let TokenReply::Granted(grant) = client.request_token(&spec).await.unwrap() else {
+        panic!("expected a grant");
+    };
+    // A worker completes by hand with bytes that are not JSON.
+    client
+        .complete(&grant.action, &grant.token, b"\xffraw-42")
+        .await
+        .unwrap();
+    let outcome = replayed(&client, &spec).await;
+    assert_eq!(
+        outcome.decoded().unwrap(),
+        Receipt::Bytes(b"\xffraw-42".to_vec())
+    );
+    let err = outcome.json::<Value>().unwrap_err();
+    let ClientError::ReceiptUndecodable {
+        action,
+        writer,
+        operator,
+        format,
+        fencing,
+        ..
+    } = &err
+    else {
+        panic!("expected ReceiptUndecodable, got {err:?}");
+    };
+    assert_eq!(**action, grant.action);
+    assert_eq!(
+        (*writer, operator.as_str(), *format, *fencing),
+        (
+            pb::CompletionSource::Worker,
+            "",
+            pb::ReceiptFormat::Unspecified,
+            grant.fencing
+        )
+    );
+    assert!(!err.is_retryable());
+    let shown = err.to_string();
+    for part in [
+        r#"agent "reconciled""#.to_owned(),
+        r#"run "run-3""#.to_owned(),
+        format!("key {:?}", grant.action.key),
+        format!("a worker (fencing {})", grant.fencing),
+        "not run again".to_owned(),
+    ] {
+        assert!(shown.contains(&part), "{part} in {shown}");
+    }
+}
+
+#[tokio::test]
+async fn a_budget_refusal_says_used_limit_and_when_it_frees_up() {
+    let gate = TestGate::start_with(
+        Kind::Embedded,
+        config(
+            r#"
+[[budgets]]
+name = "eur-per-day"
+actions = ["payments.refund"]
+window_seconds = 86400
+limit = "100.00"
+sum = "/amount"
+decimals = 2
+"#,
+        ),
+    )
+    .await;
+    let mut client = gate_client(&gate).await;
+    let refund = |amount: &str, key: &str| {
+        ActionSpec::new(
+            "refunder",
+            "run-1",
+            "payments.refund",
+            &format!(r#"{{"amount":{amount}}}"#),
+        )
+        .idempotency_key(key)
+    };
+    let first = client.request_token(&refund("99.5", "r-1")).await.unwrap();
+    assert!(matches!(first, TokenReply::Granted(_)), "{first:?}");
+    let err = client.request_token(&refund("1", "r-2")).await.unwrap_err();
+    let ClientError::BudgetExceeded(refused) = &err else {
+        panic!("expected BudgetExceeded, got {err:?}");
+    };
+    let BudgetRefusal {
+        budget,
+        used,
+        limit,
+        requested,
+        retry_at,
+        retry_after,
+        ..
+    } = refused.as_ref();
+    assert_eq!(
+        (
+            budget.as_str(),
+            used.as_str(),
+            limit.as_str(),
+            requested.as_str()
+        ),
+        ("eur-per-day", "99.50", "100.00", "1.00")
+    );
+    let retry_at = retry_at.expect("when it frees up");
+    let retry_after = retry_after.expect("how long until then");
+    assert!(retry_at > SystemTime::now() && retry_after > Duration::from_secs(86_000));
+    assert!(!err.is_retryable());
+    // It reads as the gate words it, with the time it names.
+    let shown = err.to_string();
+    let at = prost_types::Timestamp::from(retry_at);
+    assert!(
+        shown.starts_with(&format!(
+            "budget \"eur-per-day\" would be exceeded: 99.50 of 100.00 used in the last 1 d, and \
+             this action needs 1.00; nothing was recorded; it frees up at {at} (in "
+        )),
+        "{shown}"
+    );
 }

@@ -320,7 +320,7 @@ async fn pay_invoice_1001(
                 .map_err(Failure::Ambiguous)?;
             Ok::<_, Failure<BankError>>(tx.into_bytes())
         })
-        .await?; // Outcome::Executed { receipt, grant } or Outcome::Replayed(completion)
+        .await?; // Outcome::Executed { receipt, grant } or Outcome::Replayed(replay)
     // docs: the Rust snippet, end
     Ok(outcome)
 }

@@ -2,7 +2,8 @@
 
 The real gate is started from ``$ONCEGATE_BIN`` (default ``target/debug/oncegate`` under the
 repository root) as ``oncegate serve --listen 127.0.0.1:<port> --data-dir <tmp> --config <policy>``
-and is ready once its gRPC health check says SERVING.
+and is ready once its gRPC health check says SERVING. Its local operator (:meth:`RealGate.admin`)
+is ``oncegate admin ... --data-dir <tmp>/data``, over the admin socket in the data directory.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -105,12 +107,40 @@ def gate_target(gate_addresses: tuple[str, str]) -> str:
     return gate_addresses[0]
 
 
+@dataclass(frozen=True)
+class RealGate:
+    """The real gate process of a session: where it listens, and what its operator needs."""
+
+    target: str
+    metrics: str
+    binary: Path
+    data_dir: Path
+
+    def admin(self, *args: str) -> str:
+        """Runs ``oncegate admin <args>`` as this gate's local operator, over the admin socket in
+        its data directory (``unix:<data-dir>/admin.sock``); returns what it printed."""
+        done = subprocess.run(
+            [str(self.binary), "admin", *args, "--data-dir", str(self.data_dir)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, f"oncegate admin {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+
 @pytest.fixture(scope="session")
-def gate_addresses(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+def gate_addresses(real_gate: RealGate) -> tuple[str, str]:
+    """The real gate's ``host:port`` and that of its metrics listener (which serves
+    ``/.well-known/jwks.json``)."""
+    return real_gate.target, real_gate.metrics
+
+
+@pytest.fixture(scope="session")
+def real_gate(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealGate]:
     """Starts the real gate binary with the ``payments.transfer`` policy, the authorization rules
     (``RULES``) and a budget of one ``sms.send`` per hour (embedded store, so it signs with a key
-    generated into its data directory); yields its ``host:port`` and that of its metrics listener
-    (which serves ``/.well-known/jwks.json``)."""
+    generated into its data directory)."""
     binary = Path(os.environ.get("ONCEGATE_BIN", REPO_ROOT / "target" / "debug" / "oncegate"))
     if not binary.is_file():
         pytest.fail(f"no gate binary at {binary}: build it (cargo build) or set ONCEGATE_BIN")
@@ -149,7 +179,7 @@ def gate_addresses(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[s
                 log_text = log_path.read_text(errors="replace")
                 pytest.fail(f"the gate did not report SERVING within {STARTUP_TIMEOUT}s:\n{log_text}")
             time.sleep(0.1)
-        yield target, metrics
+        yield RealGate(target, metrics, binary, workdir / "data")
     finally:
         process.terminate()
         try:

@@ -12,6 +12,7 @@ import pytest
 
 import oncegate.errors
 from oncegate import (
+    BudgetExceededError,
     CompletedByOther,
     InProgress,
     KeyReused,
@@ -74,11 +75,66 @@ def test_in_progress_prefers_retry_info() -> None:
         )
     )
     assert isinstance(error, InProgress) and error.retryable
-    assert error.retry_after == pytest.approx(1.5)
+    assert error.retry_after_ms == 1500
     error = error_for(
         Abort(grpc.StatusCode.ABORTED, "IDEMPOTENCY_IN_PROGRESS", "busy", {"retry_after_ms": "250"})
     )
-    assert error.retry_after == pytest.approx(0.25)
+    assert error.retry_after_ms == 250
+
+
+def test_retry_after_in_seconds_is_a_deprecated_alias() -> None:
+    error = error_for(Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "RATE_LIMITED", "slow down", retry_delay=2.5))
+    with pytest.warns(DeprecationWarning, match="retry_after_ms"):
+        assert error.retry_after == pytest.approx(2.5)
+    with pytest.warns(DeprecationWarning, match="retry_after_ms"):
+        made = RateLimited("slow down", retry_after=0.75)
+    assert made.retry_after_ms == 750
+    with pytest.raises(TypeError, match="not both"):
+        RateLimited("slow down", retry_after=1.0, retry_after_ms=1000)
+    assert TransportError("no gate").retry_after_ms is None
+
+
+def test_a_budget_refusal_carries_its_amounts_and_when_it_frees_up() -> None:
+    message = (
+        'budget "eur-per-day" would be exceeded: 9950.00 of 10000.00 used in the last 1 d, and this '
+        "action needs 100.00; nothing was recorded; it frees up at 2026-12-03T14:05:00Z (in 23 h 59 min)"
+    )
+    error = error_for(
+        Abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "BUDGET_EXCEEDED",
+            message,
+            {
+                "budget": "eur-per-day",
+                "used": "9950.00",
+                "limit": "10000.00",
+                "requested": "100.00",
+                "retry_at": "2026-12-03T14:05:00Z",
+                "retry_after_ms": "86340000",
+            },
+            retry_delay=86340.0,
+        )
+    )
+    assert isinstance(error, BudgetExceededError) and not error.retryable
+    assert (error.budget, error.used, error.limit, error.requested) == (
+        "eur-per-day",
+        "9950.00",
+        "10000.00",
+        "100.00",
+    )
+    assert error.retry_at == datetime(2026, 12, 3, 14, 5, tzinfo=timezone.utc)
+    assert error.retry_after_ms == 86_340_000
+    assert str(error) == f"BUDGET_EXCEEDED: {message}"
+    alone = error_for(
+        Abort(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            "BUDGET_EXCEEDED",
+            "too big",
+            {"budget": "eur-per-day", "used": "0.00", "limit": "10.00", "requested": "11.00"},
+        )
+    )
+    assert isinstance(alone, BudgetExceededError)
+    assert alone.retry_at is None and alone.retry_after_ms is None and alone.requested == "11.00"
 
 
 def test_lease_expired_unresolved_metadata() -> None:
@@ -115,9 +171,7 @@ def test_transient_reasons() -> None:
     limited = error_for(
         Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "RATE_LIMITED", "slow down", retry_delay=2.0)
     )
-    assert (
-        isinstance(limited, RateLimited) and limited.retryable and limited.retry_after == pytest.approx(2.0)
-    )
+    assert isinstance(limited, RateLimited) and limited.retryable and limited.retry_after_ms == 2000
 
 
 def test_unknown_reason_keeps_the_reason() -> None:

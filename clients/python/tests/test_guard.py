@@ -197,7 +197,7 @@ def test_a_lease_beyond_max_wait_fails_at_once_and_says_it_may_be_ours(
             "pay", {"a": 1}, lambda grant: None, max_wait=5, poll_interval=0.05, **scope_kwargs(run_id)
         )
     assert fake.calls["RequestToken"] == 2, "one ask, no polling"
-    assert raised.value.retry_after is not None and raised.value.retry_after > 200
+    assert raised.value.retry_after_ms is not None and raised.value.retry_after_ms > 200_000
     message = str(raised.value)
     assert "beyond what is left of max_wait (5 s)" in message
     assert "may be this caller's own earlier attempt" in message and "provider key" in message

@@ -107,7 +107,7 @@ def test_in_progress_for_a_second_caller(gate: Gate, run_id: str) -> None:
     assert first.grant is not None
     with pytest.raises(InProgress) as raised:
         gate.request_token("pay", {"a": 1}, holder="worker-b", **scope_kwargs(run_id))
-    assert raised.value.retry_after is not None and 0 < raised.value.retry_after <= 300
+    assert raised.value.retry_after_ms is not None and 0 < raised.value.retry_after_ms <= 300_000
     again = gate.request_token("pay", {"a": 1}, holder="worker-a", **scope_kwargs(run_id))
     assert again.redelivered and again.grant == first.grant
     with pytest.raises(InProgress):

@@ -36,7 +36,11 @@ def deprecated_table() -> dict[str, str]:
 
 
 TABLE = deprecated_table()
-ALIASES = {old.strip("`"): new.strip("`") for old, new in TABLE.items() if not old.startswith("option ")}
+ALIASES = {
+    old.strip("`"): new.strip("`")
+    for old, new in TABLE.items()
+    if not old.startswith(("option ", "attribute "))
+}
 """Each name before the Error suffix, and the class it now names."""
 
 
@@ -60,6 +64,17 @@ def test_the_readme_lists_exactly_the_aliases_the_code_defines() -> None:
 def test_the_deprecated_option_is_in_the_table() -> None:
     assert TABLE["option `wait_timeout=`"].startswith("`max_wait=`")
     assert "wait_timeout" in inspect.signature(GuardOptions.__init__).parameters
+
+
+def test_the_deprecated_attribute_is_in_the_table() -> None:
+    assert TABLE["attribute `retry_after`"].startswith("`retry_after_ms`")
+    assert isinstance(OncegateError.__dict__["retry_after"], property)
+    assert "retry_after" in inspect.signature(OncegateError.__init__).parameters
+    # The table lists exactly these two names that are not exception classes.
+    assert sorted(old for old in TABLE if old.startswith(("option ", "attribute "))) == [
+        "attribute `retry_after`",
+        "option `wait_timeout=`",
+    ]
 
 
 # The classes added after the rename have no old name.

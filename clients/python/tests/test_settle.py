@@ -126,7 +126,7 @@ def test_waiting_on_our_own_unknown_attempt_fails_at_once(gate: Gate, run_id: st
     # The gate's RetryInfo says the lease has ~300 s left, beyond max_wait (30 s): no waiting.
     with pytest.raises(InProgressError) as raised:
         gate.run("pay", {"n": 8}, times_out, **scope_kwargs(run_id))
-    assert raised.value.retry_after is not None and raised.value.retry_after > 30
+    assert raised.value.retry_after_ms is not None and raised.value.retry_after_ms > 30_000
     assert "may be this caller's own earlier attempt" in str(raised.value)
     unknown.value.release()
 

@@ -34,6 +34,7 @@ export {
   ActionState,
   CompletionSource,
   Decision,
+  ReceiptFormat,
   ReleaseReason,
   type ActionRecord,
   type ActionRef,

@@ -10,6 +10,7 @@ import {
   ActionState,
   CompletionSource,
   Decision,
+  ReceiptFormat,
   type ActionRef as ActionRefMessage,
   type Approval as ApprovalMessage,
   type Completion as CompletionMessage,
@@ -18,7 +19,13 @@ import {
   type RequestTokenResponse,
 } from "./gen/oncegate/v1/oncegate_pb.js";
 
-export { ActionState, CompletionSource, Decision, ReleaseReason } from "./gen/oncegate/v1/oncegate_pb.js";
+export {
+  ActionState,
+  CompletionSource,
+  Decision,
+  ReceiptFormat,
+  ReleaseReason,
+} from "./gen/oncegate/v1/oncegate_pb.js";
 
 /** Who acts: the agent, and the workflow run that survives restarts of the agent. */
 export interface Scope {
@@ -55,7 +62,15 @@ export interface Completion {
   readonly fencing: number;
   /** The token that completed the action; empty for operator completions. */
   readonly token: string;
+  /** Who recorded it: a worker (Complete) or an operator. */
   readonly source: CompletionSource;
+  /** The operator principal who recorded it; empty for a worker's completion. */
+  readonly operator: string;
+  /**
+   * How `receipt` is to be read: an operator says `JSON` or `TEXT`; a worker's is `UNSPECIFIED`,
+   * in its client's own encoding (the guard's `decode`).
+   */
+  readonly receiptFormat: ReceiptFormat;
 }
 
 /** An action held for an operator's approval (`DECISION_PENDING_APPROVAL`). */
@@ -132,6 +147,8 @@ export function completionFrom(message: CompletionMessage): Completion {
     fencing: Number(message.fencing),
     token: message.token,
     source: message.source,
+    operator: message.operator,
+    receiptFormat: message.receiptFormat,
   };
 }
 

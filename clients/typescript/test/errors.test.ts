@@ -118,11 +118,26 @@ describe("fromCallError", () => {
     assert.equal(denied.policyId, "no-intern");
     assert.equal(denied.retryable, false);
     const over = fromCallError(
-      gateStatus(Code.ResourceExhausted, "BUDGET_EXCEEDED", { budget: "eur-per-day", retry_after_ms: "5000" }),
+      gateStatus(Code.ResourceExhausted, "BUDGET_EXCEEDED", {
+        budget: "eur-per-day",
+        used: "9950.00",
+        limit: "10000.00",
+        requested: "100.00",
+        retry_at: "2026-12-03T14:05:00Z",
+        retry_after_ms: "5000",
+      }),
     );
     assert.ok(over instanceof BudgetExceededError);
     assert.equal(over.budget, "eur-per-day");
+    assert.deepEqual([over.used, over.limit, over.requested], ["9950.00", "10000.00", "100.00"]);
+    assert.equal(over.retryAt?.toISOString(), "2026-12-03T14:05:00.000Z");
     assert.equal(over.retryAfterMs, 5000);
+    const alone = fromCallError(
+      gateStatus(Code.ResourceExhausted, "BUDGET_EXCEEDED", { budget: "eur-per-day", requested: "11.00" }),
+    );
+    assert.ok(alone instanceof BudgetExceededError);
+    assert.equal(alone.retryAt, undefined);
+    assert.equal(alone.retryAfterMs, undefined);
   });
 
   it("gives the root class, with its reason, to the reasons without one", () => {

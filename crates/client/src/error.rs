@@ -1,13 +1,22 @@
 //! [`ClientError`]: a failed call, decoded from its status's `google.rpc.ErrorInfo` reason.
 
-use std::{collections::HashMap, time::Duration};
+use std::{
+    collections::HashMap,
+    str::FromStr,
+    time::{Duration, SystemTime},
+};
 
 use tonic::{Code, Status};
 use tonic_types::StatusExt;
 
+use crate::receipt::{action_text, writer_text};
 use oncegate_proto as pb;
 
-/// What went wrong, by the gate's ErrorInfo reason.
+/// What went wrong, by the gate's ErrorInfo reason (and, for
+/// [`ClientError::ReceiptUndecodable`], a replayed receipt this client cannot read).
+///
+/// Retry delays are [`Duration`]s (the Python and TypeScript clients say milliseconds, with the
+/// unit in the name: `retry_after_ms`, `retryAfterMs`).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
     /// The idempotency key was used for a request whose key fields differ. Never retry, and never
@@ -84,13 +93,32 @@ pub enum ClientError {
         /// The denied approval's id, when an operator denied it.
         approval_id: String,
     },
-    /// A budget or velocity cap would be exceeded; nothing was recorded.
-    #[error("budget {budget:?} exceeded; frees up after {retry_after:?}")]
-    BudgetExceeded {
-        /// The budget's name.
-        budget: String,
-        /// When enough of its window frees up (`None`: the action alone is above the limit).
-        retry_after: Option<Duration>,
+    /// A budget or velocity cap would be exceeded; nothing was recorded. It displays as the gate
+    /// words it (boxed: it would make every error large).
+    #[error("{0}")]
+    BudgetExceeded(Box<BudgetRefusal>),
+    /// A replayed receipt that cannot be read as asked ([`crate::Replay::json`],
+    /// [`crate::Replay::decoded`]). The action completed and is not run again: a worker's receipt
+    /// that is not JSON was written by a client with another encoding (or by hand); read its
+    /// bytes instead.
+    #[error(
+        "the receipt of {} ({}) cannot be decoded: {reason}; the action was not run again",
+        action_text(action),
+        writer_text(*writer, operator, *format, *fencing)
+    )]
+    ReceiptUndecodable {
+        /// The completed action.
+        action: Box<pb::ActionRef>,
+        /// Who wrote the receipt: a worker, or an operator.
+        writer: pb::CompletionSource,
+        /// The operator principal who wrote it (empty for a worker's receipt).
+        operator: String,
+        /// The format its writer stated (`Unspecified`: a worker's own encoding).
+        format: pb::ReceiptFormat,
+        /// The fencing number of the completion.
+        fencing: u64,
+        /// Why it cannot be read.
+        reason: String,
     },
     /// The gate or its store could not be reached, or the call timed out: the outcome of the call
     /// is unknown. Retry with backoff (every gate call is safe to repeat).
@@ -158,10 +186,25 @@ impl ClientError {
                 policy_id: get("policy_id"),
                 approval_id: get("approval_id"),
             },
-            Some("BUDGET_EXCEEDED") => Self::BudgetExceeded {
+            Some("BUDGET_EXCEEDED") => Self::BudgetExceeded(Box::new(BudgetRefusal {
                 budget: get("budget"),
-                retry_after: details.retry_info().and_then(|r| r.retry_delay),
-            },
+                used: get("used"),
+                limit: get("limit"),
+                requested: get("requested"),
+                retry_at: meta
+                    .get("retry_at")
+                    .and_then(|at| prost_types::Timestamp::from_str(at).ok())
+                    .and_then(|at| SystemTime::try_from(at).ok()),
+                retry_after: details
+                    .retry_info()
+                    .and_then(|r| r.retry_delay)
+                    .or_else(|| {
+                        meta.get("retry_after_ms")
+                            .and_then(|ms| ms.parse().ok())
+                            .map(Duration::from_millis)
+                    }),
+                message: status.message().to_owned(),
+            })),
             _ => match status.code() {
                 Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
                     Self::Unavailable(status.message().to_owned())
@@ -182,6 +225,35 @@ impl ClientError {
             self,
             Self::Unavailable(_) | Self::InProgress { .. } | Self::RateLimited { .. }
         )
+    }
+}
+
+/// A budget's refusal: what its window holds, its limit, what the action needs, and when it frees
+/// up. It displays as the gate words it: `budget "eur-per-day" would be exceeded: 9950.00 of
+/// 10000.00 used in the last 1 d, and this action needs 100.00; nothing was recorded; it frees up
+/// at 2026-12-03T14:05:00Z (in 23 h 59 min)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetRefusal {
+    /// The budget's name.
+    pub budget: String,
+    /// What its window holds already, as the gate writes it in the budget's units (decimal text,
+    /// exact: `"9950.00"`; grants for a velocity cap).
+    pub used: String,
+    /// The budget's limit over its window, in its units.
+    pub limit: String,
+    /// What this action would add, in the budget's units.
+    pub requested: String,
+    /// When enough of its window frees up (`None`: the action alone is above the limit).
+    pub retry_at: Option<SystemTime>,
+    /// How long until then (`None`: the action alone is above the limit).
+    pub retry_after: Option<Duration>,
+    /// The gate's message.
+    pub message: String,
+}
+
+impl std::fmt::Display for BudgetRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
     }
 }
 

@@ -15,6 +15,7 @@
 pub mod channel;
 mod error;
 pub mod guard;
+pub mod receipt;
 pub mod verify;
 
 use std::time::Duration;
@@ -23,8 +24,9 @@ use tonic::{Code, metadata::MetadataValue, transport::Channel};
 
 use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
 
-pub use error::ClientError;
+pub use error::{BudgetRefusal, ClientError};
 pub use guard::{Failure, GateCalls, GuardError, GuardHooks, GuardOptions, Outcome, run_once_on};
+pub use receipt::{Receipt, Replay};
 pub use verify::{GrantClaims, PublicKeys, StatementError, verify_grant};
 
 /// How long [`GateClient::connect`] waits for the connection.
@@ -144,8 +146,9 @@ pub struct Grant {
 pub enum TokenReply {
     /// Execute the action, then Complete or Release.
     Granted(Grant),
-    /// Do not execute: here is the original completion.
-    AlreadyCompleted(pb::Completion),
+    /// Do not execute: here is the original completion, with the action ([`Replay::decoded`]
+    /// reads its receipt as its writer meant it).
+    AlreadyCompleted(Replay),
     /// Do not execute: a rule holds the action until an operator approves it (then the same
     /// request is granted once).
     PendingApproval(pb::Approval),
@@ -166,7 +169,9 @@ impl TokenReply {
                 fingerprint: resp.fingerprint,
                 statement: grant.statement,
             })),
-            (pb::Decision::AlreadyCompleted, _, Some(done)) => Ok(Self::AlreadyCompleted(done)),
+            (pb::Decision::AlreadyCompleted, _, Some(completion)) => {
+                Ok(Self::AlreadyCompleted(Replay { action, completion }))
+            }
             (pb::Decision::PendingApproval, ..) if resp.approval.is_some() => {
                 Ok(Self::PendingApproval(resp.approval.unwrap_or_default()))
             }
@@ -232,9 +237,19 @@ impl GateClient {
 
     /// RequestToken.
     pub async fn request_token(&mut self, spec: &ActionSpec) -> Result<TokenReply, ClientError> {
+        Ok(self.request_token_for(spec).await?.1)
+    }
+
+    /// RequestToken, and the action as the gate names it (its key is the fingerprint when the
+    /// spec has no idempotency key).
+    pub async fn request_token_for(
+        &mut self,
+        spec: &ActionSpec,
+    ) -> Result<(pb::ActionRef, TokenReply), ClientError> {
         let request = self.request(spec.to_request());
         let resp = self.inner.request_token(request).await?.into_inner();
-        TokenReply::from_response(resp)
+        let action = resp.action.clone().unwrap_or_default();
+        Ok((action, TokenReply::from_response(resp)?))
     }
 
     /// Complete with a receipt; returns the stored completion.

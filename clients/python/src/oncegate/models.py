@@ -22,6 +22,7 @@ __all__ = [
     "CompletionSource",
     "Decision",
     "Grant",
+    "ReceiptFormat",
     "ReleaseReason",
     "RequestTokenResult",
     "Scope",
@@ -72,6 +73,17 @@ class CompletionSource(_NamedEnum):
     UNSPECIFIED = pb.COMPLETION_SOURCE_UNSPECIFIED
     WORKER = pb.COMPLETION_SOURCE_WORKER
     OPERATOR = pb.COMPLETION_SOURCE_OPERATOR
+
+
+class ReceiptFormat(_NamedEnum):
+    """How a stored receipt's bytes are to be read."""
+
+    UNSPECIFIED = pb.RECEIPT_FORMAT_UNSPECIFIED
+    """A worker's receipt, in its client's own encoding: the guard's ``decode`` reads it."""
+    JSON = pb.RECEIPT_FORMAT_JSON
+    """A JSON document (an operator's): replayed as the value it holds."""
+    TEXT = pb.RECEIPT_FORMAT_TEXT
+    """UTF-8 text (an operator's): replayed as a ``str``."""
 
 
 class ReleaseReason(_NamedEnum):
@@ -155,13 +167,23 @@ class Grant:
 
 @dataclass(frozen=True)
 class Completion:
-    """The recorded outcome of an action, replayed on every later request."""
+    """The recorded outcome of an action, replayed on every later request.
+
+    Attributes:
+        receipt: The stored receipt, as its writer wrote it.
+        source: Who recorded it: a worker (``Complete``) or an operator.
+        operator: The operator principal who recorded it (empty for a worker's).
+        receipt_format: How ``receipt`` is to be read: an operator says ``JSON`` or ``TEXT``; a
+            worker's is ``UNSPECIFIED``, in its client's own encoding.
+    """
 
     receipt: bytes
     completed_at: datetime | None
     fencing: int
     token: str
     source: CompletionSource
+    operator: str = ""
+    receipt_format: ReceiptFormat = ReceiptFormat.UNSPECIFIED
 
     @classmethod
     def from_proto(cls, message: pb.Completion) -> Completion:
@@ -172,6 +194,8 @@ class Completion:
             fencing=message.fencing,
             token=message.token,
             source=CompletionSource(message.source),
+            operator=message.operator,
+            receipt_format=ReceiptFormat(message.receipt_format),
         )
 
 

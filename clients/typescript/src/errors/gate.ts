@@ -61,7 +61,11 @@ export class OncegateError extends Error {
   readonly code: Code | undefined;
   /** The `ErrorInfo` metadata. */
   readonly metadata: Readonly<Record<string, string>>;
-  /** Milliseconds to wait before retrying, when the gate said (`RetryInfo`). */
+  /**
+   * Milliseconds to wait before retrying, when the gate said (`RetryInfo`, else the
+   * `retry_after_ms` metadata). Every client says retry delays in milliseconds with the unit in
+   * the name (Python `retry_after_ms`; Rust: a `Duration`).
+   */
   readonly retryAfterMs: number | undefined;
   /** The `BadRequest` field violations. */
   readonly fieldViolations: readonly FieldViolation[];
@@ -244,8 +248,13 @@ export class PolicyDeniedError extends OncegateError {
 }
 
 /**
- * A budget or velocity cap would be exceeded by this action. Nothing was recorded; `retryAfterMs`
- * says when enough of the window frees up (`undefined`: the action alone is above the limit).
+ * A budget or velocity cap would be exceeded by this action. Nothing was recorded.
+ *
+ * The message is the gate's, as a person reads it: `budget "eur-per-day" would be exceeded:
+ * 9950.00 of 10000.00 used in the last 1 d, and this action needs 100.00; nothing was recorded; it
+ * frees up at 2026-12-03T14:05:00Z (in 23 h 59 min)`. The getters carry the same for programs: the
+ * amounts as the gate writes them, decimal text in the budget's units (exact; a `number` would
+ * round), `retryAt` and `retryAfterMs` (both `undefined` when the action alone is above the limit).
  */
 export class BudgetExceededError extends OncegateError {
   static override readonly REASON = reasonName(ErrorReason.BUDGET_EXCEEDED);
@@ -254,6 +263,26 @@ export class BudgetExceededError extends OncegateError {
   /** The budget's name. */
   get budget(): string {
     return this.metadata["budget"] ?? "";
+  }
+
+  /** What the budget's window holds already, in its units (`"9950.00"`; grants for a velocity cap). */
+  get used(): string {
+    return this.metadata["used"] ?? "";
+  }
+
+  /** The budget's limit over its window, in its units. */
+  get limit(): string {
+    return this.metadata["limit"] ?? "";
+  }
+
+  /** What this action would add, in the budget's units. */
+  get requested(): string {
+    return this.metadata["requested"] ?? "";
+  }
+
+  /** When enough of the window frees up (the gate's store clock); `undefined` when the action alone is above the limit. */
+  get retryAt(): Date | undefined {
+    return parseTime(this.metadata["retry_at"]);
   }
 }
 

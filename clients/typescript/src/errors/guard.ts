@@ -8,7 +8,7 @@
  * (`KeyReusedError`...), thrown as it is. This module does not decide when they are thrown.
  */
 
-import type { ActionRef, Approval, Grant } from "../models.js";
+import { CompletionSource, ReceiptFormat, type ActionRef, type Approval, type Completion, type Grant } from "../models.js";
 import { OncegateError } from "./gate.js";
 
 /** How a guarded function failed (Rust: `Failure`). */
@@ -55,6 +55,52 @@ export class PendingApprovalError extends OncegateError {
   /** The approval's id. */
   get approvalId(): string {
     return this.approval.id;
+  }
+}
+
+/**
+ * A replayed receipt this client cannot decode (Rust: `ClientError::ReceiptUndecodable`; Python:
+ * `ReceiptDecodeError`). The action is *not* run again.
+ *
+ * A receipt is decoded by its format: an operator's JSON receipt as the value it holds, an
+ * operator's text receipt as a string, a worker's (`ReceiptFormat.UNSPECIFIED`) by the guard's
+ * `decode` (JSON by default). The message names the action (agent, run, key) and who wrote the
+ * receipt (a worker, or the operator by name, and the format). A worker's receipt that fails was
+ * usually completed by hand with raw bytes, or by a client with another encoder: pass a `decode`
+ * that reads it. `cause` is the decoder's error.
+ */
+export class ReceiptDecodeError extends OncegateError {
+  override name = "ReceiptDecodeError";
+
+  constructor(
+    message: string,
+    /** The completed action. */
+    readonly action: ActionRef,
+    /** What is stored. */
+    readonly completion: Completion,
+    cause: unknown,
+  ) {
+    super(message, { cause });
+  }
+
+  /** The stored receipt, as the gate returned it. */
+  get receipt(): Uint8Array {
+    return this.completion.receipt;
+  }
+
+  /** Who wrote the receipt: `"worker"` or `"operator"`. */
+  get writer(): "worker" | "operator" {
+    return this.completion.source === CompletionSource.OPERATOR ? "operator" : "worker";
+  }
+
+  /** The operator principal who wrote it; empty for a worker's receipt. */
+  get operator(): string {
+    return this.completion.operator;
+  }
+
+  /** The format its writer stated (`UNSPECIFIED`: a worker's, in its client's own encoding). */
+  get receiptFormat(): ReceiptFormat {
+    return this.completion.receiptFormat;
   }
 }
 

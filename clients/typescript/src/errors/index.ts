@@ -18,6 +18,7 @@
  * ├── PolicyDeniedError               POLICY_DENIED
  * ├── BudgetExceededError             BUDGET_EXCEEDED
  * ├── PendingApprovalError            DECISION_PENDING_APPROVAL: nothing ran, an operator decides
+ * ├── ReceiptDecodeError              a replayed receipt this client cannot decode
  * ├── TransportError                  no oncegate ErrorInfo: the gate was not reached
  * └── GuardError                      the guard ran the function and could not settle cleanly
  *     ├── FailedError                 definite failure, token released

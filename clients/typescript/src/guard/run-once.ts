@@ -28,10 +28,13 @@ import {
   Failure,
   OutcomeUnknownError,
   PendingApprovalError,
+  ReceiptDecodeError,
   ReleaseFailedError,
 } from "../errors/guard.js";
 import {
+  CompletionSource,
   Decision,
+  ReceiptFormat,
   ReleaseReason,
   type ActionRef,
   type Completion,
@@ -61,7 +64,10 @@ export type Outcome<T> =
   | {
       /** The action had already completed: nothing ran. */
       readonly kind: "Replayed";
-      /** The stored receipt, decoded. */
+      /**
+       * The stored receipt, decoded by its format: an operator's JSON as the value, an operator's
+       * text as a string, a worker's by `decode` (JSON by default).
+       */
       readonly result: T;
       readonly receipt: Uint8Array;
       readonly action: ActionRef;
@@ -98,8 +104,9 @@ export async function runOnce<T>(
   }
   if (answer.grant === undefined) {
     if (answer.completion === undefined) throw new TypeError("RequestToken answered neither grant nor completion");
-    const { receipt } = answer.completion;
-    return { kind: "Replayed", result: options.decode(receipt) as T, receipt, action, completion: answer.completion };
+    const { completion } = answer;
+    const result = decodeReplay(spec, action, completion, options) as T;
+    return { kind: "Replayed", result, receipt: completion.receipt, action, completion };
   }
   const grant = answer.grant;
   const heartbeat = startHeartbeat(rpc, action, grant, held, options);
@@ -112,6 +119,68 @@ export async function runOnce<T>(
   }
   heartbeat.stop();
   return finish(rpc, spec, action, grant, result, options);
+}
+
+/**
+ * A replayed receipt, decoded by its format: an operator's JSON as the value, an operator's text as
+ * a string, a worker's by the guard's `decode`. One that cannot be read is a `ReceiptDecodeError`
+ * naming the action and who wrote it, never the decoder's bare error (and never a reason to run
+ * the action again).
+ */
+function decodeReplay(
+  spec: ActionSpec,
+  action: ActionRef,
+  completion: Completion,
+  options: ResolvedGuardOptions,
+): unknown {
+  const { receipt, receiptFormat } = completion;
+  try {
+    if (receiptFormat === ReceiptFormat.JSON) return JSON.parse(UTF8.decode(receipt));
+    if (receiptFormat === ReceiptFormat.TEXT) return UTF8.decode(receipt);
+    return options.decode(receipt);
+  } catch (error) {
+    const { agentId, runId } = action.scope;
+    throw new ReceiptDecodeError(
+      `${spec.action} (agent ${JSON.stringify(agentId)}, run ${JSON.stringify(runId)}, key ${JSON.stringify(action.key)}) ` +
+        `already completed, but its receipt (${receipt.length} bytes, written by ${receiptWriter(completion)}) ` +
+        `cannot be decoded: ${describe(error)}. The action was not run again. ${decodeHint(completion)}`,
+      action,
+      completion,
+      error,
+    );
+  }
+}
+
+/** Who wrote a receipt and in what, as a person reads it: `operator "ops-alice" as text`. */
+function receiptWriter(completion: Completion): string {
+  if (completion.source !== CompletionSource.OPERATOR) {
+    return `a worker (fencing ${completion.fencing}) in its client's own encoding`;
+  }
+  const what =
+    completion.receiptFormat === ReceiptFormat.JSON
+      ? "as JSON"
+      : completion.receiptFormat === ReceiptFormat.TEXT
+        ? "as text"
+        : "with no format stated";
+  return `operator ${JSON.stringify(completion.operator)} ${what}`;
+}
+
+/** Strict UTF-8: a malformed text receipt is an error, not replacement characters. */
+const UTF8 = new TextDecoder("utf-8", { fatal: true });
+
+function decodeHint(completion: Completion): string {
+  if (completion.receiptFormat !== ReceiptFormat.UNSPECIFIED) {
+    return (
+      "The gate checks an operator's receipt against its format when it is recorded, so the stored receipt " +
+      "is not what was recorded: report it (error.receipt holds it)."
+    );
+  }
+  if (completion.source === CompletionSource.OPERATOR) return "Pass a decode that reads it (error.receipt holds it).";
+  return (
+    "The guard's decoder (JSON unless decode says otherwise) cannot read what the worker's client wrote: it was " +
+    "probably completed with raw bytes (complete(action, token, bytes)) or by a client with another encoder. " +
+    "Pass a decode that reads it (error.receipt holds it)."
+  );
 }
 
 /**

@@ -24,11 +24,13 @@ mod run;
 
 use std::{future::Future, time::Duration};
 
+use serde::de::DeserializeOwned;
+
 pub use calls::GateCalls;
 pub use hooks::GuardHooks;
 pub use run::run_once_on;
 
-use super::{ActionSpec, ClientError, GateClient, Grant};
+use super::{ActionSpec, ClientError, GateClient, Grant, Receipt, Replay};
 use oncegate_proto as pb;
 
 /// How the closure failed.
@@ -60,16 +62,52 @@ pub enum Outcome {
         /// The grant the closure ran under.
         grant: Grant,
     },
-    /// The action had already completed: nothing ran; this is the original completion.
-    Replayed(pb::Completion),
+    /// The action had already completed: nothing ran; this is the original completion (it reads
+    /// as the [`pb::Completion`] it holds) and the action.
+    Replayed(Replay),
 }
 
 impl Outcome {
-    /// The receipt, whether fresh or replayed.
+    /// The receipt's bytes, whether fresh or replayed.
     pub fn receipt(&self) -> &[u8] {
         match self {
             Self::Executed { receipt, .. } => receipt,
             Self::Replayed(done) => &done.receipt,
+        }
+    }
+
+    /// The action, as the gate names it.
+    pub fn action(&self) -> &pb::ActionRef {
+        match self {
+            Self::Executed { grant, .. } => &grant.action,
+            Self::Replayed(done) => &done.action,
+        }
+    }
+
+    /// The receipt as its writer meant it: an operator's JSON as the value, an operator's text
+    /// as a string, a worker's (this closure's, or a replayed one) as its bytes.
+    pub fn decoded(&self) -> Result<Receipt, ClientError> {
+        match self {
+            Self::Executed { receipt, .. } => Ok(Receipt::Bytes(receipt.clone())),
+            Self::Replayed(done) => done.decoded(),
+        }
+    }
+
+    /// The receipt as a `T`: an operator's JSON value, an operator's text as a JSON string, a
+    /// worker's bytes parsed as JSON. One that is none of these, or not a `T`, is
+    /// [`ClientError::ReceiptUndecodable`], naming the action and who wrote the receipt.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, ClientError> {
+        match self {
+            Self::Executed { receipt, grant } => {
+                let written = pb::Completion {
+                    receipt: receipt.clone(),
+                    fencing: grant.fencing,
+                    source: pb::CompletionSource::Worker as i32,
+                    ..Default::default()
+                };
+                crate::receipt::decode_json(&grant.action, &written)
+            }
+            Self::Replayed(done) => done.json(),
         }
     }
 }

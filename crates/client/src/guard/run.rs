@@ -32,7 +32,7 @@ where
         spec.holder = format!("guard-{}", uuid::Uuid::new_v4().simple());
     }
     let grant = match acquire(gate, &spec, options, hooks).await? {
-        TokenReply::AlreadyCompleted(done) => return Ok(Outcome::Replayed(done)),
+        TokenReply::AlreadyCompleted(replay) => return Ok(Outcome::Replayed(replay)),
         TokenReply::PendingApproval(approval) => {
             return Err(GuardError::PendingApproval { approval });
         }

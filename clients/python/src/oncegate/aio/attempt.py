@@ -167,7 +167,7 @@ class Attempt:
             except OncegateError as err:
                 if not err.retryable:
                     raise
-                delay = backoff.next_delay(err.retry_after)
+                delay = backoff.next_delay(protocol.retry_seconds(err))
                 if delay is None:
                     raise self._bound(
                         protocol.not_acknowledged(self._request, action, grant, result, receipt, err)
@@ -215,7 +215,8 @@ class Attempt:
                 remaining = wait_deadline - monotonic()
                 if remaining <= 0:
                     raise
-                if err.retry_after is not None and err.retry_after > remaining:
+                wait = protocol.retry_seconds(err)
+                if wait is not None and wait > remaining:
                     # The lease outlasts the wait: fail now rather than at the end of it.
                     raise protocol.in_progress_beyond_wait(request, err, self._options.max_wait) from err
                 await asyncio.sleep(protocol.in_progress_pause(self._options, err, remaining))
@@ -223,7 +224,7 @@ class Attempt:
                 err.bind(self._gate, self._options.encode)
                 raise
             except OncegateError as err:
-                delay = backoff.next_delay(err.retry_after) if err.retryable else None
+                delay = backoff.next_delay(protocol.retry_seconds(err)) if err.retryable else None
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)
@@ -236,7 +237,7 @@ class Attempt:
                 await self._gate.release(action, grant.token, reason)
                 return
             except OncegateError as err:
-                delay = backoff.next_delay(err.retry_after) if err.retryable else None
+                delay = backoff.next_delay(protocol.retry_seconds(err)) if err.retryable else None
                 if delay is None:
                     raise
                 await asyncio.sleep(delay)

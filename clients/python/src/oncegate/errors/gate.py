@@ -8,6 +8,7 @@ errors (:mod:`oncegate.errors.outcome`) or the public names (:mod:`oncegate.erro
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -63,7 +64,10 @@ class OncegateError(Exception):
             carried no oncegate ``ErrorInfo``.
         metadata: The ``ErrorInfo`` metadata: every dynamic value of the error.
         code: The gRPC status code.
-        retry_after: Seconds to wait before the same request may succeed (``RetryInfo``), if given.
+        retry_after_ms: Milliseconds to wait before the same request may succeed (``RetryInfo``,
+            else the ``retry_after_ms`` metadata), if given. Every client says retry delays in
+            milliseconds with the unit in the name (TypeScript ``retryAfterMs``; Rust: a
+            ``Duration``). ``retry_after`` (seconds) is its deprecated alias.
         field_violations: The ``BadRequest`` field violations, if any.
     """
 
@@ -77,16 +81,28 @@ class OncegateError(Exception):
         reason: str | None = None,
         code: grpc.StatusCode | None = None,
         metadata: Mapping[str, str] | None = None,
-        retry_after: float | None = None,
+        retry_after_ms: int | None = None,
         field_violations: Iterable[FieldViolation] = (),
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason if reason is not None else self.REASON
         self.code = code
         self.metadata: dict[str, str] = dict(metadata or {})
-        self.retry_after = retry_after
+        if retry_after is not None:
+            if retry_after_ms is not None:
+                raise TypeError("pass retry_after_ms, or its deprecated name retry_after, not both")
+            _deprecated_retry_after(stacklevel=3)
+            retry_after_ms = round(retry_after * 1000)
+        self.retry_after_ms: int | None = retry_after_ms
         self.field_violations: tuple[FieldViolation, ...] = tuple(field_violations)
+
+    @property
+    def retry_after(self) -> float | None:
+        """Deprecated: :attr:`retry_after_ms` in seconds (every client now says milliseconds)."""
+        _deprecated_retry_after(stacklevel=3)
+        return None if self.retry_after_ms is None else self.retry_after_ms / 1000
 
     @property
     def retryable(self) -> bool:
@@ -112,7 +128,7 @@ class KeyReusedError(OncegateError):
 
 
 class InProgressError(OncegateError):
-    """Another holder's lease on the action is live. Retry the same request after ``retry_after``."""
+    """Another holder's lease on the action is live. Retry the same request after ``retry_after_ms``."""
 
     REASON = ErrorReason.Name(ErrorReason.IDEMPOTENCY_IN_PROGRESS)
     _RETRYABLE = True
@@ -271,7 +287,7 @@ class StoreUnavailableError(OncegateError):
 
 
 class RateLimitedError(OncegateError):
-    """Too many requests; retry after ``retry_after``."""
+    """Too many requests; retry after ``retry_after_ms``."""
 
     REASON = ErrorReason.Name(ErrorReason.RATE_LIMITED)
     _RETRYABLE = True
@@ -295,9 +311,15 @@ class PolicyDeniedError(OncegateError):
 
 
 class BudgetExceededError(OncegateError):
-    """A budget or velocity cap would be exceeded by this action. Nothing was recorded;
-    ``retry_after`` says when enough of the window frees up (``None``: the action alone is above
-    the limit)."""
+    """A budget or velocity cap would be exceeded by this action. Nothing was recorded.
+
+    The message is the gate's, as a person reads it: ``budget "eur-per-day" would be exceeded:
+    9950.00 of 10000.00 used in the last 1 d, and this action needs 100.00; nothing was recorded;
+    it frees up at 2026-12-03T14:05:00Z (in 23 h 59 min)``. The properties carry the same for
+    programs: the amounts as the gate writes them in the budget's units (decimal text, exact:
+    ``Decimal(err.used)`` to compute with them), :attr:`retry_at` and ``retry_after_ms`` (both
+    ``None`` when the action alone is above the limit).
+    """
 
     REASON = ErrorReason.Name(ErrorReason.BUDGET_EXCEEDED)
 
@@ -305,6 +327,28 @@ class BudgetExceededError(OncegateError):
     def budget(self) -> str:
         """The budget's name."""
         return self.metadata.get("budget", "")
+
+    @property
+    def used(self) -> str:
+        """What the budget's window holds already, in its units (``"9950.00"``; grants for a
+        velocity cap)."""
+        return self.metadata.get("used", "")
+
+    @property
+    def limit(self) -> str:
+        """The budget's limit over its window, in its units."""
+        return self.metadata.get("limit", "")
+
+    @property
+    def requested(self) -> str:
+        """What this action would add, in the budget's units."""
+        return self.metadata.get("requested", "")
+
+    @property
+    def retry_at(self) -> datetime | None:
+        """When enough of the window frees up (UTC), as the gate's store clock saw it; ``None``
+        when the action alone is above the limit."""
+        return parse_timestamp(self.metadata.get("retry_at"))
 
 
 class TransportError(OncegateError):
@@ -326,6 +370,15 @@ class TransportError(OncegateError):
     def retryable(self) -> bool:
         """Whether the status code is one that a later attempt may not meet."""
         return self.code in self._RETRYABLE_CODES
+
+
+def _deprecated_retry_after(stacklevel: int) -> None:
+    warnings.warn(
+        "OncegateError.retry_after (seconds) is deprecated, use retry_after_ms (every client says "
+        "retry delays in milliseconds); retry_after goes in the release after the first one",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
 
 
 def parse_int(value: str | None) -> int | None:

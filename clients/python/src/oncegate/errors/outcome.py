@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from oncegate.errors.gate import OncegateError, UnsettledGrant
+from oncegate.models import CompletionSource, ReceiptFormat
 
 if TYPE_CHECKING:
     from oncegate.models import ActionRef, Approval, Completion, Grant
@@ -113,14 +114,16 @@ class CompleteUnacknowledgedError(OutcomeUnknownError):
 
 
 class ReceiptDecodeError(OncegateError):
-    """A replayed receipt that the guard's decoder cannot read.
+    """A replayed receipt that this client cannot decode. The action is *not* run again.
 
-    The action completed and its receipt was stored, but not in the form this guard's ``decode``
-    reads (JSON by default): usually it was completed by hand with raw bytes
-    (``gate.complete(action, token, b"msg-42")``; ``err.complete(result)`` encodes as the guard
-    does), by an operator, or by a guard with another ``encode``. The action is *not* run again.
-    ``receipt`` and ``completion`` hold what is stored; pass a ``decode=`` that reads it. The
-    decoder's error is chained as ``__cause__``.
+    A receipt is decoded by its format: an operator's JSON receipt as the value it holds, an
+    operator's text receipt as a ``str``, and a worker's (``ReceiptFormat.UNSPECIFIED``) by the
+    guard's ``decode`` (JSON by default). The message names the action (agent, run, key) and who
+    wrote the receipt (a worker, or the operator by name, and the format). A worker's receipt that
+    fails is usually one completed by hand with raw bytes (``gate.complete(action, token,
+    b"msg-42")``; ``err.complete(result)`` encodes as the guard does) or by a guard with another
+    ``encode``: pass a ``decode=`` that reads it. ``receipt`` and ``completion`` hold what is
+    stored; the decoder's error is chained as ``__cause__``.
     """
 
     def __init__(self, message: str, *, action: ActionRef, completion: Completion) -> None:
@@ -135,3 +138,18 @@ class ReceiptDecodeError(OncegateError):
     def receipt(self) -> bytes:
         """The stored receipt, as the gate returned it."""
         return self.completion.receipt
+
+    @property
+    def writer(self) -> str:
+        """Who wrote the receipt: ``"worker"`` or ``"operator"``."""
+        return "operator" if self.completion.source == CompletionSource.OPERATOR else "worker"
+
+    @property
+    def operator(self) -> str:
+        """The operator principal who wrote it (empty for a worker's receipt)."""
+        return self.completion.operator
+
+    @property
+    def receipt_format(self) -> ReceiptFormat:
+        """The format its writer stated (``UNSPECIFIED``: a worker's, in its client's encoding)."""
+        return self.completion.receipt_format

@@ -83,7 +83,7 @@ def from_rpc_error(error: grpc.RpcError) -> OncegateError:
     trailing = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
     status = _rich_status(trailing or ())
     info = None
-    retry_after = None
+    retry_after_ms: int | None = None
     violations: list[FieldViolation] = []
     for detail in status.details if status is not None else ():
         if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
@@ -94,24 +94,23 @@ def from_rpc_error(error: grpc.RpcError) -> OncegateError:
         elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             retry = error_details_pb2.RetryInfo()
             detail.Unpack(retry)
-            retry_after = retry.retry_delay.ToTimedelta().total_seconds()
+            retry_after_ms = retry.retry_delay.ToMilliseconds()
         elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)
             violations.extend(FieldViolation(v.field, v.description) for v in bad.field_violations)
     if info is None:
-        return TransportError(message, code=code, retry_after=retry_after, field_violations=violations)
+        return TransportError(message, code=code, retry_after_ms=retry_after_ms, field_violations=violations)
     metadata = dict(info.metadata)
-    if retry_after is None and "retry_after_ms" in metadata:
-        millis = parse_int(metadata["retry_after_ms"])
-        retry_after = millis / 1000 if millis is not None else None
+    if retry_after_ms is None:
+        retry_after_ms = parse_int(metadata.get("retry_after_ms"))
     cls = BY_REASON.get(info.reason, OncegateError)
     return cls(
         message,
         reason=info.reason,
         code=code,
         metadata=metadata,
-        retry_after=retry_after,
+        retry_after_ms=retry_after_ms,
         field_violations=violations,
     )
 

@@ -168,7 +168,7 @@ class Attempt:
             except OncegateError as err:
                 if not err.retryable:
                     raise
-                delay = backoff.next_delay(err.retry_after)
+                delay = backoff.next_delay(protocol.retry_seconds(err))
                 if delay is None:
                     raise self._bound(
                         protocol.not_acknowledged(self._request, action, grant, result, receipt, err)
@@ -214,7 +214,8 @@ class Attempt:
                 remaining = wait_deadline - monotonic()
                 if remaining <= 0:
                     raise
-                if err.retry_after is not None and err.retry_after > remaining:
+                wait = protocol.retry_seconds(err)
+                if wait is not None and wait > remaining:
                     # The lease outlasts the wait: fail now rather than at the end of it.
                     raise protocol.in_progress_beyond_wait(request, err, self._options.max_wait) from err
                 time.sleep(protocol.in_progress_pause(self._options, err, remaining))
@@ -222,7 +223,7 @@ class Attempt:
                 err.bind(self._gate, self._options.encode)
                 raise
             except OncegateError as err:
-                delay = backoff.next_delay(err.retry_after) if err.retryable else None
+                delay = backoff.next_delay(protocol.retry_seconds(err)) if err.retryable else None
                 if delay is None:
                     raise
                 time.sleep(delay)
@@ -235,7 +236,7 @@ class Attempt:
                 self._gate.release(action, grant.token, reason)
                 return
             except OncegateError as err:
-                delay = backoff.next_delay(err.retry_after) if err.retryable else None
+                delay = backoff.next_delay(protocol.retry_seconds(err)) if err.retryable else None
                 if delay is None:
                     raise
                 time.sleep(delay)

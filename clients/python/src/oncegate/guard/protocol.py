@@ -10,6 +10,7 @@ sleeping and threads are the business of :mod:`oncegate.guard.attempt` and
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import socket
@@ -28,7 +29,14 @@ from oncegate.errors import (
     ReceiptDecodeError,
 )
 from oncegate.guard.options import GuardOptions, Request
-from oncegate.models import ActionRef, Completion, Grant, RequestTokenResult
+from oncegate.models import (
+    ActionRef,
+    Completion,
+    CompletionSource,
+    Grant,
+    ReceiptFormat,
+    RequestTokenResult,
+)
 
 __all__ = [
     "Settlement",
@@ -44,7 +52,9 @@ __all__ = [
     "no_result",
     "not_acknowledged",
     "pending_approval",
+    "receipt_writer",
     "reconcile_hint",
+    "retry_seconds",
     "settlement",
     "unknown_outcome",
 ]
@@ -83,18 +93,25 @@ def lease_seconds(options: GuardOptions, grant: Grant) -> float | None:
     return max(1.0, (grant.lease_expires_at - datetime.now(timezone.utc)).total_seconds())
 
 
+def retry_seconds(err: OncegateError) -> float | None:
+    """The gate's retry delay in seconds, for sleeping (the errors say milliseconds)."""
+    return None if err.retry_after_ms is None else err.retry_after_ms / 1000
+
+
 def in_progress_pause(options: GuardOptions, err: InProgressError, remaining: float) -> float:
     """The pause before asking again while another holder's attempt is in progress."""
     pause = options.poll_interval
-    if err.retry_after is not None:
-        pause = min(pause, err.retry_after)
+    hint = retry_seconds(err)
+    if hint is not None:
+        pause = min(pause, hint)
     return max(0.01, min(pause, remaining))
 
 
 def in_progress_beyond_wait(request: Request, err: InProgressError, max_wait: float) -> InProgressError:
     """The error when the live lease outlasts what is left of the wait: waiting would only end in
     the same error, so the guard says so at once, and why it may be the caller's own doing."""
-    left = f"{err.retry_after:.0f} s" if err.retry_after is not None else "longer"
+    hint = retry_seconds(err)
+    left = f"{hint:.0f} s" if hint is not None else "longer"
     return InProgressError(
         f"{request.action}: another attempt holds a live lease for {left} more, beyond what is "
         f"left of max_wait ({max_wait:g} s), so the guard did not wait. The live lease may be this "
@@ -106,29 +123,59 @@ def in_progress_beyond_wait(request: Request, err: InProgressError, max_wait: fl
         reason=err.reason,
         code=err.code,
         metadata=err.metadata,
-        retry_after=err.retry_after,
+        retry_after_ms=err.retry_after_ms,
         field_violations=err.field_violations,
     )
 
 
 def decode_replay(options: GuardOptions, request: Request, action: ActionRef, completion: Completion) -> Any:
-    """The stored receipt of a replay, decoded by the guard's decoder; a receipt it cannot read is
-    a :class:`~oncegate.errors.ReceiptDecodeError` saying what happened (never the decoder's bare
-    error, and never a reason to run the action again)."""
+    """The stored receipt of a replay, decoded by its format: an operator's JSON as the value, an
+    operator's text as a ``str``, a worker's by the guard's decoder. A receipt that cannot be read
+    is a :class:`~oncegate.errors.ReceiptDecodeError` naming the action and who wrote it (never
+    the decoder's bare error, and never a reason to run the action again)."""
+    receipt_format = completion.receipt_format
     try:
+        if receipt_format is ReceiptFormat.JSON:
+            return json.loads(completion.receipt)
+        if receipt_format is ReceiptFormat.TEXT:
+            return completion.receipt.decode("utf-8")
         return options.decode(completion.receipt)
     except Exception as err:
         raise ReceiptDecodeError(
-            f"{request.action} ({action.key}) already completed, but its stored receipt "
-            f"({len(completion.receipt)} bytes, recorded by {completion.source}, fencing "
-            f"{completion.fencing}) cannot be decoded by this guard's decoder: "
-            f"{type(err).__name__}: {err}. It was probably completed with raw bytes "
-            "(gate.complete(action, token, b'...')) rather than through the guard or "
-            "err.complete(result), which encode as the guard does; the action was not run again. "
-            "Pass a decode= that reads this receipt (err.receipt holds it).",
+            f"{request.action} (agent {action.scope.agent_id!r}, run {action.scope.run_id!r}, key "
+            f"{action.key!r}) already completed, but its receipt ({len(completion.receipt)} bytes, "
+            f"written by {receipt_writer(completion)}) cannot be decoded: {type(err).__name__}: {err}. "
+            f"The action was not run again. {_decode_hint(completion)}",
             action=action,
             completion=completion,
         ) from err
+
+
+def receipt_writer(completion: Completion) -> str:
+    """Who wrote a receipt and in what, as a person reads it: ``operator 'ops-alice' as text``, or
+    ``a worker (fencing 17...) in its client's own encoding``."""
+    if completion.source == CompletionSource.OPERATOR:
+        what = {ReceiptFormat.JSON: "as JSON", ReceiptFormat.TEXT: "as text"}.get(
+            completion.receipt_format, "with no format stated"
+        )
+        return f"operator {completion.operator!r} {what}"
+    return f"a worker (fencing {completion.fencing}) in its client's own encoding"
+
+
+def _decode_hint(completion: Completion) -> str:
+    if completion.receipt_format is not ReceiptFormat.UNSPECIFIED:
+        return (
+            "The gate checks an operator's receipt against its format when it is recorded, so the "
+            "stored receipt is not what was recorded: report it (err.receipt holds it)."
+        )
+    if completion.source == CompletionSource.OPERATOR:
+        return "Pass a decode= that reads it (err.receipt holds it)."
+    return (
+        "This guard's decoder (JSON unless decode= says otherwise) cannot read what the worker's "
+        "client wrote: it was probably completed with raw bytes (gate.complete(action, token, "
+        "b'...')) rather than through the guard or err.complete(result), or by a client with another "
+        "encoder. Pass a decode= that reads it (err.receipt holds it)."
+    )
 
 
 def is_definite(exc: Exception, definite: tuple[type[BaseException], ...]) -> bool:

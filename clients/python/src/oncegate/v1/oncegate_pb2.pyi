@@ -24,6 +24,12 @@ class CompletionSource(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     COMPLETION_SOURCE_WORKER: _ClassVar[CompletionSource]
     COMPLETION_SOURCE_OPERATOR: _ClassVar[CompletionSource]
 
+class ReceiptFormat(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RECEIPT_FORMAT_UNSPECIFIED: _ClassVar[ReceiptFormat]
+    RECEIPT_FORMAT_JSON: _ClassVar[ReceiptFormat]
+    RECEIPT_FORMAT_TEXT: _ClassVar[ReceiptFormat]
+
 class ReleaseReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RELEASE_REASON_UNSPECIFIED: _ClassVar[ReleaseReason]
@@ -79,6 +85,9 @@ DECISION_PENDING_APPROVAL: Decision
 COMPLETION_SOURCE_UNSPECIFIED: CompletionSource
 COMPLETION_SOURCE_WORKER: CompletionSource
 COMPLETION_SOURCE_OPERATOR: CompletionSource
+RECEIPT_FORMAT_UNSPECIFIED: ReceiptFormat
+RECEIPT_FORMAT_JSON: ReceiptFormat
+RECEIPT_FORMAT_TEXT: ReceiptFormat
 RELEASE_REASON_UNSPECIFIED: ReleaseReason
 RELEASE_REASON_DEFINITE_FAILURE: ReleaseReason
 RELEASE_REASON_NOT_ATTEMPTED: ReleaseReason
@@ -195,7 +204,7 @@ class Grant(_message.Message):
     def __init__(self, token: _Optional[str] = ..., fencing: _Optional[int] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., provider_key: _Optional[str] = ..., replicas_acknowledged: _Optional[int] = ..., statement: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("receipt", "completed_at", "fencing", "token", "source", "note", "operator", "seq", "statement")
+    __slots__ = ("receipt", "completed_at", "fencing", "token", "source", "note", "operator", "seq", "statement", "receipt_format")
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     COMPLETED_AT_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
@@ -205,6 +214,7 @@ class Completion(_message.Message):
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     STATEMENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     receipt: bytes
     completed_at: _timestamp_pb2.Timestamp
     fencing: int
@@ -214,7 +224,8 @@ class Completion(_message.Message):
     operator: str
     seq: int
     statement: str
-    def __init__(self, receipt: _Optional[bytes] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fencing: _Optional[int] = ..., token: _Optional[str] = ..., source: _Optional[_Union[CompletionSource, str]] = ..., note: _Optional[str] = ..., operator: _Optional[str] = ..., seq: _Optional[int] = ..., statement: _Optional[str] = ...) -> None: ...
+    receipt_format: ReceiptFormat
+    def __init__(self, receipt: _Optional[bytes] = ..., completed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., fencing: _Optional[int] = ..., token: _Optional[str] = ..., source: _Optional[_Union[CompletionSource, str]] = ..., note: _Optional[str] = ..., operator: _Optional[str] = ..., seq: _Optional[int] = ..., statement: _Optional[str] = ..., receipt_format: _Optional[_Union[ReceiptFormat, str]] = ...) -> None: ...
 
 class CompleteRequest(_message.Message):
     __slots__ = ("action", "token", "receipt")
@@ -377,20 +388,22 @@ class GetBudgetsResponse(_message.Message):
     def __init__(self, budgets: _Optional[_Iterable[_Union[BudgetUsage, _Mapping]]] = ...) -> None: ...
 
 class RecordExternalCompletionRequest(_message.Message):
-    __slots__ = ("action", "receipt", "note", "action_name", "params_json", "intent_id")
+    __slots__ = ("action", "receipt", "note", "action_name", "params_json", "intent_id", "receipt_format")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     ACTION_NAME_FIELD_NUMBER: _ClassVar[int]
     PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     INTENT_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     action: ActionRef
     receipt: bytes
     note: str
     action_name: str
     params_json: str
     intent_id: str
-    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., receipt: _Optional[bytes] = ..., note: _Optional[str] = ..., action_name: _Optional[str] = ..., params_json: _Optional[str] = ..., intent_id: _Optional[str] = ...) -> None: ...
+    receipt_format: ReceiptFormat
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., receipt: _Optional[bytes] = ..., note: _Optional[str] = ..., action_name: _Optional[str] = ..., params_json: _Optional[str] = ..., intent_id: _Optional[str] = ..., receipt_format: _Optional[_Union[ReceiptFormat, str]] = ...) -> None: ...
 
 class RecordExternalCompletionResponse(_message.Message):
     __slots__ = ("completion", "recorded")
@@ -401,16 +414,18 @@ class RecordExternalCompletionResponse(_message.Message):
     def __init__(self, completion: _Optional[_Union[Completion, _Mapping]] = ..., recorded: _Optional[bool] = ...) -> None: ...
 
 class ResolveExpiredRequest(_message.Message):
-    __slots__ = ("action", "resolution", "receipt", "note")
+    __slots__ = ("action", "resolution", "receipt", "note", "receipt_format")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FORMAT_FIELD_NUMBER: _ClassVar[int]
     action: ActionRef
     resolution: Resolution
     receipt: bytes
     note: str
-    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., resolution: _Optional[_Union[Resolution, str]] = ..., receipt: _Optional[bytes] = ..., note: _Optional[str] = ...) -> None: ...
+    receipt_format: ReceiptFormat
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., resolution: _Optional[_Union[Resolution, str]] = ..., receipt: _Optional[bytes] = ..., note: _Optional[str] = ..., receipt_format: _Optional[_Union[ReceiptFormat, str]] = ...) -> None: ...
 
 class ResolveExpiredResponse(_message.Message):
     __slots__ = ("fencing", "completion")
