@@ -112,7 +112,7 @@ pub struct Requested<'a> {
     /// The principal that asked.
     pub principal: &'a str,
     /// The request's params (a JSON object), what the approver decides on.
-    pub params: Option<&'a Value>,
+    pub params: Option<&'a Map<String, Value>>,
 }
 
 impl Event {
@@ -131,7 +131,7 @@ impl Event {
         data.insert("expires_at".into(), json!(rfc3339(pending.expires_at)));
         data.insert("principal".into(), json!(asked.principal));
         if let Some(params) = asked.params {
-            data.insert("params".into(), params.clone());
+            data.insert("params".into(), Value::Object(params.clone()));
         }
         Self {
             kind: EventType::ApprovalRequested,
@@ -173,7 +173,7 @@ impl Event {
         data.insert("fencing".into(), json!(lapsed.fencing));
         data.insert(
             "lease_expired_at".into(),
-            json!(rfc3339(lapsed.lease_expired_at)),
+            json!(lapsed.lease_expired_at.map(rfc3339)),
         );
         data.insert("holder".into(), json!(lapsed.holder));
         data.insert("fingerprint".into(), json!(lapsed.fingerprint));
@@ -268,7 +268,8 @@ impl Event {
 #[derive(Debug, Clone, Copy)]
 pub struct Lapsed<'a> {
     pub fencing: u64,
-    pub lease_expired_at: Millis,
+    /// When the lease ended (`None`: not known to the caller, a regrant).
+    pub lease_expired_at: Option<Millis>,
     pub holder: &'a str,
     pub fingerprint: &'a str,
     pub action: Option<&'a str>,

@@ -29,7 +29,7 @@ fn an_event_body_is_a_cloudevent() {
     let asked = Requested {
         action: "payments.transfer",
         principal: "worker",
-        params: Some(&params),
+        params: params.as_object(),
     };
     let event = Event::approval_requested(&key(), &pending, asked, 1_614_265_000_000);
     let body = event.cloudevent("oncegate");
@@ -51,7 +51,10 @@ fn an_event_body_is_a_cloudevent() {
     assert_eq!(data["expires_at"], "2021-02-25T15:02:10.000Z");
     let slack = event.slack();
     let text = slack["text"].as_str().unwrap();
-    assert!(text.contains("payments.transfer") && text.contains("ap-1"), "{text}");
+    assert!(
+        text.contains("payments.transfer") && text.contains("ap-1"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -71,12 +74,15 @@ fn ids_name_what_the_event_is_about_and_nothing_else() {
     };
     let decided = Event::approval_decided(&key(), &approval, 10);
     let later = Event::approval_decided(&key(), &approval, 99);
-    assert_eq!(decided.id, later.id, "the same decision, whenever it is seen");
+    assert_eq!(
+        decided.id, later.id,
+        "the same decision, whenever it is seen"
+    );
     assert!(decided.id.starts_with("evt_") && decided.id.len() == 36);
     assert_eq!(decided.data["decision"], "approved");
     let lapsed = |fencing| Lapsed {
         fencing,
-        lease_expired_at: 5,
+        lease_expired_at: Some(5),
         holder: "h",
         fingerprint: "v1-f",
         action: None,
@@ -102,7 +108,10 @@ fn no_token_reaches_a_doubled_execution_event() {
     let body = event.cloudevent("oncegate").to_string();
     assert!(!body.contains("secret-token"), "{body}");
     let other = Event::execution_doubled(&key(), "completed_by_other", 3, "another", 1);
-    assert_ne!(event.id, other.id, "each holder's double execution is its own event");
+    assert_ne!(
+        event.id, other.id,
+        "each holder's double execution is its own event"
+    );
 }
 
 #[test]

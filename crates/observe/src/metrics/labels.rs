@@ -192,6 +192,24 @@ pub(super) struct RpcLabels {
     pub(super) code: &'static str,
 }
 
+/// The outcomes of one webhook delivery attempt, as counted in
+/// `oncegate_webhook_deliveries_total{outcome}`.
+pub const WEBHOOK_OUTCOMES: [&str; 3] = ["delivered", "failed", "undeliverable"];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct WebhookLabels {
+    /// The webhook's name in the configuration (a closed set).
+    pub(super) webhook: String,
+    /// The event type's short name.
+    pub(super) event: &'static str,
+    pub(super) outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct EventLabels {
+    pub(super) event: &'static str,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct BuildLabels {
     pub(super) version: &'static str,

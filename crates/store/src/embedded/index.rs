@@ -1,7 +1,8 @@
 //! The embedded store's indexes, kept in the same transaction as every write: the expiry index
 //! (`expires_at ++ key`, purged a bounded batch per transaction) and the lease index
 //! (`agent ++ lease_expires_at ++ key`, one entry per authorized record) that ListUnresolved reads;
-//! and [`Tables`], every table of one write transaction, which replays the write-ahead log.
+//! and [`Tables`], every table of one write transaction (the outbox's too), which replays the
+//! write-ahead log.
 
 use redb::{ReadableTable, Table, WriteTransaction};
 
@@ -10,6 +11,7 @@ use super::{
     chain::RECEIPTS,
     codec::{self, decode},
     keys::{agent_prefix, expiry_key, lease_entry, split_entry},
+    outbox::OutboxTables,
     side::SideTables,
     wal::{self, Table as Logged},
 };
@@ -27,6 +29,8 @@ pub(super) struct Tables<'t> {
     pub(super) receipts: Table<'t, &'static [u8], &'static [u8]>,
     /// Approvals and budgets, beside the records.
     pub(super) side: SideTables<'t>,
+    /// The webhook outbox.
+    pub(super) outbox: OutboxTables<'t>,
 }
 
 impl<'t> Tables<'t> {
@@ -42,6 +46,7 @@ impl<'t> Tables<'t> {
                 budgets: txn.open_table(BUDGETS)?,
                 log: Vec::new(),
             },
+            outbox: OutboxTables::open(txn)?,
         })
     }
 
@@ -84,6 +89,9 @@ impl<'t> Tables<'t> {
             Logged::Receipts => return raw(&mut self.receipts, key, bytes),
             Logged::Approvals => return raw(&mut self.side.approvals, key, bytes),
             Logged::Budgets => return raw(&mut self.side.budgets, key, bytes),
+            Logged::Outbox | Logged::OutboxDue | Logged::OutboxDead | Logged::OutboxKeep => {
+                return self.outbox.replay(entry);
+            }
             Logged::ApprovalIndex => {
                 match bytes {
                     Some(_) => self.side.approval_index.insert(key, ())?,
