@@ -113,6 +113,8 @@ pub struct Config {
     pub signing: Option<SigningConfig>,
     /// Rules, budgets, approvals and shadow mode.
     pub authorization: oncegate_gate::authorization::Settings,
+    /// Webhooks: `[notifications]`, `[[webhooks]]`.
+    pub notifications: oncegate_notify::Settings,
     /// What the operator should hear at start-up, in order.
     pub notices: Vec<Notice>,
 }
@@ -151,6 +153,7 @@ impl Config {
             metrics_other_action_label: args.metrics_other_action_label.clone(),
             signing,
             authorization: file.authorization,
+            notifications: file.notifications,
             notices,
         })
     }

@@ -110,7 +110,7 @@ impl DoubleExecution {
 }
 
 /// The store operations timed and counted, one per store call the gate makes.
-pub const STORE_OPERATIONS: [&str; 12] = [
+pub const STORE_OPERATIONS: [&str; 13] = [
     "request_token",
     "complete",
     "release",
@@ -123,6 +123,7 @@ pub const STORE_OPERATIONS: [&str; 12] = [
     "decide_approval",
     "list_approvals",
     "get_budgets",
+    "list_undeliverable_events",
 ];
 
 /// The kinds of store failure: `unavailable` (fail closed, retry later), `corrupt` (a record this
