@@ -695,3 +695,22 @@ async fn a_request_token_is_one_store_round_trip_with_or_without_webhooks() {
         assert!(receiver.deliveries().is_empty());
     }
 }
+
+#[test]
+fn a_webhook_whose_secret_variable_is_unset_is_a_bad_configuration() {
+    let dir = TempDir::new().unwrap();
+    let hook = "[[webhooks]]\nname = \"ops\"\nurl = \"https://hooks.example.com/\"\nevents = \"*\"\nsecret_env = \"ONCEGATE_TEST_NO_SUCH_SECRET\"\n";
+    let path = write_file(dir.path(), "oncegate.toml", hook);
+    let data = dir.path().join("data");
+    let (code, stderr) = crate::support::serve_to_exit(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("webhooks.ops.secret_env: the environment variable ONCEGATE_TEST_NO_SUCH_SECRET is not set"),
+        "{stderr}"
+    );
+}

@@ -127,6 +127,10 @@ impl Config {
             None => ConfigFile::default(),
         };
         let mut notices = Vec::new();
+        let mut notifications = file.notifications;
+        notifications
+            .read_secret_env(&|name| std::env::var(name).ok())
+            .map_err(ConfigError::Invalid)?;
         // Agents need a credential only once some principal has the agent role.
         let agents_identified = file.principals.has_agents();
         let tls = listener_tls(args, agents_identified, &mut notices, &file.principals)?;
@@ -153,7 +157,7 @@ impl Config {
             metrics_other_action_label: args.metrics_other_action_label.clone(),
             signing,
             authorization: file.authorization,
-            notifications: file.notifications,
+            notifications,
             notices,
         })
     }

@@ -51,6 +51,9 @@ pub struct Webhook {
     pub events: Vec<EventType>,
     /// Each signs every delivery (rotation: the old and the new side by side); none: unsigned.
     pub secrets: Vec<Secret>,
+    /// An environment variable holding more secrets (space-separated), read at start-up by
+    /// [`Settings::read_secret_env`].
+    pub secret_env: Option<String>,
     pub format: Format,
     /// How long one attempt may take (connecting included).
     pub timeout: Duration,
@@ -124,6 +127,28 @@ impl Settings {
         wanted.sort();
         wanted.dedup();
         wanted
+    }
+
+    /// Reads every webhook's `secret_env` (through `env`) and adds its secrets; the error names
+    /// the setting and the variable, never a secret.
+    pub fn read_secret_env(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+        for w in &mut self.webhooks {
+            let Some(var) = &w.secret_env else { continue };
+            let at = format!("webhooks.{}.secret_env", w.name);
+            let value = env(var)
+                .ok_or_else(|| format!("{at}: the environment variable {var} is not set"))?;
+            let before = w.secrets.len();
+            for text in value.split_whitespace() {
+                w.secrets
+                    .push(Secret::parse(text).map_err(|why| format!("{at} ({var}): {why}"))?);
+            }
+            if w.secrets.len() == before {
+                return Err(format!(
+                    "{at}: the environment variable {var} holds no secret"
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn webhook(&self, name: &str) -> Option<&Webhook> {

@@ -98,8 +98,7 @@ impl ConfigFile {
             named.push(policy);
         }
         let authorization = authorization::settings(&file.authorization, &file.budgets, base)?;
-        let env = |name: &str| std::env::var(name).ok();
-        let notifications = webhooks::settings(&file.notifications, &file.webhooks, &env)?;
+        let notifications = webhooks::settings(&file.notifications, &file.webhooks)?;
         let parsed = Self {
             policies: Policies::new(file.strict, limits, defaults, named),
             principals: Principals::from_config(&file.principals).map_err(FileError::new)?,

@@ -1,7 +1,9 @@
 //! The configuration file's `[notifications]` table and `[[webhooks]]` entries (docs/CONTRACT.md
 //! §7), validated into the notify crate's [`Settings`]: every error names the setting, never a
 //! secret. A secret comes from the file (`secrets`) or from an environment variable named in it
-//! (`secret_env`, several secrets separated by spaces), read here, at start-up.
+//! (`secret_env`, several secrets separated by spaces), read when the gate starts
+//! ([`oncegate_notify::Settings::read_secret_env`], from `Config::from_flags`), not when the file
+//! is parsed.
 
 use std::{collections::HashSet, time::Duration};
 
@@ -44,11 +46,10 @@ pub(super) struct WebhookTable {
 /// The longest a webhook attempt may be given.
 const MAX_TIMEOUT_MS: i64 = 300_000;
 
-/// Validates both; `env` reads an environment variable (the process's, or a test's).
+/// Validates both.
 pub(super) fn settings(
     table: &NotificationsTable,
     webhooks: &[WebhookTable],
-    env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Settings, FileError> {
     let ms = |what: &str, value: Option<f64>, default: i64| match value {
         Some(s) => seconds(what, s),
@@ -63,7 +64,7 @@ pub(super) fn settings(
     }
     let mut parsed: Vec<Webhook> = Vec::with_capacity(webhooks.len());
     for w in webhooks {
-        let webhook = webhook(w, env)?;
+        let webhook = webhook(w)?;
         if parsed.iter().any(|p| p.name == webhook.name) {
             return Err(FileError::new(format!(
                 "webhooks: the name {:?} is used twice",
@@ -100,7 +101,7 @@ pub(super) fn settings(
     })
 }
 
-fn webhook(w: &WebhookTable, env: &dyn Fn(&str) -> Option<String>) -> Result<Webhook, FileError> {
+fn webhook(w: &WebhookTable) -> Result<Webhook, FileError> {
     let valid_name = !w.name.is_empty()
         && w.name.len() <= 64
         && w.name
@@ -141,22 +142,7 @@ fn webhook(w: &WebhookTable, env: &dyn Fn(&str) -> Option<String>) -> Result<Web
                 .map_err(|why| FileError::new(format!("{}[{i}]: {why}", at("secrets"))))?,
         );
     }
-    if let Some(var) = &w.secret_env {
-        let value = env(var).ok_or_else(|| {
-            FileError::new(format!(
-                "{}: the environment variable {var} is not set",
-                at("secret_env")
-            ))
-        })?;
-        for text in value.split_whitespace() {
-            secrets.push(
-                Secret::parse(text).map_err(|why| {
-                    FileError::new(format!("{} ({var}): {why}", at("secret_env")))
-                })?,
-            );
-        }
-    }
-    if secrets.is_empty() && format == Format::CloudEvents {
+    if secrets.is_empty() && w.secret_env.is_none() && format == Format::CloudEvents {
         return Err(FileError::new(format!(
             "{}: a cloudevents webhook is signed (Standard Webhooks): give `secrets` or \
              `secret_env` (whsec_<base64>)",
@@ -208,6 +194,7 @@ fn webhook(w: &WebhookTable, env: &dyn Fn(&str) -> Option<String>) -> Result<Web
         url: w.url.clone(),
         events,
         secrets,
+        secret_env: w.secret_env.clone(),
         format,
         timeout: Duration::from_millis(timeout as u64),
         max_attempts,
@@ -270,8 +257,15 @@ mod tests {
             webhooks: Vec<WebhookTable>,
         }
         let file: File = toml::from_str(text)?;
-        let env = |name: &str| (name == "HOOK_SECRETS").then(|| format!("{SECRET} {SECRET}"));
-        settings(&file.notifications, &file.webhooks, &env)
+        let mut settings = settings(&file.notifications, &file.webhooks)?;
+        let env = |name: &str| match name {
+            "HOOK_SECRETS" => Some(format!("{SECRET} {SECRET}")),
+            "SHORT" => Some("whsec_c2hvcnQ=".into()),
+            "BLANK" => Some(" ".into()),
+            _ => None,
+        };
+        settings.read_secret_env(&env).map_err(FileError::new)?;
+        Ok(settings)
     }
 
     #[test]
