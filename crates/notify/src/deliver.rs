@@ -16,15 +16,11 @@ use oncegate_domain::{event::EventType, ledger::Millis};
 use oncegate_observe::metrics::Metrics;
 use oncegate_store::{OutboxEntry, Settlement, Store};
 
-/// How many entries one claim takes (delivered concurrently).
-const CLAIM: usize = 32;
+/// How many deliveries run at once at most (each claim takes what room is left, so one slow
+/// receiver holds its own deliveries, not the others').
+const IN_FLIGHT: usize = 32;
 
-pub(crate) async fn run(
-    store: Store,
-    metrics: Metrics,
-    settings: Arc<Settings>,
-    wake: Arc<Notify>,
-) {
+pub(crate) async fn run(store: Store, metrics: Metrics, settings: Arc<Settings>, wake: Arc<Notify>) {
     let client = match reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("oncegate/", env!("CARGO_PKG_VERSION")))
@@ -37,42 +33,38 @@ pub(crate) async fn run(
         }
     };
     let lease = settings.claim_lease();
+    let mut in_flight = JoinSet::new();
     loop {
-        let claim = uuid::Uuid::new_v4().simple().to_string();
-        let claimed = match store.outbox_claim(CLAIM, lease, &claim).await {
-            Ok(reply) => match reply.result {
-                Ok(claimed) => Some((reply.now, claimed)),
-                Err(_) => None,
-            },
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot claim webhook deliveries");
-                None
+        let room = IN_FLIGHT - in_flight.len();
+        if room > 0 {
+            let claim = uuid::Uuid::new_v4().simple().to_string();
+            match store.outbox_claim(room, lease, &claim).await {
+                Ok(reply) => {
+                    let now = reply.now;
+                    if let Ok(claimed) = reply.result {
+                        metrics.set_outbox(claimed.pending, claimed.undeliverable);
+                        let started = Instant::now();
+                        for entry in claimed.entries {
+                            let attempt = Attempt {
+                                store: store.clone(),
+                                metrics: metrics.clone(),
+                                settings: settings.clone(),
+                                client: client.clone(),
+                                claim: claim.clone(),
+                                store_now: move || now + started.elapsed().as_millis() as Millis,
+                            };
+                            in_flight.spawn(attempt.run(entry));
+                        }
+                    }
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot claim webhook deliveries"),
             }
-        };
-        let mut busy = false;
-        if let Some((now, claimed)) = claimed {
-            metrics.set_outbox(claimed.pending, claimed.undeliverable);
-            busy = claimed.entries.len() == CLAIM;
-            let started = Instant::now();
-            let mut deliveries = JoinSet::new();
-            for entry in claimed.entries {
-                let attempt = Attempt {
-                    store: store.clone(),
-                    metrics: metrics.clone(),
-                    settings: settings.clone(),
-                    client: client.clone(),
-                    claim: claim.clone(),
-                    store_now: move || now + started.elapsed().as_millis() as Millis,
-                };
-                deliveries.spawn(attempt.run(entry));
-            }
-            while deliveries.join_next().await.is_some() {}
         }
-        if !busy {
-            tokio::select! {
-                () = tokio::time::sleep(settings.poll_interval) => {}
-                () = wake.notified() => {}
-            }
+        // Claim again when a delivery ends (room for more), after a write, or on the next poll.
+        tokio::select! {
+            Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
+            () = wake.notified() => {}
+            () = tokio::time::sleep(settings.poll_interval) => {}
         }
     }
 }

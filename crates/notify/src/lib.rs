@@ -185,8 +185,10 @@ pub fn start(
 ) -> Running {
     // reqwest's rustls needs a process-wide provider; the gate uses ring everywhere.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let names: Vec<&'static str> = EventType::ALL.iter().map(|t| t.name()).collect();
-    metrics.register_webhooks(settings.webhooks.iter().map(|w| w.name.as_str()), &names);
+    for webhook in &settings.webhooks {
+        let names: Vec<&'static str> = webhook.events.iter().map(|t| t.name()).collect();
+        metrics.register_webhooks([webhook.name.as_str()], &names);
+    }
     let settings = Arc::new(settings);
     let wake = Arc::new(tokio::sync::Notify::new());
     let outbox = writer::Outbox::new(store.clone(), settings.clone());

@@ -254,7 +254,7 @@ impl Metrics {
         }
     }
 
-    /// Starts the webhook series of every configured webhook and event type at zero.
+    /// Starts the webhook series of `webhooks` for the event types `events` at zero.
     pub fn register_webhooks<'a>(
         &self,
         webhooks: impl IntoIterator<Item = &'a str>,
@@ -359,6 +359,9 @@ impl Metrics {
             let _ = h.double_executions.get_or_create(&KindLabels {
                 kind: kind.as_str(),
             });
+        }
+        for kind in oncegate_domain::event::EventType::ALL {
+            let _ = h.events_dropped.get_or_create(&EventLabels { event: kind.name() });
         }
         for operation in STORE_OPERATIONS {
             for error in STORE_ERRORS {
