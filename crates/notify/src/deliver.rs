@@ -20,7 +20,12 @@ use oncegate_store::{OutboxEntry, Settlement, Store};
 /// receiver holds its own deliveries, not the others').
 const IN_FLIGHT: usize = 32;
 
-pub(crate) async fn run(store: Store, metrics: Metrics, settings: Arc<Settings>, wake: Arc<Notify>) {
+pub(crate) async fn run(
+    store: Store,
+    metrics: Metrics,
+    settings: Arc<Settings>,
+    wake: Arc<Notify>,
+) {
     let client = match reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .user_agent(concat!("oncegate/", env!("CARGO_PKG_VERSION")))

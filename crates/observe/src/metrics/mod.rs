@@ -361,7 +361,9 @@ impl Metrics {
             });
         }
         for kind in oncegate_domain::event::EventType::ALL {
-            let _ = h.events_dropped.get_or_create(&EventLabels { event: kind.name() });
+            let _ = h
+                .events_dropped
+                .get_or_create(&EventLabels { event: kind.name() });
         }
         for operation in STORE_OPERATIONS {
             for error in STORE_ERRORS {
