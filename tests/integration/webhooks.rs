@@ -714,3 +714,30 @@ fn a_webhook_whose_secret_variable_is_unset_is_a_bad_configuration() {
         "{stderr}"
     );
 }
+
+async fn budget_refusals_come_as_one_event_with_their_count(kind: Kind) {
+    const REFUSALS: usize = 5;
+    let receiver = Receiver::start(Answer::Ok).await;
+    let dir = TempDir::new().unwrap();
+    let hook = webhook(
+        &receiver.url(),
+        "[\"budget.exceeded\"]",
+        &format!("secrets = [\"{SECRET}\"]"),
+    );
+    let (gate, _) =
+        TestGate::serve_with_webhooks(backend(kind).await, config(&gate_config(&dir, &hook))).await;
+    let mut client = gate.client().await;
+    for n in 0..=REFUSALS {
+        let req = token_request("billing-b", "run-1", "send.sms", &format!(r#"{{"n":{n}}}"#));
+        let answer = ask(&mut client, req).await;
+        assert_eq!(answer.is_ok(), n == 0, "{answer:?}");
+    }
+    let got = receiver.wait_for_type("budget.exceeded").await;
+    let body = cloudevent(&got[0], "budget.exceeded");
+    assert!(got[0].signed_by(SECRET));
+    assert_eq!(body["data"]["refusals"], REFUSALS, "{body}");
+    assert_eq!(body["data"]["budget"], "sends");
+    assert_eq!(body["data"]["window_seconds"], 0.5);
+    assert!(got.iter().all(|d| d.id == got[0].id), "one event: {got:#?}");
+}
+on_stores!(budget_refusals_come_as_one_event_with_their_count: embedded, redis);

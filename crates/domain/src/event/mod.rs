@@ -222,7 +222,10 @@ impl Event {
         data.insert("refusals".into(), json!(refused.refusals));
         data.insert("first_refused_at".into(), json!(rfc3339(refused.first_at)));
         data.insert("last_refused_at".into(), json!(rfc3339(refused.last_at)));
-        data.insert("window_seconds".into(), json!(refused.window / 1000));
+        data.insert(
+            "window_seconds".into(),
+            json!(refused.window as f64 / 1000.0),
+        );
         data.insert("actions".into(), json!(refused.actions));
         let first = refused.first_at.to_be_bytes();
         Self {

@@ -125,7 +125,7 @@ fn budget_refusals_aggregate_into_one_event() {
     assert_eq!(refused.actions.len(), BudgetRefusals::MAX_ACTIONS);
     let event = Event::budget_exceeded(&refused, 61_000);
     assert_eq!(event.data["refusals"], 22);
-    assert_eq!(event.data["window_seconds"], 60);
+    assert_eq!(event.data["window_seconds"], 60.0);
     assert_eq!(event.data["last_refused_at"], json!(rfc3339(5000)));
 }
 
