@@ -39,15 +39,20 @@ pub(crate) async fn run(
     };
     let lease = settings.claim_lease();
     let mut in_flight = JoinSet::new();
+    // Claim at once: after a write (woken), on a poll, while the last claim found more than it
+    // had room for, or when half the room is free; not after every single delivery.
+    let mut claim_now = true;
     loop {
         let room = IN_FLIGHT - in_flight.len();
-        if room > 0 {
+        if room > 0 && (claim_now || room >= IN_FLIGHT / 2) {
             let claim = uuid::Uuid::new_v4().simple().to_string();
+            claim_now = false;
             match store.outbox_claim(room, lease, &claim).await {
                 Ok(reply) => {
                     let now = reply.now;
                     if let Ok(claimed) = reply.result {
                         metrics.set_outbox(claimed.pending, claimed.undeliverable);
+                        claim_now = claimed.entries.len() == room;
                         let started = Instant::now();
                         for entry in claimed.entries {
                             let attempt = Attempt {
@@ -65,11 +70,13 @@ pub(crate) async fn run(
                 Err(e) => tracing::debug!(error = %e, "cannot claim webhook deliveries"),
             }
         }
-        // Claim again when a delivery ends (room for more), after a write, or on the next poll.
+        if claim_now && in_flight.len() < IN_FLIGHT {
+            continue;
+        }
         tokio::select! {
             Some(_) = in_flight.join_next(), if !in_flight.is_empty() => {}
-            () = wake.notified() => {}
-            () = tokio::time::sleep(settings.poll_interval) => {}
+            () = wake.notified() => claim_now = true,
+            () = tokio::time::sleep(settings.poll_interval) => claim_now = true,
         }
     }
 }

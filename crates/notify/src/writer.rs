@@ -1,6 +1,7 @@
 //! The outbox writer: reads the gate's event queue, aggregates budget refusals (one
 //! `budget.exceeded` per budget, agent and window, sent when the window closes), renders each
-//! event for every webhook that wants it and writes the outbox. A write that fails (the store is
+//! event for every webhook that wants it and writes the outbox, the events of up to 100 ms in one
+//! write. A write that fails (the store is
 //! down) is tried again with a growing pause while the queue fills (the gate drops what does not
 //! fit, and counts it); events a writer already wrote are remembered for a while, so that a held
 //! worker asking again and again does not cost a store call each time.
@@ -23,6 +24,10 @@ use oncegate_store::{NewEntry, Store, StoreError};
 
 /// How many events one outbox write takes at most.
 const BATCH: usize = 256;
+/// How long the writer gathers events after the first one before it writes them: one outbox
+/// write (on the embedded store, one fsync shared with the calls of its batch) for every event
+/// of that time, instead of one each, so a stream of events costs the store little.
+const LINGER: Duration = Duration::from_millis(100);
 /// How many written event ids a writer remembers.
 const REMEMBERED: usize = 16_384;
 
@@ -181,11 +186,12 @@ pub(crate) async fn run(outbox: Outbox, mut queue: mpsc::Receiver<Emitted>, wake
         };
         if let Some(item) = first {
             take(item, &mut events);
-        }
-        while events.len() < BATCH {
-            match queue.try_recv() {
-                Ok(item) => take(item, &mut events),
-                Err(_) => break,
+            let until = Instant::now() + LINGER;
+            while events.len() < BATCH {
+                match tokio::time::timeout_at(until, queue.recv()).await {
+                    Ok(Some(item)) => take(item, &mut events),
+                    Ok(None) | Err(_) => break,
+                }
             }
         }
         events.extend(budgets.close(Instant::now(), false));
