@@ -74,7 +74,7 @@ impl Writer {
             }
             writes.extend(purge_expired(&mut tables, now)?);
             writes.append(&mut tables.side.log);
-            writes.append(&mut tables.outbox.log);
+            writes.extend(tables.take_outbox_log());
         }
         if writes.is_empty() {
             // Reads, pings, listings and refusals changed nothing: no fsync for them.
@@ -160,23 +160,25 @@ fn run_job(
             return read(tables.side.all_buckets(&agent).map(|b| replied(now, b)), tx);
         }
         Op::OutboxAppend(entries, tx) => {
-            let written = tables.outbox.append(&entries, now);
+            let written = tables.outbox().and_then(|o| o.append(&entries, now));
             return read(written.map(|n| replied(now, n)), tx);
         }
         Op::OutboxClaim(c, tx) => {
-            let claimed = tables.outbox.claim(c.limit, c.lease, &c.claim, now);
+            let claimed = tables
+                .outbox()
+                .and_then(|o| o.claim(c.limit, c.lease, &c.claim, now));
             return read(claimed.map(|c| replied(now, c)), tx);
         }
         Op::OutboxSettle(s, tx) => {
             let settled = tables
-                .outbox
-                .settle(&s.member, &s.claim, &s.settlement, s.keep, now);
+                .outbox()
+                .and_then(|o| o.settle(&s.member, &s.claim, &s.settlement, s.keep, now));
             return read(settled.map(|done| replied(now, done)), tx);
         }
         Op::OutboxList(request, tx) => {
             let page = tables
-                .outbox
-                .undeliverable(request.after.as_ref(), request.limit);
+                .outbox()
+                .and_then(|o| o.undeliverable(request.after.as_ref(), request.limit));
             return read(page.map(|p| replied(now, p)), tx);
         }
         op => op,
