@@ -50,14 +50,14 @@ fmt-check:
 	$(CARGO) fmt --check
 
 clippy:
-	$(CARGO) clippy --locked --all-targets -- -D warnings
+	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
 
 ## buf lint, STANDARD rules (buf comes from the npm registry and runs offline).
 lint-proto:
 	cd proto && $(BUF) lint
 
 test-rust:
-	$(CARGO) test --locked --all-targets
+	$(CARGO) test --locked --workspace --all-targets
 
 ## The client with its test tools and every framework adapter's extra (oncegate.integrations), so
 ## the adapters' tests drive the real frameworks; reinstalled only when pyproject.toml changes.

@@ -5,8 +5,8 @@
 //! ([`remote`], [`views`]), the load generator ([`bench`]), the signing keys and `oncegate verify`
 //! ([`keys`]), `oncegate fingerprint`, and the MCP gateway (the `oncegate-mcp` crate).
 //!
-//! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc → config
-//! → client, mcp → this binary.
+//! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc, notify →
+//! config → client, mcp → this binary.
 
 mod admin;
 mod bench;
@@ -22,7 +22,7 @@ use std::{process::ExitCode, sync::Arc};
 use clap::Parser;
 use cli::{Cli, Command};
 use oncegate_config::{Config, Notice, ServeArgs, exit};
-use oncegate_gate::Gate;
+use oncegate_gate::{Emitter, Gate};
 use oncegate_grpc::{auth, server};
 use oncegate_observe::{
     metrics::{self, Metrics},
@@ -184,11 +184,22 @@ async fn serve(args: ServeArgs) -> ExitCode {
     // Standard output carries this one line, the port-0 discovery contract (tests and clients
     // read it); every log line goes to standard error, the start-up line above before it.
     println!("listening on {addr}");
-    let mut gate = Gate::with_metrics(store, config.policies, metrics)
+    let mut gate = Gate::with_metrics(store.clone(), config.policies, metrics.clone())
         .with_authorization(config.authorization);
     if let Some(signer) = signer {
         gate = gate.with_signer(signer);
     }
+    // Webhooks: the gate's events go through a bounded queue to the outbox writer; the delivery
+    // worker and the scan run beside the server. Nothing at all without a webhook.
+    let _notify = config.notifications.is_active().then(|| {
+        let (emitter, events) = Emitter::channel(config.notifications.wanted());
+        gate = gate.clone().with_events(emitter);
+        tracing::info!(
+            webhooks = config.notifications.webhooks.len(),
+            "webhooks: delivering events from the outbox"
+        );
+        oncegate_notify::start(store, metrics, config.notifications, events)
+    });
     reload_on_hangup(gate.clone());
     match server::run(listener, gate, config.server, shutdown_signal()).await {
         Ok(()) => {

@@ -1,5 +1,5 @@
-//! `oncegate admin get|complete|resolve|list-unresolved|audit` (and the authorization subcommands
-//! of [`authz`]): the operator API from a shell, against a running gate. Output is for
+//! `oncegate admin get|complete|resolve|list-unresolved|audit|webhooks` (and the authorization
+//! subcommands of [`authz`]): the operator API from a shell, against a running gate. Output is for
 //! a person by default and one JSON document with `--json`; the connection options
 //! ([`RemoteArgs`]) go before or after the subcommand.
 //!
@@ -20,6 +20,7 @@ use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClie
 
 mod audit;
 pub mod authz;
+mod webhooks;
 
 const TOOL: &str = "oncegate admin";
 
@@ -55,6 +56,9 @@ pub enum AdminCommand {
     /// Export an agent's receipt chain and verify it: signatures, sequence, links. Exits 1 and
     /// names every entry that does not hold.
     Audit(AuditArgs),
+    /// List the webhook events given up after their last delivery attempt (kept for the
+    /// retention), with why, and how many events wait for delivery.
+    Webhooks(webhooks::WebhooksArgs),
     #[command(flatten)]
     Authz(authz::AuthzCommand),
 }
@@ -152,6 +156,7 @@ pub async fn run(args: AdminArgs) -> ExitCode {
         AdminCommand::Resolve(r) => resolve(&mut remote.admin, r).await,
         AdminCommand::ListUnresolved(l) => list(&mut remote.admin, l).await.map(Ok),
         AdminCommand::Audit(a) => audit::run(&mut remote.admin, a).await.map(Ok),
+        AdminCommand::Webhooks(w) => webhooks::run(&mut remote.admin, w).await.map(Ok),
         AdminCommand::Authz(c) => authz::run(c, &mut remote.admin).await.map(Ok),
     };
     let failed_audit = matches!(args.command, AdminCommand::Audit(_))
@@ -164,6 +169,8 @@ pub async fn run(args: AdminArgs) -> ExitCode {
                 print!("{}", views::unresolved_text(&value));
             } else if let AdminCommand::Audit(_) = args.command {
                 print!("{}", audit::human(&value));
+            } else if let AdminCommand::Webhooks(_) = args.command {
+                print!("{}", webhooks::human(&value));
             } else if let AdminCommand::Authz(c) = &args.command
                 && let Some(text) = authz::human(c, &value)
             {

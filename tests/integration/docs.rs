@@ -232,6 +232,8 @@ fn the_config_reference_names_every_key_and_flag() {
         "[[principals]]",
         "[authorization]",
         "[[budgets]]",
+        "[notifications]",
+        "[[webhooks]]",
         "[mcp]",
         r#"[mcp.tools."x"]"#,
     ] {

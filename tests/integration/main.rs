@@ -42,3 +42,4 @@ mod tls;
 mod traces;
 mod validation;
 mod vectors;
+mod webhooks;

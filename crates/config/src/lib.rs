@@ -113,6 +113,8 @@ pub struct Config {
     pub signing: Option<SigningConfig>,
     /// Rules, budgets, approvals and shadow mode.
     pub authorization: oncegate_gate::authorization::Settings,
+    /// Webhooks: `[notifications]`, `[[webhooks]]`.
+    pub notifications: oncegate_notify::Settings,
     /// What the operator should hear at start-up, in order.
     pub notices: Vec<Notice>,
 }
@@ -125,6 +127,10 @@ impl Config {
             None => ConfigFile::default(),
         };
         let mut notices = Vec::new();
+        let mut notifications = file.notifications;
+        notifications
+            .read_secret_env(&|name| std::env::var(name).ok())
+            .map_err(ConfigError::Invalid)?;
         // Agents need a credential only once some principal has the agent role.
         let agents_identified = file.principals.has_agents();
         let tls = listener_tls(args, agents_identified, &mut notices, &file.principals)?;
@@ -151,6 +157,7 @@ impl Config {
             metrics_other_action_label: args.metrics_other_action_label.clone(),
             signing,
             authorization: file.authorization,
+            notifications,
             notices,
         })
     }

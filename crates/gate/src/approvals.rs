@@ -2,9 +2,10 @@
 //! budgets. Validated, timed, counted and audited like every operator operation; the semantics
 //! are the domain's ([`oncegate_domain::authorization`]), applied by the store in one atomic step.
 
-use super::{Gate, GateError, audit, operator, request};
+use super::{Emitted, Gate, GateError, audit, operator, request};
 use oncegate_domain::{
     ActionKey,
+    event::{Event, EventType},
     ledger::Millis,
     ledger::{Approval, approval::Decision},
 };
@@ -51,6 +52,12 @@ impl Gate {
         };
         audit::audit!(info, key, decision = name, approval_id = %decision.id,
             note = %decision.note, "decide_approval");
+        if let Ok((approval, _)) = &reply.result {
+            // A repeated decision emits it again, with the same id: the outbox keeps one.
+            self.emit(EventType::ApprovalDecided, || {
+                Emitted::Event(Event::approval_decided(key, approval, reply.now))
+            });
+        }
         reply
             .result
             .map(|(approval, _)| approval)

@@ -4,7 +4,8 @@
 //! Owns: what a well-formed request is ([`request`]), which key identifies an action, minting
 //! tokens, the action policies ([`policy`]), RequestToken with its rules, budgets and shadow mode
 //! (`token`, [`rules`], [`authorization`], `shadow`), signing grants and receipts ([`signing`]),
-//! the operator operations ([`operator`], [`approvals`]) and the audit trail ([`audit`]). Knows
+//! the operator operations ([`operator`], [`approvals`]), the audit trail ([`audit`]) and the
+//! events for webhooks each operation emits ([`events`], never waiting for them). Knows
 //! no gRPC types (the `grpc` layer converts) and decides no state transition (the store applies
 //! the ledger).
 
@@ -13,6 +14,7 @@ pub mod audit;
 pub mod authorization;
 pub mod decision;
 pub mod error;
+pub mod events;
 pub mod operator;
 pub mod policy;
 pub mod request;
@@ -25,6 +27,7 @@ use std::{future::Future, sync::Arc, time::Instant};
 
 pub use decision::TokenDecision;
 pub use error::{GateError, OverBudget};
+pub use events::{Emitted, Emitter};
 pub use operator::ExternalCall;
 pub use request::{Prepared, TokenCall};
 pub use signing::Signer;
@@ -32,6 +35,7 @@ pub use signing::Signer;
 use authorization::Authorization;
 use oncegate_domain::{
     ActionKey,
+    event::{Event, EventType},
     ledger::{ActionView, CompleteOutcome, Millis, Refusal, TokenOutcome},
 };
 use oncegate_observe::{
@@ -67,6 +71,8 @@ pub struct Gate {
     /// Signs grants and receipts; `None`: the gate hands out no statements and keeps no chains.
     signer: Option<Arc<Signer>>,
     authz: Arc<Authorization>,
+    /// Where events for webhooks go; `None` (no webhook configured): no event is built.
+    events: Option<Emitter>,
 }
 
 impl Gate {
@@ -84,7 +90,29 @@ impl Gate {
             metrics,
             signer: None,
             authz: Arc::default(),
+            events: None,
         }
+    }
+
+    /// This gate, emitting events for webhooks into `emitter`'s queue.
+    pub fn with_events(mut self, emitter: Emitter) -> Self {
+        self.events = Some(emitter);
+        self
+    }
+
+    /// Hands an event of `kind` over, built only when some webhook wants it; never waits.
+    fn emit(&self, kind: EventType, make: impl FnOnce() -> Emitted) {
+        if let Some(events) = &self.events {
+            events.emit(kind, &self.metrics, make);
+        }
+    }
+
+    /// `store.unavailable`: the store failed the health probe from `since` until `until` (the
+    /// gate's clock: the store's could not be read meanwhile).
+    pub fn store_was_unavailable(&self, since: Millis, until: Millis) {
+        self.emit(EventType::StoreUnavailable, || {
+            Emitted::Event(Event::store_unavailable(self.store.kind(), since, until))
+        });
     }
 
     /// This gate, signing every grant and every recorded completion with `signer`.
@@ -194,6 +222,15 @@ impl Gate {
                     self.metrics.completion(done.completion.source);
                 }
                 if done.double_execution {
+                    self.emit(EventType::ExecutionDoubled, || {
+                        Emitted::Event(Event::execution_doubled(
+                            key,
+                            DoubleExecution::SupersededCompletion.as_str(),
+                            done.completion.fencing,
+                            token,
+                            reply.now,
+                        ))
+                    });
                     self.metrics
                         .double_execution(DoubleExecution::SupersededCompletion);
                     audit::double_execution(
@@ -219,6 +256,15 @@ impl Gate {
                 // The holder ran an action someone else (a newer token or an operator) completed.
                 self.metrics
                     .double_execution(DoubleExecution::CompletedByOther);
+                self.emit(EventType::ExecutionDoubled, || {
+                    Emitted::Event(Event::execution_doubled(
+                        key,
+                        DoubleExecution::CompletedByOther.as_str(),
+                        *fencing,
+                        token,
+                        reply.now,
+                    ))
+                });
                 audit::double_execution(
                     key,
                     *fencing,

@@ -14,7 +14,7 @@ use oncegate_domain::{
     statement::receipt::ChainEntry,
 };
 use oncegate_observe::telemetry::{self, AUDIT};
-use oncegate_store::{ListCursor, Page};
+use oncegate_store::{ListCursor, OutboxPage, Page};
 
 /// The name of a receipt format in audit lines.
 fn format_name(format: ReceiptFormat) -> &'static str {
@@ -249,6 +249,48 @@ impl Gate {
             next_after,
             jwks,
         })
+    }
+
+    /// ListUndeliverableEvents: one page of the webhook events given up, oldest first, with the
+    /// outbox's counts. `page_token` is the previous page's `next` (empty for the first page); a
+    /// `page_size` of 0 means the default.
+    pub async fn undeliverable_events(
+        &self,
+        page_token: &str,
+        page_size: u32,
+    ) -> Result<OutboxPage, GateError> {
+        let limit = match page_size {
+            0 => DEFAULT_PAGE,
+            n if n <= MAX_PAGE => n,
+            _ => {
+                return Err(GateError::invalid(
+                    "page_size",
+                    format!("must be at most {MAX_PAGE}"),
+                ));
+            }
+        };
+        let after = match page_token {
+            "" => None,
+            token => Some(
+                ListCursor::decode(token)
+                    .filter(|c| c.agent_id.is_empty())
+                    .ok_or_else(|| {
+                        GateError::invalid("page_token", "is not a token this listing returned")
+                    })?,
+            ),
+        };
+        let reply = self
+            .timed(
+                "list_undeliverable_events",
+                self.store
+                    .outbox_undeliverable(after.as_ref(), limit as usize),
+            )
+            .await?;
+        let page = reply.result.map_err(GateError::Refused)?;
+        telemetry::record_decision("listed");
+        tracing::info!(target: AUDIT, count = page.items.len(), decision = "listed",
+            "list_undeliverable_events");
+        Ok(page)
     }
 
     /// Counts the unresolved actions of every agent (at most `cap`) and reports them in the

@@ -4,7 +4,7 @@
 //! enforcement would not grant).
 
 use super::{
-    Gate, GateError, Prepared, TokenAnswer, TokenCall, audit,
+    Emitted, Gate, GateError, Prepared, TokenAnswer, TokenCall, audit,
     authorization::Mode,
     decision::TokenDecision,
     error::OverBudget,
@@ -15,7 +15,8 @@ use super::{
 };
 use oncegate_domain::{
     ActionKey,
-    ledger::{Exceeded, Hold, Millis, Pending, TokenOutcome},
+    event::{Event, EventType, Lapsed, Requested},
+    ledger::{Exceeded, GrantKind, Hold, Millis, Pending, TokenOutcome},
     statement::grant::GrantClaims,
 };
 use oncegate_observe::telemetry;
@@ -57,6 +58,7 @@ impl Gate {
             }
         };
         self.count(&prepared, &decision, mode, policy);
+        self.emit_token_events(&prepared, &decision, mode, now);
         let Prepared {
             key,
             request,
@@ -128,6 +130,68 @@ impl Gate {
                 .budget(&exceeded.budget, "exceeded", mode.as_str());
         }
         audit::token(&prepared.key, &prepared.action, decision, mode);
+    }
+
+    /// The events a RequestToken's decision emits: a hold asks for an approval; a lease that ended
+    /// unresolved (met, or regranted) is `action.unresolved`; an enforced budget refusal is
+    /// counted into `budget.exceeded`. Shadow mode's would-be holds and refusals emit nothing.
+    fn emit_token_events(
+        &self,
+        prepared: &Prepared,
+        decision: &TokenDecision,
+        mode: Mode,
+        now: Millis,
+    ) {
+        let key = &prepared.key;
+        match decision {
+            TokenDecision::Held(pending) if !pending.id.is_empty() => {
+                self.emit(EventType::ApprovalRequested, || {
+                    let asked = Requested {
+                        action: &prepared.action,
+                        principal: &prepared.request.principal,
+                        params: Some(&prepared.params),
+                    };
+                    Emitted::Event(Event::approval_requested(key, pending, asked, now))
+                })
+            }
+            TokenDecision::LeaseExpired {
+                fencing,
+                expired_at,
+                ..
+            } => self.emit(EventType::ActionUnresolved, || {
+                let lapsed = Lapsed {
+                    fencing: *fencing,
+                    lease_expired_at: Some(*expired_at),
+                    holder: "",
+                    fingerprint: &prepared.request.fingerprint,
+                    action: Some(&prepared.action),
+                };
+                Emitted::Event(Event::action_unresolved(key, lapsed, now))
+            }),
+            TokenDecision::Granted {
+                grant,
+                kind: GrantKind::Regranted,
+            } => self.emit(EventType::ActionUnresolved, || {
+                // The grant before this one ended unresolved; the regrant is how it was found.
+                let lapsed = Lapsed {
+                    fencing: grant.fencing.saturating_sub(1),
+                    lease_expired_at: None,
+                    holder: "",
+                    fingerprint: &prepared.request.fingerprint,
+                    action: Some(&prepared.action),
+                };
+                Emitted::Event(Event::action_unresolved(key, lapsed, now))
+            }),
+            TokenDecision::BudgetExceeded(exceeded) if mode == Mode::Enforce => {
+                self.emit(EventType::BudgetExceeded, || Emitted::BudgetRefused {
+                    budget: exceeded.budget.clone(),
+                    agent_id: key.agent_id.clone(),
+                    action: prepared.action.clone(),
+                    at: now,
+                })
+            }
+            _ => {}
+        }
     }
 
     /// `answer` with its signed grant statement when the gate signs and the answer is a grant

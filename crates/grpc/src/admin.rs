@@ -254,4 +254,40 @@ impl GateAdminService for AdminService {
         })
         .await
     }
+
+    async fn list_undeliverable_events(
+        &self,
+        request: Request<pb::ListUndeliverableEventsRequest>,
+    ) -> Result<Response<pb::ListUndeliverableEventsResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            let req = request.into_inner();
+            telemetry::record_principal(&principal.name);
+            principal.authorize_all(Capability::Read)?;
+            let page = self
+                .gate
+                .undeliverable_events(&req.page_token, req.page_size)
+                .await?;
+            Ok(pb::ListUndeliverableEventsResponse {
+                events: page
+                    .items
+                    .into_iter()
+                    .map(|e| pb::UndeliverableEvent {
+                        id: e.id,
+                        webhook: e.webhook,
+                        event_type: e.event_type,
+                        attempts: e.attempts,
+                        last_error: e.last_error,
+                        created_at: Some(timestamp(e.created_at)),
+                        given_up_at: Some(timestamp(e.settled_at)),
+                        body: e.body,
+                    })
+                    .collect(),
+                next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
+                pending: page.pending,
+                undeliverable: page.undeliverable,
+            })
+        })
+        .await
+    }
 }

@@ -269,6 +269,13 @@ fn error_details() -> prost_types::FileDescriptorSet {
     set
 }
 
+/// The system clock in Unix milliseconds.
+fn wall_clock() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// The most unresolved actions one count looks for (the gauge says "at least this many" beyond).
 const UNRESOLVED_COUNT_CAP: usize = 10_000;
 
@@ -286,8 +293,13 @@ async fn count_unresolved(gate: Gate, interval: Duration) {
 /// Keeps the per-service health entry in step with the store: NOT_SERVING while it is unreachable,
 /// SERVING when it answers again. The overall entry stays SERVING (liveness must not restart a
 /// healthy process because Redis is down).
+///
+/// When the store answers again after failing, the gate emits `store.unavailable` with when the
+/// outage began and ended (its own clock: the store's could not be read meanwhile), written once
+/// the store can take it.
 async fn follow_store(reporter: HealthReporter, gate: Gate, interval: Duration) {
     let mut last = None;
+    let mut down_since: Option<i64> = None;
     loop {
         let status = match tokio::time::timeout(
             interval.max(Duration::from_millis(200)),
@@ -306,6 +318,14 @@ async fn follow_store(reporter: HealthReporter, gate: Gate, interval: Duration) 
         };
         gate.metrics()
             .set_store_up(status == ServingStatus::Serving);
+        match (status, down_since) {
+            (ServingStatus::NotServing, None) => down_since = Some(wall_clock()),
+            (ServingStatus::Serving, Some(since)) => {
+                gate.store_was_unavailable(since, wall_clock());
+                down_since = None;
+            }
+            _ => {}
+        }
         if last != Some(status) {
             if last.is_some() && status == ServingStatus::Serving {
                 tracing::info!("store reachable again: reporting SERVING");

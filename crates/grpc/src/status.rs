@@ -11,6 +11,7 @@ use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
 use super::convert::timestamp;
+use oncegate_domain::time::rfc3339;
 use oncegate_domain::{
     ActionKey,
     ledger::{Millis, Refusal, State},
@@ -262,18 +263,6 @@ fn budget_exceeded(over: &OverBudget) -> Wire {
         Some(ms) => wire.meta("retry_after_ms", ms).retry_after(millis(*ms)),
         None => wire,
     }
-}
-
-/// Unix milliseconds as RFC 3339 UTC, to the second (`2026-12-03T14:05:00Z`).
-fn rfc3339(ms: Millis) -> String {
-    let seconds = ms.div_euclid(1000);
-    time::OffsetDateTime::from_unix_timestamp(seconds)
-        .ok()
-        .and_then(|t| {
-            t.format(&time::format_description::well_known::Rfc3339)
-                .ok()
-        })
-        .unwrap_or_else(|| format!("{seconds} (Unix seconds)"))
 }
 
 /// A duration as a person reads it: `23 h 59 min`, `4 min 10 s`, `12 s`, `350 ms`.

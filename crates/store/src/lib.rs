@@ -26,13 +26,20 @@
 //! cannot sign), where a second script stores the statement. The chain's order is the order the
 //! store recorded the completions in, so two completions of one agent cannot fork it.
 //!
+//! The webhook outbox ([`outbox`]) lives in the same store: events waiting for delivery, written,
+//! claimed and settled in atomic steps of their own (Redis: scripts on the `og:{outbox}` keys, one
+//! Cluster slot; embedded: tables of the same file, through the same writer and group commit).
+//! Outbox steps wait for no replicas.
+//!
 //! Does not own: validation, fingerprints, policies (the gate decides those before calling).
 
 pub mod embedded;
 pub mod list;
+pub mod outbox;
 pub mod redis;
 
 pub use list::{ListCursor, Page, Unresolved};
+pub use outbox::{Claimed, NewEntry, OutboxEntry, OutboxPage, OutboxState, Settlement};
 
 use std::sync::Arc;
 
@@ -185,6 +192,14 @@ macro_rules! dispatch {
 }
 
 impl Store {
+    /// Which store it is, for logs and events: `embedded` or `redis`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Store::Embedded(_) => "embedded",
+            Store::Redis(_) => "redis",
+        }
+    }
+
     /// RequestToken: grant, re-deliver, replay or refuse (see
     /// [`oncegate_domain::ledger::request_token`]). A grant is handed out only once `replicas`
     /// replicas (or the deployment's level, if higher) confirmed it; fails closed when fewer do.
@@ -339,6 +354,50 @@ impl Store {
         agent_id: &str,
     ) -> Result<Reply<Vec<(String, Bucket)>>, StoreError> {
         dispatch!(self, s => s.budgets(agent_id).await)
+    }
+
+    /// Outbox: writes each of `entries` as pending, due now, unless its (webhook, event id) is
+    /// stored already (pending, delivered or undeliverable: then nothing changes). One atomic
+    /// step; the reply is how many were written.
+    pub async fn outbox_append(&self, entries: &[NewEntry]) -> Result<Reply<u32>, StoreError> {
+        dispatch!(self, s => s.outbox_append(entries).await)
+    }
+
+    /// Outbox: forgets up to [`outbox::PURGE_BATCH`] settled entries past their retention, then
+    /// claims up to `limit` pending entries due at the store's `now` for `claim`: each one's
+    /// attempts grow by one and it is not due again until `now + lease` (so no other worker takes
+    /// it meanwhile). One atomic step; the reply counts what is pending and undeliverable after it.
+    pub async fn outbox_claim(
+        &self,
+        limit: usize,
+        lease: Millis,
+        claim: &str,
+    ) -> Result<Reply<Claimed>, StoreError> {
+        dispatch!(self, s => s.outbox_claim(limit, lease, claim).await)
+    }
+
+    /// Outbox: settles the entry (webhook, event id) claimed by `claim`: delivered or undeliverable
+    /// (then kept until `now + keep`), or due again. Nothing changes when the entry is not pending
+    /// under that claim (the reply is false). One atomic step.
+    pub async fn outbox_settle(
+        &self,
+        webhook: &str,
+        id: &str,
+        claim: &str,
+        settlement: &Settlement,
+        keep: Millis,
+    ) -> Result<Reply<bool>, StoreError> {
+        dispatch!(self, s => s.outbox_settle(webhook, id, claim, settlement, keep).await)
+    }
+
+    /// Outbox: up to `limit` undeliverable entries after `after`, oldest given up first, with the
+    /// counts of pending and undeliverable entries.
+    pub async fn outbox_undeliverable(
+        &self,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<OutboxPage>, StoreError> {
+        dispatch!(self, s => s.outbox_undeliverable(after, limit).await)
     }
 
     /// Checks that the store answers (health, readiness).

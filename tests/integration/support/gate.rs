@@ -13,7 +13,7 @@ use std::{
 };
 
 use oncegate_config::{ConfigFile, defaults};
-use oncegate_gate::{Gate, policy::Policies};
+use oncegate_gate::{Emitter, Gate, policy::Policies};
 use oncegate_grpc::server::{self, ServerOptions};
 use oncegate_observe::metrics::{self, Metrics};
 use oncegate_proto::{
@@ -36,6 +36,8 @@ pub struct TestGate {
     /// [`TestGate::start_with_test_clock`] on the embedded store, the system clock otherwise.
     pub time: StoreTime,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    /// The webhook tasks, when the gate delivers webhooks.
+    notify: Option<oncegate_notify::Running>,
 }
 
 impl TestGate {
@@ -80,6 +82,7 @@ impl TestGate {
             policies,
             principals,
             authorization,
+            ..
         } = config.into();
         let gate = Gate::new(backend.store.clone(), policies).with_authorization(authorization);
         let options = ServerOptions {
@@ -106,7 +109,40 @@ impl TestGate {
             backend,
             time: StoreTime::System,
             stop: Some(stop),
+            notify: None,
         }
+    }
+
+    /// Serves `backend` with `config`, its webhooks delivered (the writer, worker and scan run as
+    /// `oncegate serve` runs them), counting into a registry served on its own `/metrics`
+    /// listener, whose address is returned. The health interval is short.
+    pub async fn serve_with_webhooks(backend: Backend, config: ConfigFile) -> (Self, SocketAddr) {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = Metrics::register(
+            &mut registry,
+            config.policies.names(),
+            metrics::DEFAULT_OTHER_ACTION,
+        );
+        let (emitter, events) = Emitter::channel(config.notifications.wanted());
+        let gate = Gate::with_metrics(backend.store.clone(), config.policies, metrics.clone())
+            .with_authorization(config.authorization)
+            .with_events(emitter);
+        let running =
+            oncegate_notify::start(backend.store.clone(), metrics, config.notifications, events);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let metrics_addr = listener.local_addr().unwrap();
+        tokio::spawn(metrics::endpoint::serve(
+            listener,
+            std::sync::Arc::new(registry),
+            std::future::pending(),
+        ));
+        let options = ServerOptions {
+            principals: config.principals,
+            ..defaults::server()
+        };
+        let mut gate = Self::serve_gate(backend, gate, options).await;
+        gate.notify = Some(running);
+        (gate, metrics_addr)
     }
 
     /// A new client (its own HTTP/2 connection).
@@ -157,6 +193,7 @@ impl Drop for TestGate {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
+        self.notify.take();
     }
 }
 

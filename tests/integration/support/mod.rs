@@ -10,6 +10,8 @@
 //! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
 //!   [`pki`]: certificates made here and a TLS channel.
 //! - [`errors`]: rich-status checks; [`health`]: probes; [`scrape`]: `/metrics` parsed.
+//! - [`receiver`]: a webhook receiver on `127.0.0.1:0` that records deliveries and checks their
+//!   signatures.
 //! - [`signing`]: fixed test keys, the signer made from them, gates that sign.
 //!
 //! # One test on several stores
@@ -49,6 +51,7 @@ pub mod health;
 pub mod inputs;
 pub mod pki;
 pub mod principals;
+pub mod receiver;
 pub mod redis;
 pub mod scrape;
 pub mod signing;
@@ -69,6 +72,7 @@ pub use self::{
     inputs::{BASIC_RULES, config, policies, token_request, ttl_ms, with_rules, write_file},
     pki::{Ca, Pem, Pki, PkiFiles, tls_channel},
     principals::{OPS_KEY, WORKER_KEY, authed, principals_toml},
+    receiver::{Answer, Delivery, Receiver},
     redis::{RedisServer, free_port},
     scrape::{Scrape, http_get},
     signing::{test_key, test_signer},

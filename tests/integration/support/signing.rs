@@ -33,6 +33,7 @@ impl TestGate {
             policies,
             principals,
             authorization,
+            ..
         } = config.into();
         let gate = Gate::new(backend.store.clone(), policies)
             .with_authorization(authorization)

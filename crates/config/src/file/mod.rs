@@ -1,7 +1,8 @@
 //! The configuration file (TOML, `--config`): `strict`, `[defaults]`, `[limits]`,
 //! `[actions."<name>"]`, `[[principals]]`, `[mcp]` ([`mcp`]), `[authorization]` and
-//! `[[budgets]]` ([`authorization`]), parsed and validated once into the gate's
-//! [`Policies`] and authorization [`Settings`], the server's [`Principals`] and the MCP gateway's
+//! `[[budgets]]` ([`authorization`]), `[notifications]` and `[[webhooks]]` ([`webhooks`]), parsed
+//! and validated once into the gate's [`Policies`] and authorization [`Settings`], the server's
+//! [`Principals`], the webhooks' [`oncegate_notify::Settings`] and the MCP gateway's
 //! [`McpSettings`]. Every error names the setting.
 
 use std::{collections::HashMap, path::Path};
@@ -12,6 +13,7 @@ pub mod authorization;
 mod error;
 pub mod mcp;
 mod policy;
+mod webhooks;
 
 pub use error::FileError;
 
@@ -33,6 +35,8 @@ pub struct ConfigFile {
     pub principals: Principals,
     /// Rules, budgets, approvals and shadow mode (`[authorization]`, `[[budgets]]`).
     pub authorization: Settings,
+    /// Webhooks (`[notifications]`, `[[webhooks]]`); none by default.
+    pub notifications: oncegate_notify::Settings,
 }
 
 /// Policies alone: an open gate (no principals), no authorization.
@@ -42,6 +46,7 @@ impl From<Policies> for ConfigFile {
             policies,
             principals: Principals::default(),
             authorization: Settings::default(),
+            notifications: oncegate_notify::Settings::default(),
         }
     }
 }
@@ -93,10 +98,12 @@ impl ConfigFile {
             named.push(policy);
         }
         let authorization = authorization::settings(&file.authorization, &file.budgets, base)?;
+        let notifications = webhooks::settings(&file.notifications, &file.webhooks)?;
         let parsed = Self {
             policies: Policies::new(file.strict, limits, defaults, named),
             principals: Principals::from_config(&file.principals).map_err(FileError::new)?,
             authorization,
+            notifications,
         };
         Ok((parsed, mcp))
     }
@@ -122,6 +129,10 @@ struct File {
     authorization: AuthorizationTable,
     #[serde(default)]
     budgets: Vec<BudgetTable>,
+    #[serde(default)]
+    notifications: webhooks::NotificationsTable,
+    #[serde(default)]
+    webhooks: Vec<webhooks::WebhookTable>,
 }
 
 #[cfg(test)]

@@ -110,7 +110,7 @@ impl DoubleExecution {
 }
 
 /// The store operations timed and counted, one per store call the gate makes.
-pub const STORE_OPERATIONS: [&str; 12] = [
+pub const STORE_OPERATIONS: [&str; 13] = [
     "request_token",
     "complete",
     "release",
@@ -123,6 +123,7 @@ pub const STORE_OPERATIONS: [&str; 12] = [
     "decide_approval",
     "list_approvals",
     "get_budgets",
+    "list_undeliverable_events",
 ];
 
 /// The kinds of store failure: `unavailable` (fail closed, retry later), `corrupt` (a record this
@@ -190,6 +191,24 @@ pub(super) struct OperationLabels {
 pub(super) struct RpcLabels {
     pub(super) rpc: String,
     pub(super) code: &'static str,
+}
+
+/// The outcomes of one webhook delivery attempt, as counted in
+/// `oncegate_webhook_deliveries_total{outcome}`.
+pub const WEBHOOK_OUTCOMES: [&str; 3] = ["delivered", "failed", "undeliverable"];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct WebhookLabels {
+    /// The webhook's name in the configuration (a closed set).
+    pub(super) webhook: String,
+    /// The event type's short name.
+    pub(super) event: &'static str,
+    pub(super) outcome: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct EventLabels {
+    pub(super) event: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]

@@ -22,11 +22,13 @@ use prometheus_client::{
 use oncegate_domain::ledger::Source;
 
 use labels::{
-    AttemptLabels, BlockedLabels, BudgetLabels, BuildLabels, ExpiredLabels, KindLabels,
-    OperationLabels, ReasonLabels, RpcLabels, SourceLabels, StoreErrorLabels,
+    AttemptLabels, BlockedLabels, BudgetLabels, BuildLabels, EventLabels, ExpiredLabels,
+    KindLabels, OperationLabels, ReasonLabels, RpcLabels, SourceLabels, StoreErrorLabels,
+    WebhookLabels,
 };
 pub use labels::{
-    Decision, DoubleExecution, RELEASE_REASONS, STORE_ERRORS, STORE_OPERATIONS, code_name,
+    Decision, DoubleExecution, RELEASE_REASONS, STORE_ERRORS, STORE_OPERATIONS, WEBHOOK_OUTCOMES,
+    code_name,
 };
 
 /// The `mode` label values: decisions enforced, and decisions of shadow mode (granted anyway).
@@ -62,6 +64,10 @@ struct Handles {
     store_up: Gauge,
     unresolved: Gauge,
     budgets: Family<BudgetLabels, Counter>,
+    webhook_deliveries: Family<WebhookLabels, Counter>,
+    webhook_pending: Gauge,
+    webhook_undeliverable: Gauge,
+    events_dropped: Family<EventLabels, Counter>,
 }
 
 /// The gate's metric handles. Cheap to clone; every clone counts into the same series.
@@ -119,6 +125,10 @@ impl Metrics {
             store_up: Gauge::default(),
             unresolved: Gauge::default(),
             budgets: Family::default(),
+            webhook_deliveries: Family::default(),
+            webhook_pending: Gauge::default(),
+            webhook_undeliverable: Gauge::default(),
+            events_dropped: Family::default(),
         };
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
@@ -199,6 +209,28 @@ impl Metrics {
              and mode (enforce, shadow)",
             handles.budgets.clone(),
         );
+        r.register(
+            "webhook_deliveries",
+            "Webhook delivery attempts, by webhook, event type and outcome (delivered: a 2xx; \
+             failed: retried later; undeliverable: the last attempt failed, given up)",
+            handles.webhook_deliveries.clone(),
+        );
+        r.register(
+            "webhook_outbox_pending",
+            "Events in the outbox waiting for delivery (or being delivered), as of the last claim",
+            handles.webhook_pending.clone(),
+        );
+        r.register(
+            "webhook_undeliverable",
+            "Events given up after their last attempt, kept for the retention (oncegate admin \
+             webhooks lists them), as of the last claim",
+            handles.webhook_undeliverable.clone(),
+        );
+        r.register(
+            "webhook_events_dropped",
+            "Events dropped before the outbox because the gate's event queue was full, by type",
+            handles.events_dropped.clone(),
+        );
         r.register("build_info", "The running build (always 1)", build_info);
         let metrics = Self {
             inner: Arc::new(handles),
@@ -220,6 +252,60 @@ impl Metrics {
                 }
             }
         }
+    }
+
+    /// Starts the webhook series of `webhooks` for the event types `events` at zero.
+    pub fn register_webhooks<'a>(
+        &self,
+        webhooks: impl IntoIterator<Item = &'a str>,
+        events: &[&'static str],
+    ) {
+        for webhook in webhooks {
+            for &event in events {
+                for outcome in WEBHOOK_OUTCOMES {
+                    let _ = self.inner.webhook_deliveries.get_or_create(&WebhookLabels {
+                        webhook: webhook.to_owned(),
+                        event,
+                        outcome,
+                    });
+                }
+            }
+        }
+        for &event in events {
+            let _ = self
+                .inner
+                .events_dropped
+                .get_or_create(&EventLabels { event });
+        }
+    }
+
+    /// Counts one webhook delivery attempt; `outcome` is one of [`WEBHOOK_OUTCOMES`].
+    pub fn webhook_delivery(&self, webhook: &str, event: &'static str, outcome: &'static str) {
+        self.inner
+            .webhook_deliveries
+            .get_or_create(&WebhookLabels {
+                webhook: webhook.to_owned(),
+                event,
+                outcome,
+            })
+            .inc();
+    }
+
+    /// Sets the outbox gauges (the last claim's view).
+    pub fn set_outbox(&self, pending: u64, undeliverable: u64) {
+        let h = &self.inner;
+        h.webhook_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        h.webhook_undeliverable
+            .set(i64::try_from(undeliverable).unwrap_or(i64::MAX));
+    }
+
+    /// Counts an event dropped because the event queue was full.
+    pub fn event_dropped(&self, event: &'static str) {
+        self.inner
+            .events_dropped
+            .get_or_create(&EventLabels { event })
+            .inc();
     }
 
     /// Counts one budget check of a grant: `decision` is one of [`BUDGET_DECISIONS`], `mode` one
@@ -273,6 +359,11 @@ impl Metrics {
             let _ = h.double_executions.get_or_create(&KindLabels {
                 kind: kind.as_str(),
             });
+        }
+        for kind in oncegate_domain::event::EventType::ALL {
+            let _ = h
+                .events_dropped
+                .get_or_create(&EventLabels { event: kind.name() });
         }
         for operation in STORE_OPERATIONS {
             for error in STORE_ERRORS {

@@ -1,7 +1,8 @@
 //! The embedded store's indexes, kept in the same transaction as every write: the expiry index
 //! (`expires_at ++ key`, purged a bounded batch per transaction) and the lease index
 //! (`agent ++ lease_expires_at ++ key`, one entry per authorized record) that ListUnresolved reads;
-//! and [`Tables`], every table of one write transaction, which replays the write-ahead log.
+//! and [`Tables`], every table of one write transaction (the outbox's opened only when a call of
+//! the batch needs them), which replays the write-ahead log.
 
 use redb::{ReadableTable, Table, WriteTransaction};
 
@@ -10,6 +11,7 @@ use super::{
     chain::RECEIPTS,
     codec::{self, decode},
     keys::{agent_prefix, expiry_key, lease_entry, split_entry},
+    outbox::OutboxTables,
     side::SideTables,
     wal::{self, Table as Logged},
 };
@@ -27,6 +29,10 @@ pub(super) struct Tables<'t> {
     pub(super) receipts: Table<'t, &'static [u8], &'static [u8]>,
     /// Approvals and budgets, beside the records.
     pub(super) side: SideTables<'t>,
+    /// The webhook outbox, opened by the first outbox call of the transaction ([`Tables::outbox`]):
+    /// a gate without webhooks never opens it.
+    outbox: Option<OutboxTables<'t>>,
+    txn: &'t WriteTransaction,
 }
 
 impl<'t> Tables<'t> {
@@ -42,7 +48,28 @@ impl<'t> Tables<'t> {
                 budgets: txn.open_table(BUDGETS)?,
                 log: Vec::new(),
             },
+            outbox: None,
+            txn,
         })
+    }
+
+    /// The outbox tables, opened on first use.
+    pub(super) fn outbox(&mut self) -> Result<&mut OutboxTables<'t>, redb::Error> {
+        if self.outbox.is_none() {
+            self.outbox = Some(OutboxTables::open(self.txn)?);
+        }
+        Ok(self
+            .outbox
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("opened above")))
+    }
+
+    /// The outbox writes made so far (for the write-ahead log), taken.
+    pub(super) fn take_outbox_log(&mut self) -> Vec<wal::Entry> {
+        self.outbox
+            .as_mut()
+            .map(|o| std::mem::take(&mut o.log))
+            .unwrap_or_default()
     }
 
     /// Replaces the record at `key` (`old`, as stored) with `new` (the record and its bytes; `None`
@@ -84,6 +111,9 @@ impl<'t> Tables<'t> {
             Logged::Receipts => return raw(&mut self.receipts, key, bytes),
             Logged::Approvals => return raw(&mut self.side.approvals, key, bytes),
             Logged::Budgets => return raw(&mut self.side.budgets, key, bytes),
+            Logged::Outbox | Logged::OutboxDue | Logged::OutboxDead | Logged::OutboxKeep => {
+                return self.outbox()?.replay(entry);
+            }
             Logged::ApprovalIndex => {
                 match bytes {
                     Some(_) => self.side.approval_index.insert(key, ())?,

@@ -14,6 +14,9 @@
 //! (`agent ++ lease_expires_at ++ key`, one entry per authorized record) is kept in the same
 //! transaction as every write, so ListUnresolved never scans the records.
 //!
+//! The webhook outbox is four more tables ([`outbox`]), written by the same writer in the same
+//! transactions.
+//!
 //! Every call has a deadline (given to [`EmbeddedStore::open`]): a caller that waits longer gets
 //! `Unavailable` (the step may still be applied, as the Store contract allows).
 
@@ -21,6 +24,7 @@ mod chain;
 mod codec;
 mod index;
 mod keys;
+mod outbox;
 mod side;
 mod wal;
 mod writer;
@@ -30,7 +34,10 @@ use std::{path::Path, sync::Arc, thread, time::Duration};
 use redb::{Database, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{ApprovalPage, Durability, ListCursor, Page, Receipts, Reply, StoreError};
+use super::{
+    ApprovalPage, Claimed, Durability, ListCursor, NewEntry, OutboxPage, Page, Receipts, Reply,
+    Settlement, StoreError,
+};
 use oncegate_domain::{
     ActionKey,
     ledger::{
@@ -116,6 +123,25 @@ pub(super) enum Op {
     Approvals(ListRequest, Tx<Reply<ApprovalPage>>),
     Budgets(String, Tx<Reply<Vec<(String, Bucket)>>>),
     Ping(Tx<()>),
+    OutboxAppend(Vec<NewEntry>, Tx<Reply<u32>>),
+    OutboxClaim(OutboxClaim, Tx<Reply<Claimed>>),
+    OutboxSettle(OutboxSettle, Tx<Reply<bool>>),
+    OutboxList(ListRequest, Tx<Reply<OutboxPage>>),
+}
+
+/// An outbox claim.
+pub(super) struct OutboxClaim {
+    pub(super) limit: usize,
+    pub(super) lease: Millis,
+    pub(super) claim: String,
+}
+
+/// An outbox settlement.
+pub(super) struct OutboxSettle {
+    pub(super) member: Vec<u8>,
+    pub(super) claim: String,
+    pub(super) settlement: Settlement,
+    pub(super) keep: Millis,
 }
 
 impl Op {
@@ -137,6 +163,10 @@ impl Op {
             Op::Approvals(_, tx) => send(tx, error),
             Op::Budgets(_, tx) => send(tx, error),
             Op::Ping(tx) => send(tx, error),
+            Op::OutboxAppend(_, tx) => send(tx, error),
+            Op::OutboxClaim(_, tx) => send(tx, error),
+            Op::OutboxSettle(_, tx) => send(tx, error),
+            Op::OutboxList(_, tx) => send(tx, error),
         }
     }
 }
@@ -353,6 +383,59 @@ impl EmbeddedStore {
         let agent = agent_id.to_owned();
         let key = ActionKey::new("", "", "");
         self.call(&key, |tx| Op::Budgets(agent, tx)).await
+    }
+
+    pub async fn outbox_append(&self, entries: &[NewEntry]) -> Result<Reply<u32>, StoreError> {
+        let entries = entries.to_vec();
+        let key = ActionKey::new("", "", "");
+        self.call(&key, |tx| Op::OutboxAppend(entries, tx)).await
+    }
+
+    pub async fn outbox_claim(
+        &self,
+        limit: usize,
+        lease: Millis,
+        claim: &str,
+    ) -> Result<Reply<Claimed>, StoreError> {
+        let request = OutboxClaim {
+            limit,
+            lease,
+            claim: claim.to_owned(),
+        };
+        let key = ActionKey::new("", "", "");
+        self.call(&key, |tx| Op::OutboxClaim(request, tx)).await
+    }
+
+    pub async fn outbox_settle(
+        &self,
+        webhook: &str,
+        id: &str,
+        claim: &str,
+        settlement: &Settlement,
+        keep: Millis,
+    ) -> Result<Reply<bool>, StoreError> {
+        let request = OutboxSettle {
+            member: crate::outbox::member(webhook, id),
+            claim: claim.to_owned(),
+            settlement: settlement.clone(),
+            keep,
+        };
+        let key = ActionKey::new("", "", "");
+        self.call(&key, |tx| Op::OutboxSettle(request, tx)).await
+    }
+
+    pub async fn outbox_undeliverable(
+        &self,
+        after: Option<&ListCursor>,
+        limit: usize,
+    ) -> Result<Reply<OutboxPage>, StoreError> {
+        let request = ListRequest {
+            agent_id: None,
+            after: after.cloned(),
+            limit,
+        };
+        let key = ActionKey::new("", "", "");
+        self.call(&key, |tx| Op::OutboxList(request, tx)).await
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {

@@ -40,15 +40,23 @@ pub(super) enum Table {
     Approvals,
     ApprovalIndex,
     Budgets,
+    Outbox,
+    OutboxDue,
+    OutboxDead,
+    OutboxKeep,
 }
 
 impl Table {
-    const ALL: [Table; 5] = [
+    const ALL: [Table; 9] = [
         Table::Records,
         Table::Receipts,
         Table::Approvals,
         Table::ApprovalIndex,
         Table::Budgets,
+        Table::Outbox,
+        Table::OutboxDue,
+        Table::OutboxDead,
+        Table::OutboxKeep,
     ];
 }
 
@@ -272,6 +280,8 @@ mod tests {
             Entry::receipt(b"a1".to_vec(), b"r1".to_vec()),
             Entry::new(Table::Budgets, b"b1", Some(b"slots")),
             Entry::new(Table::ApprovalIndex, b"i1", None),
+            Entry::new(Table::Outbox, b"m1", Some(b"entry")),
+            Entry::new(Table::OutboxKeep, b"k1", Some(&[])),
             Entry::record(b"k1".to_vec(), Some(vec![])),
         ];
         wal.append(&encode(&first)).unwrap();

@@ -74,6 +74,7 @@ impl Writer {
             }
             writes.extend(purge_expired(&mut tables, now)?);
             writes.append(&mut tables.side.log);
+            writes.extend(tables.take_outbox_log());
         }
         if writes.is_empty() {
             // Reads, pings, listings and refusals changed nothing: no fsync for them.
@@ -157,6 +158,28 @@ fn run_job(
         }
         Op::Budgets(agent, tx) => {
             return read(tables.side.all_buckets(&agent).map(|b| replied(now, b)), tx);
+        }
+        Op::OutboxAppend(entries, tx) => {
+            let written = tables.outbox().and_then(|o| o.append(&entries, now));
+            return read(written.map(|n| replied(now, n)), tx);
+        }
+        Op::OutboxClaim(c, tx) => {
+            let claimed = tables
+                .outbox()
+                .and_then(|o| o.claim(c.limit, c.lease, &c.claim, now));
+            return read(claimed.map(|c| replied(now, c)), tx);
+        }
+        Op::OutboxSettle(s, tx) => {
+            let settled = tables
+                .outbox()
+                .and_then(|o| o.settle(&s.member, &s.claim, &s.settlement, s.keep, now));
+            return read(settled.map(|done| replied(now, done)), tx);
+        }
+        Op::OutboxList(request, tx) => {
+            let page = tables
+                .outbox()
+                .and_then(|o| o.undeliverable(request.after.as_ref(), request.limit));
+            return read(page.map(|p| replied(now, p)), tx);
         }
         op => op,
     };
@@ -330,7 +353,14 @@ fn apply(
         }
         Op::Ping(tx) => answer((), tx),
         // Answered before a record is read (`run_job`).
-        Op::List(..) | Op::Chain(..) | Op::Approvals(..) | Op::Budgets(..) => {
+        Op::List(..)
+        | Op::Chain(..)
+        | Op::Approvals(..)
+        | Op::Budgets(..)
+        | Op::OutboxAppend(..)
+        | Op::OutboxClaim(..)
+        | Op::OutboxSettle(..)
+        | Op::OutboxList(..) => {
             unreachable!("read-only calls are answered before a step is loaded")
         }
     })

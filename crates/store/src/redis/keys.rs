@@ -15,6 +15,16 @@ pub const AGENTS: &str = "og:agents:index";
 /// The set of agent ids that versions before the agents index kept (migrated at start-up).
 pub const OLD_AGENTS: &str = "og:agents";
 
+/// The webhook outbox's keys (layout in `outbox_prelude.lua`): one hash tag of their own, so that
+/// every outbox script runs on one Cluster slot, apart from every agent's.
+pub const OUTBOX_ENTRIES: &str = "og:{outbox}:entries";
+/// Pending outbox members by when they may be claimed.
+pub const OUTBOX_DUE: &str = "og:{outbox}:due";
+/// Undeliverable outbox members by when they were given up.
+pub const OUTBOX_DEAD: &str = "og:{outbox}:dead";
+/// Settled outbox members by when they are forgotten.
+pub const OUTBOX_KEEP: &str = "og:{outbox}:keep";
+
 /// The keys of one agent, from its hash tag computed once: one SHA-256 of the agent id per call,
 /// however many of the agent's keys the call passes.
 pub struct Agent {

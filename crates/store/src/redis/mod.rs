@@ -14,6 +14,7 @@ pub mod keys;
 mod lanes;
 mod listing;
 mod operator;
+mod outbox;
 mod receipts;
 mod reply;
 mod sentinel;
@@ -34,6 +35,7 @@ use super::StoreError;
 use oncegate_domain::{ActionKey, ledger::Millis};
 
 const PRELUDE: &str = include_str!("prelude.lua");
+const OUTBOX_PRELUDE: &str = include_str!("outbox_prelude.lua");
 
 /// The loaded scripts, one per transition.
 struct Scripts {
@@ -54,11 +56,17 @@ struct Scripts {
     decide_approval: Script,
     approvals: Script,
     budgets: Script,
+    /// The webhook outbox's steps (`outbox_prelude.lua` first).
+    outbox_append: Script,
+    outbox_claim: Script,
+    outbox_settle: Script,
+    outbox_read: Script,
 }
 
 impl Scripts {
     fn load() -> Self {
         let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
+        let with_outbox = |body: &str| Script::new(&format!("{OUTBOX_PRELUDE}\n{body}"));
         Self {
             request_token: with_prelude(include_str!("request_token.lua")),
             complete: with_prelude(include_str!("complete.lua")),
@@ -74,6 +82,10 @@ impl Scripts {
             decide_approval: with_prelude(include_str!("decide_approval.lua")),
             approvals: with_prelude(include_str!("approvals.lua")),
             budgets: Script::new(include_str!("budgets.lua")),
+            outbox_append: with_outbox(include_str!("outbox_append.lua")),
+            outbox_claim: with_outbox(include_str!("outbox_claim.lua")),
+            outbox_settle: with_outbox(include_str!("outbox_settle.lua")),
+            outbox_read: with_outbox(include_str!("outbox_read.lua")),
         }
     }
 }

@@ -5,7 +5,7 @@ use redis::Value;
 
 use super::listing;
 
-use crate::StoreError;
+use crate::{OutboxEntry, StoreError};
 use oncegate_domain::{
     ledger::{
         ActionView, Completion, Grant, GrantKind, Millis, ReceiptFormat, Refusal, Source, State,
@@ -42,6 +42,12 @@ pub(super) enum Decoded {
     Approvals(Vec<Option<Approval>>),
     /// budgets.lua: every bucket of an agent.
     Budgets(Vec<(String, Bucket)>),
+    /// outbox_append.lua: how many entries were written.
+    Appended(u32),
+    /// outbox_claim.lua and outbox_read.lua: the entries (`None`: absent), pending, undeliverable.
+    Outbox(Vec<Option<OutboxEntry>>, u64, u64),
+    /// outbox_settle.lua: whether the entry changed.
+    OutboxSettled(bool),
 }
 
 fn approval_state(n: i64) -> Result<ApprovalState, StoreError> {
@@ -312,6 +318,20 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                 });
             }
             Decoded::Checked(checked)
+        }
+        "appended" => Decoded::Appended(fields.uint()? as u32),
+        "outbox_settled" => Decoded::OutboxSettled(fields.int()? == 1),
+        "claimed" | "outbox_read" => {
+            let (pending, undeliverable, n) = (fields.uint()?, fields.uint()?, fields.uint()?);
+            let mut entries = Vec::with_capacity(n.min(1024) as usize);
+            for _ in 0..n {
+                let raw = fields.bytes()?;
+                entries.push(match raw.is_empty() {
+                    true => None,
+                    false => Some(OutboxEntry::decode(&raw)?),
+                });
+            }
+            Decoded::Outbox(entries, pending, undeliverable)
         }
         other => {
             return Err(StoreError::corrupt(format!(

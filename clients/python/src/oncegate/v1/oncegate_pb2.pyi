@@ -301,6 +301,46 @@ class GetActionResponse(_message.Message):
     provider_key: str
     def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
 
+class ListUndeliverableEventsRequest(_message.Message):
+    __slots__ = ("page_size", "page_token")
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    page_size: int
+    page_token: str
+    def __init__(self, page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class UndeliverableEvent(_message.Message):
+    __slots__ = ("id", "webhook", "event_type", "attempts", "last_error", "created_at", "given_up_at", "body")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TYPE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    GIVEN_UP_AT_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    id: str
+    webhook: str
+    event_type: str
+    attempts: int
+    last_error: str
+    created_at: _timestamp_pb2.Timestamp
+    given_up_at: _timestamp_pb2.Timestamp
+    body: str
+    def __init__(self, id: _Optional[str] = ..., webhook: _Optional[str] = ..., event_type: _Optional[str] = ..., attempts: _Optional[int] = ..., last_error: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., given_up_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., body: _Optional[str] = ...) -> None: ...
+
+class ListUndeliverableEventsResponse(_message.Message):
+    __slots__ = ("events", "next_page_token", "pending", "undeliverable")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    UNDELIVERABLE_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[UndeliverableEvent]
+    next_page_token: str
+    pending: int
+    undeliverable: int
+    def __init__(self, events: _Optional[_Iterable[_Union[UndeliverableEvent, _Mapping]]] = ..., next_page_token: _Optional[str] = ..., pending: _Optional[int] = ..., undeliverable: _Optional[int] = ...) -> None: ...
+
 class DecideApprovalRequest(_message.Message):
     __slots__ = ("action", "approval_id", "approve", "note")
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -314,7 +354,7 @@ class DecideApprovalRequest(_message.Message):
     def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., approval_id: _Optional[str] = ..., approve: _Optional[bool] = ..., note: _Optional[str] = ...) -> None: ...
 
 class ApprovalEntry(_message.Message):
-    __slots__ = ("action", "approval", "state", "action_name", "fingerprint", "created_at", "operator", "note")
+    __slots__ = ("action", "approval", "state", "action_name", "fingerprint", "created_at", "operator", "note", "params_json")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     APPROVAL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -323,6 +363,7 @@ class ApprovalEntry(_message.Message):
     CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     OPERATOR_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     action: ActionRef
     approval: Approval
     state: ApprovalState
@@ -331,7 +372,8 @@ class ApprovalEntry(_message.Message):
     created_at: _timestamp_pb2.Timestamp
     operator: str
     note: str
-    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., approval: _Optional[_Union[Approval, _Mapping]] = ..., state: _Optional[_Union[ApprovalState, str]] = ..., action_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., operator: _Optional[str] = ..., note: _Optional[str] = ...) -> None: ...
+    params_json: str
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., approval: _Optional[_Union[Approval, _Mapping]] = ..., state: _Optional[_Union[ApprovalState, str]] = ..., action_name: _Optional[str] = ..., fingerprint: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., operator: _Optional[str] = ..., note: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
 
 class DecideApprovalResponse(_message.Message):
     __slots__ = ("approval",)

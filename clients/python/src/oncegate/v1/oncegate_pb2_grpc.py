@@ -329,6 +329,11 @@ class GateAdminServiceStub:
                 request_serializer=oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsRequest.SerializeToString,
                 response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsResponse.FromString,
                 _registered_method=True)
+        self.ListUndeliverableEvents = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/ListUndeliverableEvents',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsResponse.FromString,
+                _registered_method=True)
 
 
 class GateAdminServiceServicer:
@@ -398,6 +403,15 @@ class GateAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListUndeliverableEvents(self, request, context):
+        """Lists the webhook events given up after their last delivery attempt (kept for the
+        notifications' retention), oldest first, a page at a time, with how many events wait for
+        delivery. Needs an operator acting for every agent: events name any agent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GateAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -435,6 +449,11 @@ def add_GateAdminServiceServicer_to_server(servicer, server):
                     servicer.GetBudgets,
                     request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsRequest.FromString,
                     response_serializer=oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsResponse.SerializeToString,
+            ),
+            'ListUndeliverableEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListUndeliverableEvents,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -628,6 +647,33 @@ class GateAdminService:
             '/oncegate.v1.GateAdminService/GetBudgets',
             oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsRequest.SerializeToString,
             oncegate_dot_v1_dot_oncegate__pb2.GetBudgetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListUndeliverableEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/ListUndeliverableEvents',
+            oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsResponse.FromString,
             options,
             channel_credentials,
             insecure,
