@@ -10,7 +10,7 @@ use std::{
         Arc,
         atomic::{AtomicUsize, Ordering},
     },
-    time::{Duration, Instant, SystemTime},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use oncegate_client::{
@@ -626,7 +626,10 @@ decimals = 2
     assert!(!err.is_retryable());
     // It reads as the gate words it, with the time it names.
     let shown = err.to_string();
-    let at = prost_types::Timestamp::from(retry_at);
+    // The gate writes the time as RFC 3339 UTC to the millisecond (".000" included), as
+    // oncegate_domain::time does; the client carries the same instant.
+    let millis = retry_at.duration_since(UNIX_EPOCH).unwrap().as_millis();
+    let at = oncegate_domain::time::rfc3339(i64::try_from(millis).unwrap());
     assert!(
         shown.starts_with(&format!(
             "budget \"eur-per-day\" would be exceeded: 99.50 of 100.00 used in the last 1 d, and \

@@ -89,9 +89,40 @@ fn traced<T>(msg: T, traceparent: &str) -> tonic::Request<T> {
     req
 }
 
+/// Set in the child process that runs the capture alone.
+const ALONE: &str = "ONCEGATE_TRACES_ALONE";
+
+/// Tracing's callsite interest is process-wide: a test on another thread, with no subscriber,
+/// can leave the RPC span's callsite disabled for this test's thread-local subscriber. So the
+/// capture runs in a process of its own: this test binary, re-run on this one test.
+#[test]
+fn rpc_span_carries_scope_action_key_decision_and_the_callers_trace() {
+    if std::env::var_os(ALONE).is_some() {
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(capture_one_rpc_of_each_kind());
+    }
+    let name = "traces::rpc_span_carries_scope_action_key_decision_and_the_callers_trace";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--test-threads", "1", "--nocapture"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && shown.contains("1 passed"),
+        "{shown}"
+    );
+}
+
 /// Single-threaded on purpose: the server's tasks run on this thread, under this subscriber.
-#[tokio::test]
-async fn rpc_span_carries_scope_action_key_decision_and_the_callers_trace() {
+async fn capture_one_rpc_of_each_kind() {
     use tracing_subscriber::layer::SubscriberExt;
     let captured = Captured::default();
     let _default =

@@ -225,12 +225,24 @@ fn listening_on(child: &mut Child) -> (Option<String>, String) {
     (addr, line)
 }
 
+/// `--no-admin-socket` unless `args` choose a data directory or an admin socket: a gate on Redis
+/// started without either would open `./oncegate-data/admin.sock` in the checkout, shared by every
+/// such test.
+fn no_stray_admin_socket<S: AsRef<OsStr>>(args: &[S]) -> Option<&'static str> {
+    let chosen = args.iter().any(|arg| {
+        let arg = arg.as_ref().to_string_lossy();
+        arg.contains("data-dir") || arg.contains("admin-socket")
+    });
+    (!chosen).then_some("--no-admin-socket")
+}
+
 /// Runs `oncegate serve --listen 127.0.0.1:0 <args>` to its exit, killed after 20 s (the code is
 /// then `None`): the exit code and standard error.
 pub fn serve_to_exit<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String) {
     let mut child = oncegate_command()
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
+        .args(no_stray_admin_socket(args))
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -269,6 +281,7 @@ impl GateProcess {
         let mut child = oncegate_command()
             .args(["serve", "--listen", "127.0.0.1:0"])
             .args(args)
+            .args(no_stray_admin_socket(args))
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
