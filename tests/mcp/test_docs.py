@@ -48,7 +48,7 @@ async def test_the_client_configuration_runs_as_written(world: World) -> None:
     assert server["command"] == "oncegate"
     args = list(server["args"])
     args[args.index("--data-dir") + 1] = str(world.dir / "gateway-data")
-    args[args.index("--config") + 1] = str(world.write_config(block("toml")))
+    args[args.index("--config") + 1] = str(world.write_config(block("toml", "[mcp]")))
     upstream = args.index("--upstream-command")
     assert args[upstream + 1:] == ["python", "-m", "ticket_tools"]
     args[upstream + 1:] = [sys.executable, UPSTREAM]
@@ -58,8 +58,8 @@ async def test_the_client_configuration_runs_as_written(world: World) -> None:
 
 
 async def test_the_streamable_http_command_runs_as_written(world: World) -> None:
-    (world.dir / "mcp.toml").write_text(block("toml"))
-    gate = world.start_gate(block("toml") + GATE_CONFIG)
+    (world.dir / "mcp.toml").write_text(block("toml", "[mcp]"))
+    gate = world.start_gate(block("toml", "[mcp]") + GATE_CONFIG)
     upstream_port = free_port()
     world.processes.append(subprocess.Popen(
         [sys.executable, UPSTREAM, "--http", str(upstream_port)], env=world.env()))

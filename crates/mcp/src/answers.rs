@@ -46,6 +46,20 @@ pub fn replay(done: &pb::Completion) -> CallToolResult {
     result
 }
 
+/// The person in the session declined (or cancelled) the approval the gate asked for: the gate
+/// recorded a denial, and nothing ran.
+pub fn approval_refused(how: &str, approval_id: &str) -> CallToolResult {
+    error(
+        "APPROVAL_DENIED",
+        format!(
+            "Not executed. The user {how} the approval this call needed (approval \
+             {approval_id}); the gate recorded a denial and the tool did not run. Do not retry \
+             the same call: ask the user what they want instead."
+        ),
+        json!({"oncegate/approval_id": approval_id}),
+    )
+}
+
 /// The idempotency key was used for a call whose key fields differ.
 pub fn key_reused(fields: &[String]) -> CallToolResult {
     let names = if fields.is_empty() {

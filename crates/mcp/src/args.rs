@@ -44,6 +44,19 @@ pub struct McpArgs {
     #[command(flatten)]
     pub access: GateAccess,
 
+    /// With --gate: the API key of a principal with the `approver` (or `operator`) role, so that
+    /// a call the gate holds for approval is asked in the chat (`elicitation/create`, when the
+    /// client supports it) and the person's answer decided at the gate. Without it, a held call
+    /// answers with the approval id. The in-process gate needs none (it decides as
+    /// `oncegate-mcp`).
+    #[arg(
+        long,
+        env = "ONCEGATE_MCP_APPROVER_API_KEY",
+        hide_env_values = true,
+        requires = "gate"
+    )]
+    pub approver_api_key: Option<String>,
+
     /// The configuration file: `[mcp]` (which tools are gated, their action names and key
     /// fields) and, for the in-process gate, the action policies, limits, [authorization] and
     /// [[budgets]]; every key in docs/reference/config.md.

@@ -28,7 +28,7 @@ use rmcp::{
 };
 
 use super::{
-    Shared, answers, identity, sent,
+    Shared, answers, approve, identity, sent,
     session::{Session, passthrough_error},
     unknown::Lost,
 };
@@ -171,10 +171,46 @@ async fn gated_call(
         forwardable: sent.forwardable,
         context,
     };
-    let outcome = run_once_on(&shared.gate, &spec, &options, &hooks, |grant| {
+    let mut outcome = run_once_on(&shared.gate, &spec, &options, &hooks, |grant| {
         call.run(grant, &mut result)
     })
     .await;
+    if let Err(GuardError::PendingApproval { approval }) = &outcome
+        && let Some(approver) = &shared.approver
+        && approve::can_ask(context)
+    {
+        let approval = approval.clone();
+        let held = approve::Held {
+            tool: &params.name,
+            arguments: &sent.text,
+            approval: &approval,
+            key: &key,
+        };
+        if let Some(answer) = held.ask(&context.peer).await {
+            if let Err(why) = approver.decide(&held, &answer).await {
+                tracing::warn!(tool = %params.name, approval_id = %approval.id, error = %why,
+                    "the person answered, but the gate did not take the decision");
+                return Ok(answers::refused(
+                    "REFUSED",
+                    &format!(
+                        "Not executed. Your answer to approval {} could not be recorded at the                          gate ({why}); the call is still pending approval.",
+                        approval.id
+                    ),
+                ));
+            }
+            match answer {
+                approve::Answer::Approved(_) => {
+                    outcome = run_once_on(&shared.gate, &spec, &options, &hooks, |grant| {
+                        call.run(grant, &mut result)
+                    })
+                    .await;
+                }
+                approve::Answer::Refused(how, _) => {
+                    return Ok(answers::approval_refused(how, &approval.id));
+                }
+            }
+        }
+    }
     let seen = Seen {
         shared,
         tool: params.name.as_ref(),

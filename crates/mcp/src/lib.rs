@@ -13,6 +13,7 @@
 //! [`gate`], [`unknown`], [`answers`], [`metrics`]; [`upstream`] (the client side).
 
 pub mod answers;
+pub mod approve;
 pub mod args;
 pub mod call;
 pub mod gate;
@@ -34,6 +35,7 @@ use oncegate_client::GateClient;
 use oncegate_config::{ConfigFile, StoreConfig, defaults, exit, mcp::McpSettings};
 use oncegate_gate::{Gate, policy::Policies};
 use oncegate_observe::metrics::{self as gate_metrics, Metrics};
+use oncegate_proto::gate_admin_service_client::GateAdminServiceClient;
 use prometheus_client::registry::Registry;
 use upstream::Target;
 
@@ -52,6 +54,9 @@ pub struct Shared {
     pub unknowns: unknown::Unknowns,
     /// The gateway's own series.
     pub metrics: metrics::GatewayMetrics,
+    /// How the gateway decides a held call the person in the session answered; `None`: it
+    /// cannot (a gate server and no `--approver-api-key`).
+    pub approver: Option<approve::Approver>,
 }
 
 /// Runs `oncegate mcp` until its client goes away (stdio) or SIGINT/SIGTERM (HTTP).
@@ -90,16 +95,18 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
     let mut registry = Registry::default();
     let gateway_metrics = metrics::GatewayMetrics::register(&mut registry);
-    let gate = match &args.gate {
+    let (gate, approver) = match &args.gate {
         Some(url) => remote_gate(url, args)?,
         None => {
-            local_gate(
+            let gate = local_gate(
                 args,
                 &file.policies,
                 file.authorization.clone(),
                 &mut registry,
             )
-            .await?
+            .await?;
+            let approver = approve::Approver::Local(gate.0.clone());
+            (gate::GateLink::Local(gate), Some(approver))
         }
     };
     if let Some(addr) = args.metrics_listen {
@@ -127,26 +134,43 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         call_timeout: Duration::from_secs(args.call_timeout_seconds),
         unknowns: unknown::Unknowns::default(),
         metrics: gateway_metrics,
+        approver,
     })
 }
 
 /// The gate server, connected on first use: a gateway started while the gate is down still
-/// serves (its gated calls fail closed with `GATE_UNAVAILABLE`, the others pass through).
-fn remote_gate(url: &str, args: &McpArgs) -> Result<gate::GateLink, (u8, String)> {
+/// serves (its gated calls fail closed with `GATE_UNAVAILABLE`, the others pass through). With
+/// `--approver-api-key`, the same channel decides approvals.
+fn remote_gate(
+    url: &str,
+    args: &McpArgs,
+) -> Result<(gate::GateLink, Option<approve::Approver>), (u8, String)> {
     let channel = args
         .access
         .connect_lazy(url, Duration::from_secs(10))
         .map_err(|(code, m)| (code, format!("--gate: {m}")))?;
-    let mut client = GateClient::from_channel(channel);
+    let unheadable = |flag: &str| {
+        (
+            exit::USAGE,
+            format!("{flag} holds characters a header cannot carry"),
+        )
+    };
+    let mut client = GateClient::from_channel(channel.clone());
     if let Some(key) = &args.access.api_key {
-        client = client.with_api_key(key).map_err(|_| {
-            (
-                exit::USAGE,
-                "the API key holds characters a header cannot carry".into(),
-            )
-        })?;
+        client = client
+            .with_api_key(key)
+            .map_err(|_| unheadable("--api-key"))?;
     }
-    Ok(gate::GateLink::Remote(client))
+    let approver = match &args.approver_api_key {
+        Some(key) => Some(approve::Approver::Remote {
+            admin: GateAdminServiceClient::new(channel),
+            key: format!("Bearer {key}")
+                .parse()
+                .map_err(|_| unheadable("--approver-api-key"))?,
+        }),
+        None => None,
+    };
+    Ok((gate::GateLink::Remote(client), approver))
 }
 
 async fn local_gate(
@@ -154,7 +178,7 @@ async fn local_gate(
     policies: &Policies,
     authorization: oncegate_gate::authorization::Settings,
     registry: &mut Registry,
-) -> Result<gate::GateLink, (u8, String)> {
+) -> Result<gate::LocalGate, (u8, String)> {
     let store = StoreConfig::Embedded {
         data_dir: args.data_dir.clone(),
         call_timeout: Duration::from_millis(defaults::STORE_TIMEOUT_MS),
@@ -171,7 +195,7 @@ async fn local_gate(
         )
     })?;
     let metrics = Metrics::register(registry, policies.names(), defaults::OTHER_ACTION_LABEL);
-    Ok(gate::GateLink::Local(gate::LocalGate(
+    Ok(gate::LocalGate(
         Gate::with_metrics(store, policies.clone(), metrics).with_authorization(authorization),
-    )))
+    ))
 }
