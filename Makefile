@@ -7,7 +7,7 @@ VENV := .venv
 BENCH_VENV := .venv-bench
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-soak soak example-python example-typescript bench clean fuzz
+.PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts dist test-soak soak example-python example-typescript bench clean fuzz
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data. ARGS passes flags
 ## to `oncegate serve`, e.g. make run ARGS="--config policies.toml --log-format json". The binary
@@ -26,7 +26,7 @@ clean-data:
 ## Rust unit and integration tests (real Redis processes, Cluster and Sentinel deployments started by
 ## the tests), the Python and TypeScript clients' tests against a real gate, the MCP gateway's
 ## tests, and a two-minute soak under a nemesis on the embedded store and on Sentinel.
-test: deps lint test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-soak
+test: deps lint test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts test-soak
 
 ## Installs redis-server and promtool (Debian's prometheus package) when they are missing.
 deps:
@@ -142,6 +142,21 @@ test-typescript: $(TS_CLIENT)/node_modules/.installed $(TS_EXAMPLES)/node_module
 	$(CARGO) build --locked --bin oncegate
 	cd $(TS_CLIENT) && ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate npm test
 	cd $(TS_EXAMPLES) && npm run build && node dist/ai-sdk-tool.js --spawn $(CURDIR)/target/debug/oncegate > /dev/null
+
+## The installable artifacts in ./dist: the Python wheel (pip wheel) and the TypeScript client's npm
+## tarball (npm pack, with its built dist/).
+dist: $(VENV)/.installed $(TS_CLIENT)/node_modules/.installed
+	rm -rf dist clients/python/build && mkdir -p dist
+	$(VENV)/bin/pip wheel -q --no-deps --wheel-dir dist ./clients/python
+	rm -rf clients/python/build
+	cd $(TS_CLIENT) && npm pack --silent --pack-destination $(CURDIR)/dist > /dev/null
+	@ls dist
+
+## Each artifact installed into a clean virtualenv / npm project outside the checkout, running a
+## guarded action against a real gate (tests/artifacts).
+test-artifacts: dist
+	$(CARGO) build --locked --bin oncegate
+	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate ONCEGATE_DIST=$(CURDIR)/dist $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/artifacts
 
 ## The Vercel AI SDK example as a story: a mock model retries a payment tool; the bank pays once.
 example-typescript: $(TS_CLIENT)/node_modules/.installed $(TS_EXAMPLES)/node_modules/.installed

@@ -1,0 +1,123 @@
+"""The installable artifacts `make dist` builds (issue 24): the Python wheel and the npm tarball,
+each installed into a clean virtualenv / a clean npm project outside the checkout (no in-tree
+`build/`, no link to the checkout's `node_modules`) and used to run a guarded action twice against
+a real gate: it runs once, and the retry gets its receipt back."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("ONCEGATE_BIN", str(ROOT / "target/debug/oncegate"))
+DIST = Path(os.environ.get("ONCEGATE_DIST", str(ROOT / "dist")))
+
+
+def the_one(pattern: str) -> Path:
+    found = sorted(DIST.glob(pattern))
+    assert len(found) == 1, f"{DIST}/{pattern}: {found} (run `make dist`)"
+    return found[0]
+
+
+@pytest.fixture
+def gate(tmp_path: Path) -> Iterator[str]:
+    """A real gate on its embedded store: its address."""
+    process = subprocess.Popen(
+        [BIN, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "gate"), "--no-admin-socket"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RUST_LOG": "warn"},
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    found = re.search(r"listening on (\S+)", line)
+    assert found, f"the gate did not start: {line!r}"
+    yield found.group(1)
+    process.terminate()
+    process.wait(10)
+
+
+def run(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{args}: {done.stdout}\n{done.stderr}"
+    return done
+
+
+def test_the_wheel_installs_into_a_clean_virtualenv_and_guards_an_action(tmp_path: Path, gate: str) -> None:
+    wheel = the_one("oncegate-*.whl")
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    python = str(venv / "bin" / "python")
+    run([python, "-m", "pip", "install", "-q", str(wheel)], tmp_path)
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "agent.py").write_text(textwrap.dedent(f"""
+        import oncegate
+        from oncegate import Gate, Grant
+
+        gate = Gate({gate!r})
+        paid = []
+
+        @gate.action("payments.transfer")
+        def transfer(amount: int, to: str, *, grant: Grant) -> dict:
+            paid.append(grant.provider_key)
+            return {{"transfer_id": f"tr-{{len(paid)}}"}}
+
+        with gate.scope(agent_id="billing-agent", run_id="wheel-run"):
+            first = transfer(5000, "DE89", idempotency_key="invoice-42")
+            again = transfer(5000, "DE89", idempotency_key="invoice-42")
+        print(oncegate.__file__)
+        print(first == again, len(paid), first["transfer_id"])
+    """))
+    out = run([python, "agent.py"], app, timeout=60).stdout.splitlines()
+    installed, result = out[-2], out[-1]
+    # The installed package, not the checkout's source.
+    assert installed.startswith(str(venv)) and str(ROOT) not in installed, installed
+    assert result == "True 1 tr-1", out
+
+
+def test_the_npm_tarball_installs_into_a_clean_project_and_guards_an_action(tmp_path: Path, gate: str) -> None:
+    tarball = the_one("oncegate-*.tgz")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "package.json").write_text(json.dumps({"name": "uses-oncegate", "private": True, "type": "module"}))
+    installed = run(["npm", "install", "--no-audit", "--no-fund", str(tarball)], project)
+    said = installed.stdout + installed.stderr
+    assert "warn" not in said.lower(), said
+    package = project / "node_modules" / "oncegate"
+    # A copy from the tarball, with its built dist/, not a link to the checkout.
+    assert package.is_dir() and not package.is_symlink()
+    assert (package / "dist" / "src" / "index.js").is_file()
+    (project / "agent.mjs").write_text(textwrap.dedent(f"""
+        import {{ GateClient }} from "oncegate";
+
+        const gate = new GateClient({gate!r});
+        const paid = [];
+        const spec = {{
+          agentId: "billing-agent",
+          runId: "npm-run",
+          action: "payments.transfer",
+          params: {{ amount: 5000, to: "DE89" }},
+          idempotencyKey: "invoice-42",
+        }};
+        const pay = async (grant) => {{
+          paid.push(grant.providerKey);
+          return {{ transferId: `tr-${{paid.length}}` }};
+        }};
+        const first = await gate.runOnce(spec, pay);
+        const again = await gate.runOnce(spec, pay);
+        console.log(first.kind, again.kind, JSON.stringify(again.result), paid.length);
+        gate.close?.();
+    """))
+    started = time.monotonic()
+    out = run(["node", "agent.mjs"], project, timeout=60).stdout.strip().splitlines()
+    assert out[-1] == 'Executed Replayed {"transferId":"tr-1"} 1', (out, time.monotonic() - started)
