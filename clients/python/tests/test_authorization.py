@@ -38,7 +38,7 @@ def test_a_budget_refuses_and_says_used_limit_and_when_it_frees(gate: Gate, run_
     assert err.retry_after_ms is not None and err.retry_after_ms > 3_500_000
     assert err.retry_at is not None and err.retry_at > datetime.now(timezone.utc)
     # It reads as the gate words it: used and limit, when (UTC) and in how long it frees up.
-    at = err.retry_at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    at = err.retry_at.strftime("%Y-%m-%dT%H:%M:%S.") + f"{err.retry_at.microsecond // 1000:03d}Z"
     assert str(err).startswith(
         'BUDGET_EXCEEDED: budget "sms-per-hour" would be exceeded: 1 of 1 used in the last 1 h, and '
         f"this action needs 1; nothing was recorded; it frees up at {at} (in "
