@@ -123,6 +123,8 @@ pub type LookupError = Box<dyn std::error::Error + Send + Sync>;
 
 type LookupFuture = Pin<Box<dyn Future<Output = Result<Lookup, LookupError>> + Send>>;
 type LookupFn = Arc<dyn Fn(Unresolved) -> LookupFuture + Send + Sync>;
+/// One grant being settled here: agent, run, key, fencing.
+type GrantId = (String, String, String, u64);
 
 /// Settles unresolved actions by asking the provider, one lookup per action type.
 #[derive(Clone)]
@@ -134,7 +136,7 @@ pub struct Resolver {
     timeout: Duration,
     backoff: (Duration, Duration),
     note: String,
-    busy: Arc<Mutex<HashSet<(String, String, String, u64)>>>,
+    busy: Arc<Mutex<HashSet<GrantId>>>,
 }
 
 impl Resolver {
@@ -235,7 +237,7 @@ impl Resolver {
         settled
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<(String, String, String, u64)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<GrantId>> {
         self.busy.lock().unwrap_or_else(|e| e.into_inner())
     }
 

@@ -129,7 +129,13 @@ async fn watch(
         }
     }
     loop {
-        let u = match feed.recv().await {
+        // A caller that went away ends the stream (and its subscription) even when nothing new
+        // comes: the shared scan stops once nobody watches.
+        let received = tokio::select! {
+            received = feed.recv() => received,
+            () = out.closed() => return,
+        };
+        let u = match received {
             Ok(u) => u,
             Err(RecvError::Lagged(missed)) => {
                 tracing::warn!(

@@ -9,15 +9,41 @@ threads and an event loop, so it is written by hand for each (:mod:`oncegate.aio
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 
-from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
+from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub, GateAdminServiceStub
 from oncegate.wire import call_metadata
 
-__all__ = ["Channel"]
+__all__ = ["Channel", "within"]
+
+_T = TypeVar("_T")
+
+
+def within(seconds: float, function: Callable[[_T], Any], value: _T) -> Any:
+    """``function(value)`` on a daemon thread, within ``seconds`` (:class:`TimeoutError` past them;
+    the thread is left to finish on its own). A resolver's lookup runs this way; the asyncio twin
+    (:func:`oncegate.aio.channel.within`) awaits it instead."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = function(value)
+        except BaseException as err:
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="oncegate-lookup", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds} s")
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
 
 _Self = TypeVar("_Self", bound="Channel")
 
@@ -41,11 +67,16 @@ class Channel:
         else:
             self._channel = grpc.insecure_channel(target, options=list(options))
         self._stub = ActionGateServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._admin_stub = GateAdminServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = call_metadata(api_key)
 
     def _open(self) -> ActionGateServiceStub:
         """The stub to call through (the channel is open from the start)."""
         return self._stub
+
+    def _admin(self) -> GateAdminServiceStub:
+        """The operator API's stub (a resolver's), on the same channel."""
+        return self._admin_stub
 
     def close(self) -> None:
         """Closes the channel."""
