@@ -18,7 +18,18 @@ import grpc
 from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub, GateAdminServiceStub
 from oncegate.wire import call_metadata
 
-__all__ = ["Channel", "within"]
+__all__ = ["Channel", "channel_options", "within"]
+
+
+def channel_options(target: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``options``, plus an ``:authority`` of ``localhost`` for a ``unix:`` target (the gate's
+    admin socket) that sets none: gRPC would send the socket's path, which the gate's HTTP/2
+    server refuses."""
+    chosen = list(options)
+    if target.startswith("unix:") and not any(name == "grpc.default_authority" for name, _ in chosen):
+        chosen.append(("grpc.default_authority", "localhost"))
+    return chosen
+
 
 _T = TypeVar("_T")
 
@@ -63,9 +74,9 @@ class Channel:
         self.target = target
         self.timeout = timeout
         if credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, options=list(options))
+            self._channel = grpc.secure_channel(target, credentials, options=channel_options(target, options))
         else:
-            self._channel = grpc.insecure_channel(target, options=list(options))
+            self._channel = grpc.insecure_channel(target, options=channel_options(target, options))
         self._stub = ActionGateServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._admin_stub = GateAdminServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self._metadata = call_metadata(api_key)
