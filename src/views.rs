@@ -92,6 +92,8 @@ pub fn unresolved(a: &pb::UnresolvedAction) -> Value {
         "lease_expired_at": a.lease_expired_at.map(|t| t.to_string()),
         "holder": a.holder,
         "fingerprint": a.fingerprint,
+        "action_name": a.action_name,
+        "params_json": a.params_json,
     })
 }
 

@@ -35,6 +35,7 @@ FILES = {
     "aio/attempt.py": "guard/attempt.py",
     "aio/decorator.py": "guard/decorator.py",
     "aio/client.py": "client.py",
+    "aio/resolver.py": "resolver.py",
 }
 """Each asyncio source, and the threaded module written from it (paths under ``src/oncegate``)."""
 

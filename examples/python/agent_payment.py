@@ -15,6 +15,9 @@ It walks the failure stories that make agents pay twice or lie about what they d
 5. The bank checks every grant itself: each transfer comes with the gate's signed grant statement,
    which the bank verifies offline with the gate's public keys (JWKS); a transfer whose params
    differ from the granted ones, or whose fencing number is below one the bank has seen, is refused.
+6. A worker dies mid-transfer and nobody is around: a resolver, watching the gate, asks the bank
+   by provider key within seconds of the lease's end and settles the action with the bank's
+   answer; the agent's retry replays it. No person involved.
 
 Run it against a gate started with ``examples/python/policy.toml``::
 
@@ -35,6 +38,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -48,15 +52,19 @@ import urllib.request
 import oncegate
 from oncegate import (
     ActionRef,
+    Completed,
+    Failed,
     Gate,
     Grant,
     InProgressError,
     KeyReusedError,
     OutcomeUnknownError,
     PublicKeys,
+    Resolver,
     Scope,
     StatementError,
     TransportError,
+    Unresolved,
     verify_grant,
 )
 
@@ -264,6 +272,46 @@ class Agent:
         else:
             raise RuntimeError("the bank should have refused a stale fencing number")
 
+    def resolved_at_source(self, resolver_target: str | None) -> None:
+        print("\n6. A resolver settles an unknown outcome at the source, without a person")
+        if resolver_target is None:
+            say("recon", "no resolver given (--resolver-target): not shown")
+            return
+        resolver = Resolver(resolver_target, agent_id="billing-agent", lookup_timeout=5.0)
+
+        @resolver.lookup("payments.transfer")
+        def ask_the_bank(unresolved: Unresolved) -> Completed | Failed:
+            found = self.bank.lookup(unresolved.provider_key)
+            say("recon", f"asked the bank about {unresolved.provider_key[:12]}…: {found and found.transfer_id}")
+            return Completed(asdict(found)) if found else Failed()
+
+        watching = threading.Thread(target=resolver.run, daemon=True)
+        watching.start()
+        invoice = {"amount": 1250, "currency": "EUR", "to": IBAN, "memo": "Invoice 45"}
+        scope = oncegate.current_scope()
+        assert scope is not None
+        granted = self.gate.request_token(
+            "payments.transfer", invoice, idempotency_key="invoice-45", lease_ttl=1.0,
+            agent_id=scope.agent_id, run_id=scope.run_id,
+        )
+        assert granted.grant is not None
+        self.bank.lose_next_reply = True
+        try:
+            self.bank.transfer(**invoice, idempotency_key=granted.grant.provider_key, statement=granted.grant.statement)
+        except TimeoutError:
+            say("tool", "the worker's process was killed while the bank answered: no Complete, no Release")
+        deadline = time.monotonic() + 30
+        while self.state(granted.action) != "COMPLETED":
+            if time.monotonic() > deadline:
+                raise RuntimeError("the resolver did not settle invoice 45")
+            time.sleep(0.2)
+        say("gate", "the lease ended; the resolver settled it with the bank's answer: COMPLETED")
+        resolver.stop()
+        watching.join(10)
+        resolver.close()
+        self.call(**invoice, idempotency_key="invoice-45")
+        say("bank", f"{self.count(45)} transfer for invoice 45")
+
     def reconcile(self, unknown: OutcomeUnknownError) -> None:
         """What a reconciler does with an unknown outcome: ask the provider, then settle the gate."""
         found = self.bank.lookup(unknown.provider_key)
@@ -309,9 +357,10 @@ def free_address() -> str:
 
 
 @contextmanager
-def spawned_gate(binary: Path, policy: Path) -> Iterator[tuple[str, str]]:
+def spawned_gate(binary: Path, policy: Path) -> Iterator[tuple[str, str, str]]:
     """Starts ``binary serve`` on a free loopback port with ``policy`` (signing with a key it
-    generates); yields its target and the URL of its public keys."""
+    generates); yields its target, the URL of its public keys, and its admin socket (where the
+    resolver connects as the gate's local operator)."""
     target, metrics = free_address(), free_address()
     with tempfile.TemporaryDirectory(prefix="oncegate-example-") as data_dir:
         process = subprocess.Popen(
@@ -321,15 +370,16 @@ def spawned_gate(binary: Path, policy: Path) -> Iterator[tuple[str, str]]:
             stderr=subprocess.DEVNULL,
         )
         try:
-            yield target, f"http://{metrics}/.well-known/jwks.json"
+            yield target, f"http://{metrics}/.well-known/jwks.json", f"unix:{data_dir}/admin.sock"
         finally:
             process.terminate()
             process.wait(timeout=10)
 
 
-def run_story(target: str, jwks_url: str | None) -> int:
+def run_story(target: str, jwks_url: str | None, resolver_target: str | None = None) -> int:
     """Runs the scenes against the gate at ``target``; the bank checks grants with the keys at
-    ``jwks_url``."""
+    ``jwks_url``; the resolver of scene 6 connects to ``resolver_target`` (a resolver principal's
+    target, or the gate's admin socket)."""
     with Gate(target) as gate:
         wait_until_serving(gate, timeout=30)
         keys = None
@@ -346,12 +396,13 @@ def run_story(target: str, jwks_url: str | None) -> int:
             agent.amount_changed()
             agent.ambiguous_failure()
             agent.forged_grant()
+            agent.resolved_at_source(resolver_target)
     total = sum(t.amount for t in bank.ledger)
     count = len(bank.ledger)
     print(f"\nThe bank's ledger: {count} transfers, {money(total, 'EUR')} in all; nothing paid twice.")
     for t in bank.ledger:
         print(f"   {t.transfer_id}  {money(t.amount, t.currency):>10}  {t.memo}")
-    return 0 if len(bank.ledger) == 3 else 1
+    return 0 if len(bank.ledger) == (4 if resolver_target else 3) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -363,11 +414,16 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--spawn", type=Path, metavar="BIN", help="start this oncegate binary for the run")
     parser.add_argument("--policy", type=Path, default=HERE / "policy.toml", help="policy file for --spawn")
     parser.add_argument("--jwks-url", help="the gate's public keys (its --metrics-listen /.well-known/jwks.json)")
+    parser.add_argument(
+        "--resolver-target",
+        help="where scene 6's resolver connects: unix:<data-dir>/admin.sock on the gate's machine "
+        "(--spawn uses its own); without it, scene 6 is skipped",
+    )
     args = parser.parse_args(argv)
     if args.spawn is not None:
-        with spawned_gate(args.spawn, args.policy) as (target, jwks_url):
-            return run_story(target, jwks_url)
-    return run_story(args.target, args.jwks_url)
+        with spawned_gate(args.spawn, args.policy) as (target, jwks_url, admin):
+            return run_story(target, jwks_url, admin)
+    return run_story(args.target, args.jwks_url, args.resolver_target)
 
 
 if __name__ == "__main__":

@@ -237,6 +237,7 @@ async fn resolve(
             },
             receipt,
             note: r.note.clone(),
+            expected_fencing: 0,
         })
         .await?
         .into_inner();

@@ -200,6 +200,12 @@ impl Actor {
             } else {
                 Vec::new()
             },
+            // The params vary with the grant, so that a listing that showed an older grant's
+            // would differ from the model's.
+            asked: ledger::Asked {
+                action: "pay".into(),
+                params: format!(r#"{{"attempt":{i}}}"#),
+            },
         }
     }
 
@@ -413,9 +419,19 @@ impl Actor {
             })
         };
         let superseded = self.released_with_superseded();
+        // A resolver's condition: none (an operator), the unresolved grant's fencing as the model
+        // knows it, or one it no longer has.
+        let unresolved = self.model.as_ref().map_or(0, |r| {
+            r.pending_superseded().map_or(r.fencing, |g| g.fencing)
+        });
+        let expected = match self.rng.below(4) {
+            0 | 1 => None,
+            2 => Some(unresolved),
+            _ => Some(unresolved.saturating_sub(1).max(1)),
+        };
         let reply = self
             .store
-            .resolve_expired(&self.key, &resolution, 0, None)
+            .resolve_expired(&self.key, &resolution, expected, 0, None)
             .await
             .unwrap();
         let reserved = self
@@ -426,7 +442,7 @@ impl Actor {
             &mut self.model,
             &mut self.side,
             reply,
-            |r, side, now| ledger::resolve_expired(r, side, &resolution, now),
+            |r, side, now| ledger::resolve_expired(r, side, &resolution, expected, now),
             "resolve_expired",
         );
         if reserved && matches!(resolved, Ok(ledger::Resolved::Released { .. })) {
@@ -452,10 +468,17 @@ impl Actor {
             .iter()
             .chain([&current])
             .filter(|(_, m)| ledger::is_unresolved(m.as_ref(), reply.now))
-            .map(|(k, m)| (k.clone(), ledger::view(m.as_ref(), reply.now)))
+            .map(|(k, m)| {
+                let asked = m.as_ref().map(|r| r.asked.clone()).unwrap_or_default();
+                (k.clone(), ledger::view(m.as_ref(), reply.now), asked)
+            })
             .collect();
-        expected.sort_by_key(|(k, v)| (v.lease_expires_at, k.encode()));
-        let listed: Vec<_> = page.items.into_iter().map(|u| (u.key, u.view)).collect();
+        expected.sort_by_key(|(k, v, _)| (v.lease_expires_at, k.encode()));
+        let listed: Vec<_> = page
+            .items
+            .into_iter()
+            .map(|u| (u.key, u.view, u.asked))
+            .collect();
         assert_eq!(
             listed, expected,
             "list_unresolved diverged at {}",

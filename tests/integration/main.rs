@@ -31,6 +31,7 @@ mod races;
 mod readme;
 mod receipts;
 mod reflection;
+mod resolvers;
 mod rows;
 mod security;
 mod services;

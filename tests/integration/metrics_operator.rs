@@ -116,6 +116,7 @@ async fn operator_calls_are_timed_and_counted_by_operation() {
                 resolution: resolution as i32,
                 receipt: receipt.to_vec(),
                 note: "reconciled with the bank".into(),
+                expected_fencing: 0,
             },
             Some(OPS_KEY),
         )

@@ -305,6 +305,7 @@ async fn expired_lease_resolved_completed(kind: Kind) {
                 resolution: pb::Resolution::Completed as i32,
                 receipt: b"tx_42".to_vec(),
                 note: "provider confirms tx_42".into(),
+                expected_fencing: 0,
             },
             Some(OPS_KEY),
         ))

@@ -204,6 +204,7 @@ async fn complete_directly(store: &Store, signer: &Receipts, n: usize) {
             max_superseded: 8,
             hold: None,
             charges: Vec::new(),
+            asked: Default::default(),
         };
         store.request_token(&key, &req, 0).await.unwrap();
         let done = store

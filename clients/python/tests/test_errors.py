@@ -218,6 +218,7 @@ def test_every_error_reason_of_the_proto_has_a_class() -> None:
     assert {reason for reason, cls in BY_REASON.items() if cls is OncegateError} == {
         "LEASE_NOT_EXPIRED",
         "APPROVAL_NOT_PENDING",
+        "ALREADY_SETTLED",
         "INTERNAL",
     }
 

@@ -60,9 +60,19 @@ pub enum ClientError {
         /// The fencing number of the completion that won.
         fencing: u64,
     },
-    /// Release or ExtendLease of a completed action.
+    /// Release or ExtendLease of a completed action (or a resolver's settlement of an action
+    /// another resolver or an operator completed).
     #[error("already completed")]
     AlreadyCompleted,
+    /// A resolver's settlement of a grant that is no longer unresolved: another resolver or an
+    /// operator settled it, or a newer grant replaced it. Nothing was written.
+    #[error("already settled: the action is {state} with fencing {fencing}")]
+    AlreadySettled {
+        /// The action's state now (`ABSENT`, `AUTHORIZED`, `EXPIRED`).
+        state: String,
+        /// Its fencing number now.
+        fencing: u64,
+    },
     /// The request was malformed.
     #[error("invalid {field}: {description}")]
     Invalid {
@@ -172,6 +182,10 @@ impl ClientError {
                 fencing: get("fencing").parse().unwrap_or(0),
             },
             Some("ALREADY_COMPLETED") => Self::AlreadyCompleted,
+            Some("ALREADY_SETTLED") => Self::AlreadySettled {
+                state: get("state"),
+                fencing: get("fencing").parse().unwrap_or(0),
+            },
             Some("INVALID_REQUEST") => Self::Invalid {
                 field: get("field"),
                 description: details

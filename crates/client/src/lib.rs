@@ -16,6 +16,7 @@ pub mod channel;
 mod error;
 pub mod guard;
 pub mod receipt;
+pub mod resolver;
 pub mod verify;
 
 use std::time::Duration;
@@ -27,6 +28,7 @@ use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceCl
 pub use error::{BudgetRefusal, ClientError};
 pub use guard::{Failure, GateCalls, GuardError, GuardHooks, GuardOptions, Outcome, run_once_on};
 pub use receipt::{Receipt, Replay};
+pub use resolver::{Lookup, Resolver, Settled, Unresolved};
 pub use verify::{GrantClaims, PublicKeys, StatementError, verify_grant};
 
 /// How long [`GateClient::connect`] waits for the connection.

@@ -144,6 +144,7 @@ pub fn refusal_name(refusal: &Refusal) -> &'static str {
         Refusal::AlreadyCompleted => "already_completed",
         Refusal::RequestRequired => "request_required",
         Refusal::NotExpired { .. } => "not_expired",
+        Refusal::AlreadySettled { .. } => "already_settled",
         Refusal::BudgetExceeded(_) => "budget_exceeded",
         Refusal::ApprovalDenied { .. } => "approval_denied",
         Refusal::ApprovalNotPending { .. } => "approval_not_pending",

@@ -4,7 +4,8 @@
 //! Owns: what a well-formed request is ([`request`]), which key identifies an action, minting
 //! tokens, the action policies ([`policy`]), RequestToken with its rules, budgets and shadow mode
 //! (`token`, [`rules`], [`authorization`], `shadow`), signing grants and receipts ([`signing`]),
-//! the operator operations ([`operator`], [`approvals`]), the audit trail ([`audit`]) and the
+//! the operator operations ([`operator`], [`approvals`], `watch`: the unresolved actions as they
+//! appear), the audit trail ([`audit`]) and the
 //! events for webhooks each operation emits ([`events`], never waiting for them). Knows
 //! no gRPC types (the `grpc` layer converts) and decides no state transition (the store applies
 //! the ledger).
@@ -22,13 +23,14 @@ pub mod rules;
 mod shadow;
 pub mod signing;
 mod token;
+mod watch;
 
 use std::{future::Future, sync::Arc, time::Instant};
 
 pub use decision::TokenDecision;
 pub use error::{GateError, OverBudget};
 pub use events::{Emitted, Emitter};
-pub use operator::ExternalCall;
+pub use operator::{ExternalCall, ResolvedBy, Settlement};
 pub use request::{Prepared, TokenCall};
 pub use signing::Signer;
 
@@ -73,6 +75,8 @@ pub struct Gate {
     authz: Arc<Authorization>,
     /// Where events for webhooks go; `None` (no webhook configured): no event is built.
     events: Option<Emitter>,
+    /// WatchUnresolved's shared scan (started by the first watcher).
+    watcher: watch::Watcher,
 }
 
 impl Gate {
@@ -91,6 +95,7 @@ impl Gate {
             signer: None,
             authz: Arc::default(),
             events: None,
+            watcher: watch::Watcher::default(),
         }
     }
 

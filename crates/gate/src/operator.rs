@@ -32,6 +32,38 @@ pub const DEFAULT_PAGE: u32 = 100;
 /// Largest ListUnresolved page.
 pub const MAX_PAGE: u32 = 1000;
 
+/// Who settles an expired lease: a person, or an automatic resolver that asked the provider. It
+/// is the `resolved_by` of the audit line and of `oncegate_resolutions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResolvedBy {
+    /// An operator principal (a person, or a tool acting for one).
+    Operator,
+    /// A resolver principal: it may watch unresolved actions and settle them, nothing else.
+    Resolver,
+}
+
+impl ResolvedBy {
+    /// Its label value (one of `oncegate_observe::metrics::RESOLVED_BY`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Operator => "operator",
+            Self::Resolver => "resolver",
+        }
+    }
+}
+
+/// A ResolveExpired as the gate receives it.
+#[derive(Debug, Clone)]
+pub struct Settlement {
+    pub key: ActionKey,
+    pub resolution: Resolution,
+    /// Audited for both resolutions; kept with a completion.
+    pub note: String,
+    /// Settle only the unresolved grant with this fencing number (a resolver's condition).
+    pub expected_fencing: Option<u64>,
+    pub resolved_by: ResolvedBy,
+}
+
 /// A page of an agent's receipt chain.
 #[derive(Debug, Clone)]
 pub struct ReceiptPage {
@@ -108,13 +140,17 @@ impl Gate {
     }
 
     /// ResolveExpired: settle an expired lease as completed (an operator completion) or failed
-    /// (released, fencing kept). `note` is audited for both.
-    pub async fn resolve_expired(
-        &self,
-        key: &ActionKey,
-        resolution: Resolution,
-        note: &str,
-    ) -> Result<Resolved, GateError> {
+    /// (released, fencing kept); with an expected fencing number, only that unresolved grant
+    /// (`ALREADY_SETTLED` otherwise). Audited and counted with who settled it.
+    pub async fn resolve_expired(&self, settlement: Settlement) -> Result<Resolved, GateError> {
+        let Settlement {
+            key,
+            resolution,
+            note,
+            expected_fencing,
+            resolved_by,
+        } = settlement;
+        let (key, note) = (&key, note.as_str());
         match &resolution {
             Resolution::Completed(written) => {
                 self.check_operator_input(key, &written.receipt, written.format, note)?
@@ -129,6 +165,7 @@ impl Gate {
                 self.store.resolve_expired(
                     key,
                     &resolution,
+                    expected_fencing,
                     self.policies.highest_durability(),
                     self.receipts().as_ref(),
                 ),
@@ -139,11 +176,14 @@ impl Gate {
             Ok(Resolved::Released { fencing }) => ("resolved_failed", *fencing),
             Err(refusal) => (audit::refusal_name(refusal), 0),
         };
+        let expected_fencing = expected_fencing.unwrap_or(0);
         audit::audit!(
             info,
             key,
             decision = decision,
             fencing,
+            expected_fencing,
+            resolved_by = resolved_by.as_str(),
             note,
             "resolve_expired"
         );
@@ -152,6 +192,8 @@ impl Gate {
             Resolved::Completed(_) => self.metrics.completion(Source::Operator),
             Resolved::Released { .. } => self.metrics.release("resolved_failed"),
         }
+        let completed = matches!(resolved, Resolved::Completed(_));
+        self.metrics.resolution(resolved_by.as_str(), completed);
         Ok(resolved)
     }
 

@@ -9,7 +9,7 @@ use super::{
 use oncegate_domain::{
     ActionKey,
     fingerprint::{self, ParamsError},
-    ledger::{Millis, RequestHash, TokenRequest},
+    ledger::{Asked, Millis, RequestHash, TokenRequest},
 };
 
 /// A RequestToken as the gate sees it.
@@ -156,6 +156,10 @@ pub fn prepare_token(
         max_superseded: limits.max_superseded_grants,
         hold: None,
         charges: Vec::new(),
+        asked: Asked {
+            action: call.action.clone(),
+            params: call.params_json.clone(),
+        },
     };
     Ok(Prepared {
         key,

@@ -2,11 +2,14 @@
 //! operations themselves (validation, timing, counting, audit) are the gate's
 //! ([`oncegate_gate::operator`]).
 //!
-//! Every RPC needs an operator principal acting within its agents; agent principals get
-//! PERMISSION_DENIED (`FORBIDDEN_SCOPE`) before anything is read.
+//! Every RPC needs an operator principal acting within its agents (approvers: DecideApproval and
+//! ListApprovals; resolvers: WatchUnresolved and ResolveExpired with an expected fencing number);
+//! anyone else gets PERMISSION_DENIED (`FORBIDDEN_SCOPE`) before anything is read.
 
-use std::sync::Arc;
+use std::{collections::HashSet, pin::Pin, sync::Arc};
 
+use tokio::sync::{broadcast::error::RecvError, mpsc};
+use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
 use super::{
@@ -21,9 +24,13 @@ use oncegate_domain::{
     ledger::approval::Decision,
     ledger::{OperatorReceipt, Resolution, Resolved},
 };
-use oncegate_gate::{ExternalCall, Gate, GateError};
+use oncegate_gate::{ExternalCall, Gate, GateError, ResolvedBy, Settlement};
 use oncegate_observe::telemetry;
 use oncegate_proto::{self as pb, gate_admin_service_server::GateAdminService};
+use oncegate_store::Unresolved;
+
+/// The most entries a WatchUnresolved stream starts with (what is unresolved when it opens).
+const WATCH_START_CAP: usize = 10_000;
 
 /// The gRPC face of the operator API over a [`Gate`].
 #[derive(Clone)]
@@ -44,8 +51,137 @@ fn allowed(principal: &Arc<Principal>, agent_id: &str, what: Capability) -> Resu
     principal.authorize(agent_id, what)
 }
 
+/// Who settles with ResolveExpired: an operator (any settlement), or a resolver, which must name
+/// the grant it settles (`expected_fencing`).
+fn settler(
+    principal: &Arc<Principal>,
+    agent_id: &str,
+    expected_fencing: u64,
+) -> Result<ResolvedBy, GateError> {
+    if principal.role.grants(Capability::Settle) {
+        allowed(principal, agent_id, Capability::Settle)?;
+        return Ok(ResolvedBy::Operator);
+    }
+    allowed(principal, agent_id, Capability::Resolve)?;
+    if expected_fencing == 0 {
+        return Err(GateError::invalid(
+            "expected_fencing",
+            "a resolver settles one grant: give the fencing number WatchUnresolved sent",
+        ));
+    }
+    Ok(ResolvedBy::Resolver)
+}
+
+/// An unresolved action on the wire: what settling it needs.
+fn unresolved_action(u: &Unresolved) -> pb::UnresolvedAction {
+    pb::UnresolvedAction {
+        action: Some(action_ref(&u.key)),
+        fencing: u.view.fencing,
+        lease_expired_at: u.view.lease_expires_at.map(timestamp),
+        holder: u.view.holder.clone(),
+        fingerprint: u.view.fingerprint.clone(),
+        token: u.view.token.clone(),
+        provider_key: u.key.provider_key(),
+        action_name: u.asked.action.clone(),
+        params_json: u.asked.params.clone(),
+    }
+}
+
+/// One WatchUnresolved stream: what is unresolved now (of `agent`, or of every agent the
+/// principal acts for), then each grant the gate's shared scan finds, until the caller goes away.
+async fn watch(
+    gate: Gate,
+    principal: Arc<Principal>,
+    agent: Option<String>,
+    out: mpsc::Sender<Result<pb::WatchUnresolvedResponse, Status>>,
+) {
+    let wanted = |u: &Unresolved| {
+        agent.as_deref().is_none_or(|a| a == u.key.agent_id)
+            && principal.may_act_for(&u.key.agent_id)
+    };
+    let send = |u: &Unresolved| {
+        out.send(Ok(pb::WatchUnresolvedResponse {
+            action: Some(unresolved_action(u)),
+        }))
+    };
+    // Subscribed before listing, so that nothing ending in between is missed; what both show is
+    // sent once.
+    let mut feed = gate.watch_unresolved();
+    let mut listed = HashSet::new();
+    let mut token = String::new();
+    loop {
+        let page = match gate.list_unresolved(agent.as_deref(), &token, 0).await {
+            Ok(page) => page,
+            Err(e) => {
+                let _ = out.send(Err(super::status::status(e))).await;
+                return;
+            }
+        };
+        for u in page.items.iter().filter(|u| wanted(u)) {
+            listed.insert((u.key.encode(), u.view.fencing));
+            if send(u).await.is_err() {
+                return;
+            }
+        }
+        match page.next {
+            Some(next) if listed.len() < WATCH_START_CAP => token = next.encode(),
+            _ => break,
+        }
+    }
+    loop {
+        // A caller that went away ends the stream (and its subscription) even when nothing new
+        // comes: the shared scan stops once nobody watches.
+        let received = tokio::select! {
+            received = feed.recv() => received,
+            () = out.closed() => return,
+        };
+        let u = match received {
+            Ok(u) => u,
+            Err(RecvError::Lagged(missed)) => {
+                tracing::warn!(
+                    missed,
+                    "a WatchUnresolved stream fell behind; it skips some"
+                );
+                continue;
+            }
+            Err(RecvError::Closed) => return,
+        };
+        if !wanted(&u) || listed.remove(&(u.key.encode(), u.view.fencing)) {
+            continue;
+        }
+        if send(&u).await.is_err() {
+            return;
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl GateAdminService for AdminService {
+    type WatchUnresolvedStream =
+        Pin<Box<dyn Stream<Item = Result<pb::WatchUnresolvedResponse, Status>> + Send>>;
+
+    async fn watch_unresolved(
+        &self,
+        request: Request<pb::WatchUnresolvedRequest>,
+    ) -> Result<Response<Self::WatchUnresolvedStream>, Status> {
+        let principal = auth::principal(&request).map_err(super::status::status)?;
+        let req = request.into_inner();
+        telemetry::record_principal(&principal.name);
+        let agent = (!req.agent_id.is_empty()).then_some(req.agent_id);
+        let checked = match &agent {
+            Some(agent) => principal.authorize(agent, Capability::Resolve),
+            None => principal
+                .role
+                .grants(Capability::Resolve)
+                .then_some(())
+                .ok_or_else(|| principal.forbidden(principal.lacks(Capability::Resolve))),
+        };
+        checked.map_err(super::status::status)?;
+        let (out, stream) = mpsc::channel(64);
+        tokio::spawn(watch(self.gate.clone(), principal, agent, out));
+        Ok(Response::new(Box::pin(ReceiverStream::new(stream))))
+    }
+
     async fn record_external_completion(
         &self,
         request: Request<pb::RecordExternalCompletionRequest>,
@@ -82,7 +218,7 @@ impl GateAdminService for AdminService {
             let principal = auth::principal(&request)?;
             let req = request.into_inner();
             let key = action_key(req.action)?;
-            allowed(&principal, &key.agent_id, Capability::Settle)?;
+            let resolved_by = settler(&principal, &key.agent_id, req.expected_fencing)?;
             let resolution = match pb::Resolution::try_from(req.resolution) {
                 Ok(pb::Resolution::Completed) => Resolution::Completed(OperatorReceipt {
                     receipt: req.receipt,
@@ -104,10 +240,14 @@ impl GateAdminService for AdminService {
                     ));
                 }
             };
-            let resolved = self
-                .gate
-                .resolve_expired(&key, resolution, &req.note)
-                .await?;
+            let settlement = Settlement {
+                key,
+                resolution,
+                note: req.note,
+                expected_fencing: (req.expected_fencing != 0).then_some(req.expected_fencing),
+                resolved_by,
+            };
+            let resolved = self.gate.resolve_expired(settlement).await?;
             let response = match resolved {
                 Resolved::Completed(done) => pb::ResolveExpiredResponse {
                     fencing: done.fencing,
@@ -141,19 +281,7 @@ impl GateAdminService for AdminService {
                 .list_unresolved(agent, &req.page_token, req.page_size)
                 .await?;
             Ok(pb::ListUnresolvedResponse {
-                actions: page
-                    .items
-                    .into_iter()
-                    .map(|u| pb::UnresolvedAction {
-                        action: Some(action_ref(&u.key)),
-                        fencing: u.view.fencing,
-                        lease_expired_at: u.view.lease_expires_at.map(timestamp),
-                        holder: u.view.holder,
-                        fingerprint: u.view.fingerprint,
-                        token: u.view.token,
-                        provider_key: u.key.provider_key(),
-                    })
-                    .collect(),
+                actions: page.items.iter().map(unresolved_action).collect(),
                 next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
             })
         })

@@ -36,6 +36,7 @@ pub fn reason(error: &GateError) -> ErrorReason {
             Refusal::AlreadyCompleted => ErrorReason::AlreadyCompleted,
             Refusal::RequestRequired => ErrorReason::InvalidRequest,
             Refusal::NotExpired { .. } => ErrorReason::LeaseNotExpired,
+            Refusal::AlreadySettled { .. } => ErrorReason::AlreadySettled,
             Refusal::BudgetExceeded { .. } => ErrorReason::BudgetExceeded,
             Refusal::ApprovalDenied { .. } => ErrorReason::PolicyDenied,
             Refusal::ApprovalNotPending { .. } => ErrorReason::ApprovalNotPending,
@@ -194,6 +195,19 @@ fn refused(refusal: Refusal) -> Wire {
              hash can be stored",
         ),
         Refusal::NotExpired { state } => not_expired(state),
+        Refusal::AlreadySettled { state, fencing } => {
+            let state = state_name(state);
+            Wire::new(
+                Code::FailedPrecondition,
+                format!(
+                    "the grant was already settled (by another resolver or an operator, or a newer \
+                     grant replaced it): the action is {state} with fencing {fencing}; nothing \
+                     was written"
+                ),
+            )
+            .meta("state", state)
+            .meta("fencing", fencing)
+        }
         Refusal::BudgetExceeded(exceeded) => budget_exceeded(&OverBudget {
             used: exceeded.used.to_string(),
             limit: exceeded.limit.to_string(),
@@ -313,13 +327,17 @@ fn key_reused(differing: &[String]) -> Wire {
     .meta("differing_fields", differing.join(","))
 }
 
-fn not_expired(state: State) -> Wire {
-    let state = match state {
+fn state_name(state: State) -> &'static str {
+    match state {
         State::Absent => "ABSENT",
         State::Authorized => "AUTHORIZED",
         State::Completed => "COMPLETED",
         State::Expired => "EXPIRED",
-    };
+    }
+}
+
+fn not_expired(state: State) -> Wire {
+    let state = state_name(state);
     Wire::new(
         Code::FailedPrecondition,
         format!("the action is {state}, not an expired lease; there is nothing to resolve"),

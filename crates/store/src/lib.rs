@@ -283,19 +283,28 @@ impl Store {
         }
     }
 
-    /// An operator's settlement of an expired lease (see [`oncegate_domain::ledger::resolve_expired`]).
+    /// An operator's settlement of an expired lease (see [`oncegate_domain::ledger::resolve_expired`]);
+    /// with `expected`, only of the unresolved grant with that fencing number.
     pub async fn resolve_expired(
         &self,
         key: &ActionKey,
         resolution: &Resolution,
+        expected: Option<u64>,
         replicas: u32,
         receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
         match self {
             Store::Embedded(s) => {
-                unreplicated(replicas, s.resolve_expired(key, resolution, receipts)).await
+                unreplicated(
+                    replicas,
+                    s.resolve_expired(key, resolution, expected, receipts),
+                )
+                .await
             }
-            Store::Redis(s) => s.resolve_expired(key, resolution, replicas, receipts).await,
+            Store::Redis(s) => {
+                s.resolve_expired(key, resolution, expected, replicas, receipts)
+                    .await
+            }
         }
     }
 

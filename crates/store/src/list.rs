@@ -8,7 +8,7 @@ use base64::Engine as _;
 
 use oncegate_domain::{
     ActionKey,
-    ledger::{ActionView, Millis},
+    ledger::{ActionView, Asked, Millis},
 };
 
 /// Where a listing resumes: strictly after this position.
@@ -77,6 +77,9 @@ pub struct Unresolved {
     pub key: ActionKey,
     /// Its record as GetAction would show it (state EXPIRED).
     pub view: ActionView,
+    /// What its latest grant was asked for: the action type and params (empty for records
+    /// written before they were kept).
+    pub asked: Asked,
 }
 
 /// A page of unresolved actions.

@@ -27,6 +27,7 @@ The modules, bottom up; each imports only those below it (``tests/test_layers.py
 - ``rpc``: :class:`~oncegate.rpc.GateRpc`, the five worker RPCs over the channel.
 - ``guard``: the at-most-once protocol (attempt, heartbeat, decorator) over ``rpc``.
 - ``client``: :class:`Gate`, the RPCs plus the guard's entry points.
+- ``resolver``: :class:`Resolver`, settling unresolved actions by asking the provider.
 - ``aio``: the same client on an event loop; its ``rpc``, ``attempt``, ``decorator`` and ``client``
   are the one source the threaded ``rpc``, ``guard.attempt``, ``guard.decorator`` and ``client``
   are generated from (``generate_sync.py``, unasync).
@@ -66,15 +67,21 @@ from oncegate.models import (
     ActionRef,
     ActionState,
     Approval,
+    Completed,
     Completion,
     CompletionSource,
     Decision,
+    Failed,
     Grant,
     ReceiptFormat,
     ReleaseReason,
     RequestTokenResult,
     Scope,
+    Settled,
+    Unknown,
+    Unresolved,
 )
+from oncegate.resolver import Resolver
 from oncegate.statements import GrantClaims, PublicKeys, StatementError, verify_grant
 
 __all__ = [
@@ -86,11 +93,13 @@ __all__ = [
     "Attempt",
     "BudgetExceededError",
     "CompleteUnacknowledgedError",
+    "Completed",
     "CompletedByOtherError",
     "Completion",
     "CompletionSource",
     "Decision",
     "DefiniteFailureError",
+    "Failed",
     "FieldViolation",
     "ForbiddenScopeError",
     "Gate",
@@ -112,13 +121,17 @@ __all__ = [
     "ReceiptFormat",
     "ReleaseReason",
     "RequestTokenResult",
+    "Resolver",
     "Scope",
+    "Settled",
     "StatementError",
     "StoreUnavailableError",
     "TokenMismatchError",
     "TokenUnknownError",
     "TransportError",
     "UnauthenticatedError",
+    "Unknown",
+    "Unresolved",
     "canonical_form",
     "current_scope",
     "fingerprint",

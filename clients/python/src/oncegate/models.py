@@ -18,14 +18,20 @@ __all__ = [
     "ActionRef",
     "ActionState",
     "Approval",
+    "Completed",
     "Completion",
     "CompletionSource",
     "Decision",
+    "Failed",
     "Grant",
+    "Lookup",
     "ReceiptFormat",
     "ReleaseReason",
     "RequestTokenResult",
     "Scope",
+    "Settled",
+    "Unknown",
+    "Unresolved",
     "json_decode",
     "json_encode",
 ]
@@ -275,6 +281,79 @@ class ActionRecord:
             token=message.token,
             provider_key=message.provider_key,
         )
+
+
+@dataclass(frozen=True)
+class Unresolved:
+    """An action whose lease ended with no outcome, as a resolver receives it: what a provider
+    lookup needs."""
+
+    action: ActionRef
+    action_name: str
+    """Its action type (``payments.transfer``); empty for records older gates wrote."""
+    params_json: str
+    """The params its latest grant was asked with (JSON text)."""
+    provider_key: str
+    """The key the provider was given: look the request up by it."""
+    fencing: int
+    """The unsettled grant's fencing number (the settlement is conditional on it)."""
+    token: str
+    lease_expired_at: datetime | None
+    holder: str
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The params, parsed (empty when none were kept)."""
+        return json.loads(self.params_json) if self.params_json else {}
+
+    @classmethod
+    def from_proto(cls, message: pb.UnresolvedAction) -> Unresolved:
+        """Converts the protobuf form."""
+        return cls(
+            action=ActionRef.from_proto(message.action),
+            action_name=message.action_name,
+            params_json=message.params_json,
+            provider_key=message.provider_key,
+            fencing=message.fencing,
+            token=message.token,
+            lease_expired_at=_time(message, "lease_expired_at"),
+            holder=message.holder,
+        )
+
+
+@dataclass(frozen=True)
+class Completed:
+    """A lookup's answer: it happened. ``receipt`` is what the agent's retry replays: a JSON value,
+    or text with ``text=True``."""
+
+    receipt: Any
+    text: bool = False
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A lookup's answer: it definitely did not happen (the action may be granted again)."""
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A lookup's answer: the provider cannot tell; the action is left for a person."""
+
+
+Lookup = Completed | Failed | Unknown
+"""What a resolver's lookup returns."""
+
+
+class Settled(enum.Enum):
+    """What a resolver made of one unresolved action."""
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    BY_OTHER = "by_other"
+    """Another resolver or an operator settled it first (or a newer grant replaced it)."""
+    LEFT = "left"
+    """Left for a person: no lookup, Unknown, the lookup raised or timed out, or the settlement
+    failed (logged)."""
 
 
 def _time(message: object, field: str) -> datetime | None:

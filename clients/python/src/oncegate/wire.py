@@ -13,7 +13,7 @@ from typing import Any
 from google.protobuf import duration_pb2
 
 from oncegate.fingerprints import encode_params
-from oncegate.models import ActionRef, ReleaseReason, Scope
+from oncegate.models import ActionRef, Completed, Failed, ReleaseReason, Scope, Unresolved, json_encode
 from oncegate.v1 import oncegate_pb2 as pb
 
 __all__ = [
@@ -24,6 +24,8 @@ __all__ = [
     "get_action_request",
     "release_request",
     "request_token_request",
+    "resolve_request",
+    "watch_request",
 ]
 
 Seconds = float | timedelta
@@ -79,6 +81,31 @@ def extend_lease_request(action: ActionRef, token: str, ttl: Seconds) -> pb.Exte
 def get_action_request(action: ActionRef) -> pb.GetActionRequest:
     """The GetAction message."""
     return pb.GetActionRequest(action=action.to_proto())
+
+
+def watch_request(agent_id: str) -> pb.WatchUnresolvedRequest:
+    """A resolver's WatchUnresolved (every agent the principal acts for when ``agent_id`` is empty)."""
+    return pb.WatchUnresolvedRequest(agent_id=agent_id)
+
+
+def resolve_request(
+    unresolved: Unresolved, answer: Completed | Failed, note: str
+) -> pb.ResolveExpiredRequest:
+    """A resolver's ResolveExpired: settles only the grant it was sent (``expected_fencing``)."""
+    request = pb.ResolveExpiredRequest(
+        action=unresolved.action.to_proto(), note=note, expected_fencing=unresolved.fencing
+    )
+    if isinstance(answer, Failed):
+        request.resolution = pb.RESOLUTION_FAILED
+    elif answer.text:
+        request.resolution = pb.RESOLUTION_COMPLETED
+        request.receipt = str(answer.receipt).encode("utf-8")
+        request.receipt_format = pb.RECEIPT_FORMAT_TEXT
+    else:
+        request.resolution = pb.RESOLUTION_COMPLETED
+        request.receipt = json_encode(answer.receipt)
+        request.receipt_format = pb.RECEIPT_FORMAT_JSON
+    return request
 
 
 def _duration(value: Seconds) -> duration_pb2.Duration:

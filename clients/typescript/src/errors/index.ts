@@ -27,7 +27,7 @@
  *         └── CompleteUnacknowledgedError   the function ran; its Complete was not acknowledged
  * ```
  *
- * `LEASE_NOT_EXPIRED` and `APPROVAL_NOT_PENDING` (operator RPCs' answers) and `INTERNAL` (a fault on the gate's side) come
+ * `LEASE_NOT_EXPIRED`, `APPROVAL_NOT_PENDING` and `ALREADY_SETTLED` (operator and resolver RPCs' answers) and `INTERNAL` (a fault on the gate's side) come
  * as `OncegateError` itself, with `reason` set.
  */
 

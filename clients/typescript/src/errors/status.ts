@@ -53,12 +53,13 @@ export const BY_REASON: ReadonlyMap<string, typeof OncegateError> = new Map<stri
     PolicyDeniedError,
     BudgetExceededError,
   ].map((cls): [string, typeof OncegateError] => [cls.REASON, cls]),
-  // Three reasons get the root class, with `reason` set: LEASE_NOT_EXPIRED and
-  // APPROVAL_NOT_PENDING answer only operator RPCs (ResolveExpired, DecideApproval), which this
-  // client does not call; INTERNAL is a fault on the gate's side (logged there) that a caller can
-  // only report.
+  // Four reasons get the root class, with `reason` set: LEASE_NOT_EXPIRED, APPROVAL_NOT_PENDING
+  // and ALREADY_SETTLED answer only operator and resolver RPCs (ResolveExpired, DecideApproval),
+  // which a worker does not call; INTERNAL is a fault on the gate's side (logged there) that a
+  // caller can only report.
   [reasonName(ErrorReason.LEASE_NOT_EXPIRED), OncegateError],
   [reasonName(ErrorReason.APPROVAL_NOT_PENDING), OncegateError],
+  [reasonName(ErrorReason.ALREADY_SETTLED), OncegateError],
   [reasonName(ErrorReason.INTERNAL), OncegateError],
 ]);
 

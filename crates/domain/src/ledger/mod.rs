@@ -60,6 +60,10 @@ pub struct Record {
     /// Release of a grant gives its reservations back; any other end leaves them spent.
     #[serde(default)]
     pub reservations: Vec<Reservation>,
+    /// What the latest grant was asked for ([`Asked`]); empty once completed, and in records
+    /// written before it was kept.
+    #[serde(default)]
+    pub asked: Asked,
 }
 
 /// A token and the fencing number it was granted with.
@@ -210,6 +214,18 @@ pub struct TokenRequest {
     pub hold: Option<Hold>,
     /// The budget charges a new token makes (idem).
     pub charges: Vec<Charge>,
+    /// The action type and the params as sent, stored with a new grant for a resolver's provider
+    /// lookup (see [`Record::asked`]).
+    pub asked: Asked,
+}
+
+/// What the latest grant of an action key was asked for: the action type and the params as sent
+/// (JSON text). Kept while the grant's outcome is unknown, so that ListUnresolved and
+/// WatchUnresolved can tell a resolver what to look up; dropped when the action completes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Asked {
+    pub action: String,
+    pub params: String,
 }
 
 /// A granted token.
@@ -304,6 +320,10 @@ pub enum Refusal {
     RequestRequired,
     /// ResolveExpired of an action whose lease has not ended unresolved (absent or live).
     NotExpired { state: State },
+    /// ResolveExpired with an expected fencing number of an action that is no longer unresolved
+    /// with that number (another resolver or operator settled it, or a newer grant replaced it):
+    /// its state and fencing number now.
+    AlreadySettled { state: State, fencing: u64 },
     /// A budget would be exceeded by the grant: which, what its window holds and allows, what
     /// the grant would add, and when enough of it frees up.
     BudgetExceeded(Exceeded),

@@ -2,7 +2,7 @@
 //! of an expired lease, and what ListUnresolved lists.
 
 use super::{
-    CompleteOutcome, Completion, ExternalCompletion, Millis, OperatorReceipt, Phase, Record,
+    Asked, CompleteOutcome, Completion, ExternalCompletion, Millis, OperatorReceipt, Phase, Record,
     Refusal, Resolution, Resolved, Source, State, Step, TokenGrant, Write, live, refuse_reused,
     view,
 };
@@ -37,6 +37,7 @@ fn operator_completion(
         expires_at: Some(now + rec.retention),
         older,
         phase: Phase::Completed(completion.clone()),
+        asked: Asked::default(),
         ..rec.clone()
     };
     (completion, record)
@@ -73,6 +74,7 @@ pub fn record_external(
             expires_at: Some(now + req.retention),
             older: Vec::new(),
             reservations: Vec::new(),
+            asked: Asked::default(),
             phase: Phase::Released {
                 token: String::new(),
                 at: now,
@@ -117,15 +119,27 @@ pub fn record_external(
 /// (an operator completion) or failed (released, fencing kept). A released action with
 /// superseded grants still out is settled one grant at a time, the newest first: failed removes
 /// that grant (the action stays unresolved while older ones remain). Anything else is refused.
+///
+/// With `expected` (a resolver's fencing number, read from ListUnresolved or WatchUnresolved), it
+/// settles only the grant with that number while it is unresolved: a second resolver of the same
+/// grant is refused (`AlreadyCompleted`, or `AlreadySettled` with the action's state now), so two
+/// resolvers never settle one grant twice or differently.
 pub(super) fn resolve_expired(
     record: Option<&Record>,
     resolution: &Resolution,
+    expected: Option<u64>,
     now: Millis,
 ) -> Step<Resolved> {
     let current = view(record, now);
     let rec = match (live(record, now), current.state) {
-        (Some(rec), State::Expired) => rec,
         (_, State::Completed) => return Step::refuse(Refusal::AlreadyCompleted),
+        (Some(rec), State::Expired) if expected.is_none_or(|f| f == current.fencing) => rec,
+        (_, state) if expected.is_some() => {
+            return Step::refuse(Refusal::AlreadySettled {
+                state,
+                fencing: current.fencing,
+            });
+        }
         (_, state) => return Step::refuse(Refusal::NotExpired { state }),
     };
     match resolution {

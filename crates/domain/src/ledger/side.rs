@@ -118,9 +118,10 @@ pub fn resolve_expired(
     record: Option<&Record>,
     side: &Side,
     resolution: &Resolution,
+    expected: Option<u64>,
     now: Millis,
 ) -> Step<Resolved> {
-    let step = operator::resolve_expired(record, resolution, now);
+    let step = operator::resolve_expired(record, resolution, expected, now);
     let Step {
         reply: Ok(Resolved::Released { fencing }),
         write: Write::Put(mut rec),

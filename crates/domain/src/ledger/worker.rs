@@ -1,7 +1,7 @@
 //! The worker transitions: RequestToken, Complete, Release, ExtendLease, and the GetAction view.
 
 use super::{
-    ActionView, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Phase,
+    ActionView, Asked, CompleteOutcome, Completion, Grant, GrantKind, Millis, OnExpiry, Phase,
     ReceiptFormat, Record, Refusal, Source, State, Step, TokenGrant, TokenOutcome, TokenRequest,
     Write, first_fencing, live, refuse_reused,
 };
@@ -127,6 +127,7 @@ pub(super) fn grant(
         expires_at: None,
         older,
         reservations: Vec::new(),
+        asked: req.asked.clone(),
         phase: Phase::Authorized {
             token: req.new_token.clone(),
             holder: req.holder.clone(),
@@ -220,6 +221,7 @@ fn record_completion(
         expires_at: Some(now + rec.retention),
         older,
         phase: Phase::Completed(completion.clone()),
+        asked: Asked::default(),
         ..rec.clone()
     };
     let outcome = CompleteOutcome {

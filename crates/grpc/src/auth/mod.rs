@@ -191,6 +191,41 @@ mod tests {
     }
 
     #[test]
+    fn a_resolver_watches_and_settles_and_nothing_else() {
+        let p = config(&format!(
+            r#"
+            [[principals]]
+            name = "bank-resolver"
+            role = "resolver"
+            agents = ["billing-*"]
+            api_key_sha256 = "{}"
+            "#,
+            hash_key("k1")
+        ))
+        .unwrap();
+        let resolver = p.by_api_key("k1").unwrap();
+        assert!(
+            resolver
+                .authorize("billing-eu", Capability::Resolve)
+                .is_ok()
+        );
+        for what in [
+            Capability::Work,
+            Capability::Settle,
+            Capability::Read,
+            Capability::Approve,
+        ] {
+            let refused = resolver
+                .authorize("billing-eu", what)
+                .unwrap_err()
+                .to_string();
+            assert!(refused.contains("role is resolver"), "{refused}");
+        }
+        assert!(resolver.authorize("hr-1", Capability::Resolve).is_err());
+        assert!(resolver.authorize_all(Capability::Resolve).is_err());
+    }
+
+    #[test]
     fn an_anonymous_refusal_says_what_to_configure() {
         let refused = Principal::anonymous()
             .authorize("billing", Capability::Settle)

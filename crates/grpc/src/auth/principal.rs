@@ -23,6 +23,10 @@ pub enum Role {
     /// A person who decides held actions (a finance lead, an on-call engineer): DecideApproval
     /// and ListApprovals for its agents (every agent when `agents` is unset), and nothing else.
     Approver,
+    /// An automatic resolver (a worker that asks the provider by provider key): WatchUnresolved
+    /// and ResolveExpired with an expected fencing number, for its agents (every agent when
+    /// `agents` is unset), and nothing else.
+    Resolver,
 }
 
 impl Role {
@@ -32,6 +36,7 @@ impl Role {
             Self::Agent => "agent",
             Self::Operator => "operator",
             Self::Approver => "approver",
+            Self::Resolver => "resolver",
         }
     }
 
@@ -42,6 +47,7 @@ impl Role {
             (Self::Operator, _)
                 | (Self::Agent, Capability::Work)
                 | (Self::Approver, Capability::Approve)
+                | (Self::Resolver, Capability::Resolve)
         )
     }
 }
@@ -57,6 +63,9 @@ pub enum Capability {
     Settle,
     /// Reading what operators read: unresolved actions, receipt chains, budgets.
     Read,
+    /// Watching unresolved actions and settling them one grant at a time (ResolveExpired with
+    /// an expected fencing number): what a resolver does.
+    Resolve,
 }
 
 impl Capability {
@@ -66,6 +75,7 @@ impl Capability {
             Self::Work => "agent or operator",
             Self::Approve => "operator or approver",
             Self::Settle | Self::Read => "operator",
+            Self::Resolve => "operator or resolver",
         }
     }
 }
@@ -186,7 +196,7 @@ impl Principal {
     }
 
     /// Why this principal's role does not allow `what`, and what to configure.
-    fn lacks(&self, what: Capability) -> String {
+    pub fn lacks(&self, what: Capability) -> String {
         let needs = what.roles();
         if self.name == ANONYMOUS {
             return format!(

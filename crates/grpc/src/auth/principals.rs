@@ -16,10 +16,10 @@ use super::principal::{Agents, Principal, Role};
 pub struct PrincipalConfig {
     /// Unique name, shown in audit events and errors.
     pub name: String,
-    /// `agent`, `operator` or `approver`.
+    /// `agent`, `operator`, `approver` or `resolver`.
     pub role: Role,
     /// Agent ids it may act for: exact ids, `prefix*` patterns, or `*`. Required for agents;
-    /// operators act for every agent when unset.
+    /// operators, approvers and resolvers act for every agent when unset.
     pub agents: Option<Vec<String>>,
     /// Lowercase hex SHA-256 of its API key (`oncegate hash-key` prints it).
     pub api_key_sha256: Option<String>,
@@ -83,7 +83,7 @@ impl Principals {
                 (Some(list), _) if !list.is_empty() && list.iter().all(|a| !a.is_empty()) => {
                     Agents::parse(list)
                 }
-                (None, Role::Operator | Role::Approver) => Agents::All,
+                (None, Role::Operator | Role::Approver | Role::Resolver) => Agents::All,
                 _ => {
                     return Err(format!(
                         "{at}: agents must list at least one non-empty agent id or pattern"

@@ -167,6 +167,12 @@ pub(super) struct SourceLabels {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub(super) struct ResolutionLabels {
+    pub(super) resolved_by: &'static str,
+    pub(super) resolution: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(super) struct ReasonLabels {
     pub(super) reason: &'static str,
 }

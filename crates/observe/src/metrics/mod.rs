@@ -23,8 +23,8 @@ use oncegate_domain::ledger::Source;
 
 use labels::{
     AttemptLabels, BlockedLabels, BudgetLabels, BuildLabels, EventLabels, ExpiredLabels,
-    KindLabels, OperationLabels, ReasonLabels, RpcLabels, SourceLabels, StoreErrorLabels,
-    WebhookLabels,
+    KindLabels, OperationLabels, ReasonLabels, ResolutionLabels, RpcLabels, SourceLabels,
+    StoreErrorLabels, WebhookLabels,
 };
 pub use labels::{
     Decision, DoubleExecution, RELEASE_REASONS, STORE_ERRORS, STORE_OPERATIONS, WEBHOOK_OUTCOMES,
@@ -33,6 +33,13 @@ pub use labels::{
 
 /// The `mode` label values: decisions enforced, and decisions of shadow mode (granted anyway).
 pub const MODES: [&str; 2] = ["enforce", "shadow"];
+
+/// The `resolved_by` label values of `oncegate_resolutions_total`: a person (an operator
+/// principal) or an automatic resolver (a resolver principal).
+pub const RESOLVED_BY: [&str; 2] = ["operator", "resolver"];
+
+/// The `resolution` label values of `oncegate_resolutions_total`.
+pub const RESOLUTIONS: [&str; 2] = ["completed", "failed"];
 
 /// The `decision` label values of `oncegate_budget_decisions_total`.
 pub const BUDGET_DECISIONS: [&str; 2] = ["reserved", "exceeded"];
@@ -57,6 +64,7 @@ struct Handles {
     expired: Family<ExpiredLabels, Counter>,
     completions: Family<SourceLabels, Counter>,
     releases: Family<ReasonLabels, Counter>,
+    resolutions: Family<ResolutionLabels, Counter>,
     double_executions: Family<KindLabels, Counter>,
     store_errors: Family<StoreErrorLabels, Counter>,
     store_latency: LatencyFamily<OperationLabels>,
@@ -118,6 +126,7 @@ impl Metrics {
             expired: Family::default(),
             completions: Family::default(),
             releases: Family::default(),
+            resolutions: Family::default(),
             double_executions: Family::default(),
             store_errors: Family::default(),
             store_latency: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -168,6 +177,13 @@ impl Metrics {
             "releases",
             "Successful Release calls, by reason",
             handles.releases.clone(),
+        );
+        r.register(
+            "resolutions",
+            "Expired leases settled by ResolveExpired, by who settled them (resolved_by: operator, \
+             a person; resolver, an automatic resolver that asked the provider) and resolution \
+             (completed, failed)",
+            handles.resolutions.clone(),
         );
         r.register(
             "double_executions",
@@ -355,6 +371,14 @@ impl Metrics {
         for reason in RELEASE_REASONS {
             let _ = h.releases.get_or_create(&ReasonLabels { reason });
         }
+        for resolved_by in RESOLVED_BY {
+            for resolution in RESOLUTIONS {
+                let _ = h.resolutions.get_or_create(&ResolutionLabels {
+                    resolved_by,
+                    resolution,
+                });
+            }
+        }
         for kind in DoubleExecution::ALL {
             let _ = h.double_executions.get_or_create(&KindLabels {
                 kind: kind.as_str(),
@@ -444,6 +468,19 @@ impl Metrics {
         self.inner
             .releases
             .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Counts an expired lease settled by ResolveExpired: `resolved_by` one of [`RESOLVED_BY`],
+    /// `completed` or failed.
+    pub fn resolution(&self, resolved_by: &'static str, completed: bool) {
+        let resolution = RESOLUTIONS[usize::from(!completed)];
+        self.inner
+            .resolutions
+            .get_or_create(&ResolutionLabels {
+                resolved_by,
+                resolution,
+            })
             .inc();
     }
 

@@ -233,6 +233,7 @@ pub(super) fn list_unresolved(
             if ledger::is_unresolved(record.as_ref(), now) {
                 page.items.push(Unresolved {
                     view: ledger::view(record.as_ref(), now),
+                    asked: record.map(|r| r.asked).unwrap_or_default(),
                     key: action,
                 });
             }

@@ -116,7 +116,12 @@ pub(super) enum Op {
         Option<Receipts>,
         Tx<Reply<CompleteOutcome>>,
     ),
-    Resolve(Resolution, Option<Receipts>, Tx<Reply<Resolved>>),
+    Resolve(
+        Resolution,
+        Option<u64>,
+        Option<Receipts>,
+        Tx<Reply<Resolved>>,
+    ),
     List(ListRequest, Tx<Reply<Page>>),
     Chain(ChainRequest, Tx<Vec<ChainEntry>>),
     Decide(Decision, Tx<Reply<(Approval, bool)>>),
@@ -314,10 +319,11 @@ impl EmbeddedStore {
         &self,
         key: &ActionKey,
         resolution: &Resolution,
+        expected: Option<u64>,
         receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
         let (resolution, receipts) = (resolution.clone(), receipts.cloned());
-        self.call(key, |tx| Op::Resolve(resolution, receipts, tx))
+        self.call(key, |tx| Op::Resolve(resolution, expected, receipts, tx))
             .await
     }
 

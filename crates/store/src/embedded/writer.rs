@@ -261,7 +261,7 @@ fn load(tables: &Tables<'_>, key: &[u8], op: &Op) -> Result<(Option<Record>, Sid
     };
     if let Op::Complete(_, _, Some(_), _)
     | Op::External(_, Some(_), _)
-    | Op::Resolve(_, Some(_), _) = op
+    | Op::Resolve(_, _, Some(_), _) = op
     {
         // The chain's last entry, read now so that an unreadable one fails this call only.
         chain::check_tail(&tables.receipts, key)?;
@@ -309,8 +309,8 @@ fn apply(
     Ok(match op {
         Op::Token(req, tx) => finish(ledger::request_token(current, side, &req, now), now, tx),
         Op::Release(token, tx) => finish(ledger::release(current, side, &token, now), now, tx),
-        Op::Resolve(resolution, signer, tx) => {
-            let mut step = ledger::resolve_expired(current, side, &resolution, now);
+        Op::Resolve(resolution, expected, signer, tx) => {
+            let mut step = ledger::resolve_expired(current, side, &resolution, expected, now);
             if let (Some(signer), Ok(Resolved::Completed(completion))) = (&signer, &mut step.reply)
             {
                 chained(&mut step.write, completion, signer, chain)?;

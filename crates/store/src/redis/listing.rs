@@ -14,7 +14,7 @@ use super::{Decoded, RedisStore, classify};
 use crate::{ListCursor, Page, Reply, StoreError, Unresolved, list::scan_budget};
 use oncegate_domain::{
     ActionKey,
-    ledger::{ActionView, Millis},
+    ledger::{ActionView, Asked, Millis},
 };
 
 /// Members fetched from an index per round trip.
@@ -29,8 +29,9 @@ pub(super) enum Checked {
     Stale,
     /// The lease is live: this member and every later one of the agent are not unresolved.
     Live,
-    /// The lease ended unresolved (boxed: a view is large beside the other variants).
-    Unresolved(Box<ActionView>),
+    /// The lease ended unresolved, with what its latest grant was asked for (boxed: a view is
+    /// large beside the other variants).
+    Unresolved(Box<(ActionView, Asked)>),
 }
 
 /// An agent's member of the agents index: its id's length (fixed width) then the id, so that the
@@ -306,8 +307,9 @@ impl Walk<'_> {
                 }
                 self.budget = self.budget.saturating_sub(1);
                 self.last = Some(ListCursor::after(&key, score));
-                if let Checked::Unresolved(view) = checked {
-                    self.page.items.push(Unresolved { key, view: *view });
+                if let Checked::Unresolved(found) = checked {
+                    let (view, asked) = *found;
+                    self.page.items.push(Unresolved { key, view, asked });
                 }
                 from = Some((score, member));
             }

@@ -104,6 +104,7 @@ impl RedisStore {
         &self,
         key: &ActionKey,
         resolution: &Resolution,
+        expected: Option<u64>,
         replicas: u32,
         receipts: Option<&Receipts>,
     ) -> Result<Reply<Resolved>, StoreError> {
@@ -111,7 +112,8 @@ impl RedisStore {
             (Resolution::Completed(written), Some(_)) => receipt_digest(&written.receipt),
             _ => String::new(),
         };
-        let args: [&[u8]; 6] = match resolution {
+        let expected = expected.map(|f| f.to_string()).unwrap_or_default();
+        let args: [&[u8]; 7] = match resolution {
             Resolution::Completed(written) => [
                 b"completed",
                 &written.receipt,
@@ -119,8 +121,9 @@ impl RedisStore {
                 written.operator.as_bytes(),
                 digest.as_bytes(),
                 format_arg(written.format),
+                expected.as_bytes(),
             ],
-            Resolution::Failed => [b"failed", b"", b"", b"", b"", b"0"],
+            Resolution::Failed => [b"failed", b"", b"", b"", b"", b"0", expected.as_bytes()],
         };
         let wait = self.wait_for(replicas);
         let Ran {

@@ -24,6 +24,8 @@ local RECEIPT_SEQ = 19      -- the completion's place in its agent's receipt cha
 local STATEMENT = 20        -- the completion's signed receipt statement ('' until the gate stores it)
 -- (21 is RESERVED, the budget reservations, below)
 local RECEIPT_FORMAT = 22   -- how the receipt is read: 0 the writer's own, 1 JSON, 2 text (absent: 0)
+local ASKED_ACTION = 23     -- the action type the latest grant was asked for (ledger::Asked; absent: '')
+local ASKED_PARAMS = 24     -- its params as sent, JSON text; both dropped when the action completes
 
 -- Values of STATE and SOURCE, and the slots of one OLDER entry.
 local AUTHORIZED, COMPLETED, RELEASED = 1, 2, 3
@@ -109,6 +111,7 @@ end
 -- retention.
 local function settled_grant(rec)
   rec[HOLDER], rec[PRINCIPAL], rec[LEASE_END] = '', '', 0
+  rec[ASKED_ACTION], rec[ASKED_PARAMS] = nil, nil
 end
 
 -- An operator completion (ledger::operator_completion): the live token, if any, joins the older

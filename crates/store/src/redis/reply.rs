@@ -8,7 +8,8 @@ use super::listing;
 use crate::{OutboxEntry, StoreError};
 use oncegate_domain::{
     ledger::{
-        ActionView, Completion, Grant, GrantKind, Millis, ReceiptFormat, Refusal, Source, State,
+        ActionView, Asked, Completion, Grant, GrantKind, Millis, ReceiptFormat, Refusal, Source,
+        State,
     },
     ledger::{Approval, ApprovalState, Bucket, Exceeded, Pending},
 };
@@ -292,6 +293,15 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                 n => return Err(StoreError::corrupt(format!("unknown state {n}"))),
             },
         }),
+        "already_settled" => Decoded::Refused(Refusal::AlreadySettled {
+            state: match fields.int()? {
+                1 => State::Absent,
+                2 => State::Authorized,
+                4 => State::Expired,
+                n => return Err(StoreError::corrupt(format!("unknown state {n}"))),
+            },
+            fencing: fields.uint()?,
+        }),
         "unresolved" => {
             let n = fields.uint()?;
             let mut checked = Vec::with_capacity(n.min(1024) as usize);
@@ -302,17 +312,24 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                 let lease_expires_at = fields.int()?;
                 let holder = fields.string()?;
                 let token = fields.string()?;
+                let asked = Asked {
+                    action: fields.string()?,
+                    params: fields.string()?,
+                };
                 checked.push(match status {
                     0 => listing::Checked::Stale,
-                    1 => listing::Checked::Unresolved(Box::new(ActionView {
-                        state: State::Expired,
-                        fencing,
-                        fingerprint,
-                        lease_expires_at: Some(lease_expires_at),
-                        completion: None,
-                        holder,
-                        token,
-                    })),
+                    1 => listing::Checked::Unresolved(Box::new((
+                        ActionView {
+                            state: State::Expired,
+                            fencing,
+                            fingerprint,
+                            lease_expires_at: Some(lease_expires_at),
+                            completion: None,
+                            holder,
+                            token,
+                        },
+                        asked,
+                    ))),
                     2 => listing::Checked::Live,
                     n => return Err(StoreError::corrupt(format!("unknown list status {n}"))),
                 });

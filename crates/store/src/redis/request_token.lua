@@ -14,6 +14,8 @@
 -- ARGV[11]: the most superseded grants a record keeps (a regrant beyond it is refused)
 -- ARGV[12]: a rule's hold, MessagePack { policy, reason, new_id, ttl, action }, or '' (none)
 -- ARGV[13]: budget charges, MessagePack { {bucket, budget, action, group, limit, window, amount}, ... }, or ''
+-- ARGV[14]: the action type asked for (kept with a new grant for resolvers)
+-- ARGV[15]: the params as sent, JSON text (idem)
 -- KEYS[3..5], only with a hold or charges: the agent's budgets hash, the action's approval, the
 --   agent's approvals index (og:{<agent digest>}:budgets, …:<action digest>:approval, …:approvals)
 -- Returns: { now, 'granted', kind (1 new, 2 redelivered, 3 regranted), token, fencing, lease_expires_at }
@@ -57,6 +59,7 @@ local function grant(fencing, older, kind, nx, carried)
   local rec = new_record(AUTHORIZED, fencing, fingerprint, digests, retention, sliding, 0)
   rec[TOKEN], rec[HOLDER], rec[LEASE_END] = new_token, holder, NOW + lease
   rec[OLDER], rec[PRINCIPAL], rec[RESERVED] = older, principal, reserved
+  rec[ASKED_ACTION], rec[ASKED_PARAMS] = ARGV[14] or '', ARGV[15] or ''
   if nx then
     -- A brand-new action: SET NX, as the design asks; the script already runs atomically, so NX
     -- failing would mean a lingering expired key, which we overwrite.

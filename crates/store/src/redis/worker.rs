@@ -29,7 +29,7 @@ impl RedisStore {
             OnExpiry::Regrant => "regrant",
         };
         let (hold, charges) = authorization_args(req)?;
-        let args: [&[u8]; 12] = [
+        let args: [&[u8]; 14] = [
             req.fingerprint.as_bytes(),
             req.digests.as_bytes(),
             req.holder.as_bytes(),
@@ -42,6 +42,8 @@ impl RedisStore {
             max_superseded.as_bytes(),
             &hold,
             &charges,
+            req.asked.action.as_bytes(),
+            req.asked.params.as_bytes(),
         ];
         // The budgets and approval keys only when the request carries a hold or charges: the
         // plain path passes what it always did.

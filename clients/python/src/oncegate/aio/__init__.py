@@ -25,6 +25,7 @@ threaded ``oncegate.rpc``, ``oncegate.guard.attempt``, ``oncegate.guard.decorato
 
 from oncegate.aio.attempt import Attempt
 from oncegate.aio.client import Gate
+from oncegate.aio.resolver import Resolver
 from oncegate.aio.rpc import GateRpc
 
-__all__ = ["Attempt", "Gate", "GateRpc"]
+__all__ = ["Attempt", "Gate", "GateRpc", "Resolver"]

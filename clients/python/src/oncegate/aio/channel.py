@@ -11,16 +11,41 @@ what differs in kind between an event loop and threads, so it is written by hand
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 
-from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
+from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub, GateAdminServiceStub
 from oncegate.wire import call_metadata
 
-__all__ = ["Channel"]
+__all__ = ["Channel", "channel_options", "within"]
+
+
+def channel_options(target: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``options``, plus an ``:authority`` of ``localhost`` for a ``unix:`` target (the gate's
+    admin socket) that sets none: gRPC would send the socket's path, which the gate's HTTP/2
+    server refuses."""
+    chosen = list(options)
+    if target.startswith("unix:") and not any(name == "grpc.default_authority" for name, _ in chosen):
+        chosen.append(("grpc.default_authority", "localhost"))
+    return chosen
+
+
+_T = TypeVar("_T")
+
+
+async def within(seconds: float, function: Callable[[_T], Any], value: _T) -> Any:
+    """``function(value)``, awaited when it returns an awaitable, within ``seconds``
+    (:class:`TimeoutError` past them). A resolver's lookup runs this way; the threaded twin
+    (:func:`oncegate.channel.within`) runs it on a thread."""
+    result = function(value)
+    if inspect.isawaitable(result):
+        return await asyncio.wait_for(result, seconds)
+    return result
+
 
 _Self = TypeVar("_Self", bound="Channel")
 
@@ -41,9 +66,10 @@ class Channel:
         self.target = target
         self.timeout = timeout
         self._credentials = credentials
-        self._options = list(options)
+        self._options = channel_options(target, options)
         self._channel: grpc.aio.Channel | None = None
         self._stub: ActionGateServiceStub | None = None
+        self._admin_stub: GateAdminServiceStub | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metadata = call_metadata(api_key)
 
@@ -61,14 +87,21 @@ class Channel:
             else:
                 self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
             self._stub = ActionGateServiceStub(self._channel)  # type: ignore[no-untyped-call]
+            self._admin_stub = GateAdminServiceStub(self._channel)  # type: ignore[no-untyped-call]
             self._loop = loop
         return self._stub
+
+    def _admin(self) -> GateAdminServiceStub:
+        """The operator API's stub (a resolver's), on the same channel."""
+        self._open()
+        assert self._admin_stub is not None
+        return self._admin_stub
 
     async def close(self) -> None:
         """Closes the channel (a later call opens a new one)."""
         if self._channel is not None:
             await self._channel.close()
-        self._channel = self._stub = self._loop = None
+        self._channel = self._stub = self._admin_stub = self._loop = None
 
     async def __aenter__(self: _Self) -> _Self:
         return self

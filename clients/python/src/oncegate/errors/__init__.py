@@ -26,7 +26,8 @@
 (:class:`~oncegate.errors.gate.UnsettledGrant`): after reconciling, ``err.complete(result)`` or
 ``err.release()`` settles it.
 
-``LEASE_NOT_EXPIRED`` and ``APPROVAL_NOT_PENDING`` (answers to operator RPCs) and ``INTERNAL`` (a
+``LEASE_NOT_EXPIRED``, ``APPROVAL_NOT_PENDING`` and ``ALREADY_SETTLED`` (answers to operator and
+resolver RPCs) and ``INTERNAL`` (a
 server fault) come as
 :class:`OncegateError` itself, with ``reason`` set. :mod:`oncegate.errors.gate` owns the gate's
 errors, :mod:`oncegate.errors.status` decodes them (:func:`from_rpc_error`), and

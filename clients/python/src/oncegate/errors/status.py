@@ -65,12 +65,13 @@ BY_REASON: Mapping[str, type[OncegateError]] = {
         )
         if cls.REASON is not None
     },
-    # Three reasons get the generic class, with `reason` set: LEASE_NOT_EXPIRED and
-    # APPROVAL_NOT_PENDING answer only operator RPCs (ResolveExpired, DecideApproval), which this
-    # client does not call; INTERNAL is a fault on the server's side (logged there) that a caller
-    # can only report, not handle or retry.
+    # Four reasons get the generic class, with `reason` set: LEASE_NOT_EXPIRED,
+    # APPROVAL_NOT_PENDING and ALREADY_SETTLED answer only operator and resolver RPCs
+    # (ResolveExpired, DecideApproval), which a worker does not call; INTERNAL is a fault on the
+    # server's side (logged there) that a caller can only report, not handle or retry.
     ErrorReason.Name(ErrorReason.LEASE_NOT_EXPIRED): OncegateError,
     ErrorReason.Name(ErrorReason.APPROVAL_NOT_PENDING): OncegateError,
+    ErrorReason.Name(ErrorReason.ALREADY_SETTLED): OncegateError,
     ErrorReason.Name(ErrorReason.INTERNAL): OncegateError,
 }
 """The exception class of each ``ErrorReason`` (every value but ``ERROR_REASON_UNSPECIFIED``)."""

@@ -78,6 +78,7 @@ class ErrorReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     POLICY_DENIED: _ClassVar[ErrorReason]
     BUDGET_EXCEEDED: _ClassVar[ErrorReason]
     APPROVAL_NOT_PENDING: _ClassVar[ErrorReason]
+    ALREADY_SETTLED: _ClassVar[ErrorReason]
 DECISION_UNSPECIFIED: Decision
 DECISION_GRANTED: Decision
 DECISION_ALREADY_COMPLETED: Decision
@@ -122,6 +123,7 @@ INTERNAL: ErrorReason
 POLICY_DENIED: ErrorReason
 BUDGET_EXCEEDED: ErrorReason
 APPROVAL_NOT_PENDING: ErrorReason
+ALREADY_SETTLED: ErrorReason
 
 class Scope(_message.Message):
     __slots__ = ("agent_id", "run_id")
@@ -301,6 +303,18 @@ class GetActionResponse(_message.Message):
     provider_key: str
     def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
 
+class WatchUnresolvedRequest(_message.Message):
+    __slots__ = ("agent_id",)
+    AGENT_ID_FIELD_NUMBER: _ClassVar[int]
+    agent_id: str
+    def __init__(self, agent_id: _Optional[str] = ...) -> None: ...
+
+class WatchUnresolvedResponse(_message.Message):
+    __slots__ = ("action",)
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    action: UnresolvedAction
+    def __init__(self, action: _Optional[_Union[UnresolvedAction, _Mapping]] = ...) -> None: ...
+
 class ListUndeliverableEventsRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -456,18 +470,20 @@ class RecordExternalCompletionResponse(_message.Message):
     def __init__(self, completion: _Optional[_Union[Completion, _Mapping]] = ..., recorded: _Optional[bool] = ...) -> None: ...
 
 class ResolveExpiredRequest(_message.Message):
-    __slots__ = ("action", "resolution", "receipt", "note", "receipt_format")
+    __slots__ = ("action", "resolution", "receipt", "note", "receipt_format", "expected_fencing")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     RESOLUTION_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FENCING_FIELD_NUMBER: _ClassVar[int]
     action: ActionRef
     resolution: Resolution
     receipt: bytes
     note: str
     receipt_format: ReceiptFormat
-    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., resolution: _Optional[_Union[Resolution, str]] = ..., receipt: _Optional[bytes] = ..., note: _Optional[str] = ..., receipt_format: _Optional[_Union[ReceiptFormat, str]] = ...) -> None: ...
+    expected_fencing: int
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., resolution: _Optional[_Union[Resolution, str]] = ..., receipt: _Optional[bytes] = ..., note: _Optional[str] = ..., receipt_format: _Optional[_Union[ReceiptFormat, str]] = ..., expected_fencing: _Optional[int] = ...) -> None: ...
 
 class ResolveExpiredResponse(_message.Message):
     __slots__ = ("fencing", "completion")
@@ -488,7 +504,7 @@ class ListUnresolvedRequest(_message.Message):
     def __init__(self, agent_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
 
 class UnresolvedAction(_message.Message):
-    __slots__ = ("action", "fencing", "lease_expired_at", "holder", "fingerprint", "token", "provider_key")
+    __slots__ = ("action", "fencing", "lease_expired_at", "holder", "fingerprint", "token", "provider_key", "action_name", "params_json")
     ACTION_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
     LEASE_EXPIRED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -496,6 +512,8 @@ class UnresolvedAction(_message.Message):
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_KEY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     action: ActionRef
     fencing: int
     lease_expired_at: _timestamp_pb2.Timestamp
@@ -503,7 +521,9 @@ class UnresolvedAction(_message.Message):
     fingerprint: str
     token: str
     provider_key: str
-    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., fencing: _Optional[int] = ..., lease_expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., fingerprint: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
+    action_name: str
+    params_json: str
+    def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ..., fencing: _Optional[int] = ..., lease_expired_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., holder: _Optional[str] = ..., fingerprint: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ..., action_name: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
 
 class ListUnresolvedResponse(_message.Message):
     __slots__ = ("actions", "next_page_token")

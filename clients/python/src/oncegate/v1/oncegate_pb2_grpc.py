@@ -285,7 +285,9 @@ class ActionGateService:
 
 class GateAdminServiceStub:
     """The operator API: settles what needs a human. Every RPC needs an operator principal; agent
-    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE).
+    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE). Approvers may call DecideApproval and
+    ListApprovals; resolvers WatchUnresolved and ResolveExpired (with `expected_fencing`), and
+    nothing else.
     """
 
     def __init__(self, channel):
@@ -334,11 +336,18 @@ class GateAdminServiceStub:
                 request_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsRequest.SerializeToString,
                 response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsResponse.FromString,
                 _registered_method=True)
+        self.WatchUnresolved = channel.unary_stream(
+                '/oncegate.v1.GateAdminService/WatchUnresolved',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedResponse.FromString,
+                _registered_method=True)
 
 
 class GateAdminServiceServicer:
     """The operator API: settles what needs a human. Every RPC needs an operator principal; agent
-    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE).
+    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE). Approvers may call DecideApproval and
+    ListApprovals; resolvers WatchUnresolved and ResolveExpired (with `expected_fencing`), and
+    nothing else.
     """
 
     def RecordExternalCompletion(self, request, context):
@@ -412,6 +421,17 @@ class GateAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchUnresolved(self, request, context):
+        """Streams the unresolved actions a resolver (or an operator) may settle: first every action
+        unresolved now, then each action whose lease ends with no outcome, within seconds of its lease
+        end (one scan per gate replica, shared by every stream). An action may be sent more than once
+        (a reconnect, a gate restart): settle it with ResolveExpired and `expected_fencing`, which
+        settles it at most once. Allowed to resolvers and operators, for their agents.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GateAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -455,6 +475,11 @@ def add_GateAdminServiceServicer_to_server(servicer, server):
                     request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsRequest.FromString,
                     response_serializer=oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsResponse.SerializeToString,
             ),
+            'WatchUnresolved': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchUnresolved,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'oncegate.v1.GateAdminService', rpc_method_handlers)
@@ -465,7 +490,9 @@ def add_GateAdminServiceServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class GateAdminService:
     """The operator API: settles what needs a human. Every RPC needs an operator principal; agent
-    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE).
+    principals get PERMISSION_DENIED (FORBIDDEN_SCOPE). Approvers may call DecideApproval and
+    ListApprovals; resolvers WatchUnresolved and ResolveExpired (with `expected_fencing`), and
+    nothing else.
     """
 
     @staticmethod
@@ -674,6 +701,33 @@ class GateAdminService:
             '/oncegate.v1.GateAdminService/ListUndeliverableEvents',
             oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsRequest.SerializeToString,
             oncegate_dot_v1_dot_oncegate__pb2.ListUndeliverableEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchUnresolved(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/WatchUnresolved',
+            oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -30,6 +30,10 @@ pub(super) fn req(fp: &str, holder: &str, token: &str, on_expiry: OnExpiry) -> T
         max_superseded: MAX_SUPERSEDED,
         hold: None,
         charges: Vec::new(),
+        asked: Asked {
+            action: "payments.transfer".into(),
+            params: format!(r#"{{"fp":"{fp}"}}"#),
+        },
     }
 }
 

@@ -136,7 +136,7 @@ fn external_completion_after_release_keeps_the_fencing_and_after_a_worker_is_ref
 #[test]
 fn resolve_expired_only_settles_expired_leases() {
     assert_eq!(
-        resolve_expired(None, &Resolution::Failed, 0).reply,
+        resolve_expired(None, &Resolution::Failed, None, 0).reply,
         Err(Refusal::NotExpired {
             state: State::Absent
         })
@@ -148,7 +148,7 @@ fn resolve_expired_only_settles_expired_leases() {
     assert!(is_unresolved(rec.as_ref(), LEASE));
     assert!(!is_unresolved(rec.as_ref(), LEASE - 1));
     assert_eq!(
-        resolve_expired(rec.as_ref(), &Resolution::Failed, LEASE - 1).reply,
+        resolve_expired(rec.as_ref(), &Resolution::Failed, None, LEASE - 1).reply,
         Err(Refusal::NotExpired {
             state: State::Authorized
         })
@@ -159,6 +159,7 @@ fn resolve_expired_only_settles_expired_leases() {
         run(&mut failed, |r| resolve_expired(
             r,
             &Resolution::Failed,
+            None,
             LEASE
         )),
         Ok(Resolved::Released { fencing: 1 })
@@ -176,7 +177,7 @@ fn resolve_expired_only_settles_expired_leases() {
     // Completed: an operator completion; the expired holder hears COMPLETED_BY_OTHER.
     let mut done = rec.clone();
     let Ok(Resolved::Completed(completion)) = run(&mut done, |r| {
-        resolve_expired(r, &resolved_completed(b"p"), LEASE)
+        resolve_expired(r, &resolved_completed(b"p"), None, LEASE)
     }) else {
         panic!("expected a completion");
     };
@@ -192,7 +193,7 @@ fn resolve_expired_only_settles_expired_leases() {
         })
     );
     assert_eq!(
-        resolve_expired(done.as_ref(), &Resolution::Failed, LEASE + 3).reply,
+        resolve_expired(done.as_ref(), &Resolution::Failed, None, LEASE + 3).reply,
         Err(Refusal::AlreadyCompleted)
     );
 }
@@ -213,7 +214,10 @@ fn superseded_grants_are_resolved_one_at_a_time() {
     run(&mut rec, |r| release(r, "t3", 2 * LEASE + 1)).unwrap();
     // t2 (the newest superseded grant) is the one to reconcile first, then t1.
     let now = 2 * LEASE + 2;
-    let first = run(&mut rec, |r| resolve_expired(r, &Resolution::Failed, now)).unwrap();
+    let first = run(&mut rec, |r| {
+        resolve_expired(r, &Resolution::Failed, None, now)
+    })
+    .unwrap();
     assert_eq!(
         first,
         Resolved::Released {
@@ -222,7 +226,10 @@ fn superseded_grants_are_resolved_one_at_a_time() {
     );
     assert_eq!(view(rec.as_ref(), now).state, State::Expired);
     assert_eq!(rec.as_ref().unwrap().expires_at, None);
-    let second = run(&mut rec, |r| resolve_expired(r, &Resolution::Failed, now)).unwrap();
+    let second = run(&mut rec, |r| {
+        resolve_expired(r, &Resolution::Failed, None, now)
+    })
+    .unwrap();
     assert_eq!(
         second,
         Resolved::Released {
@@ -236,4 +243,74 @@ fn superseded_grants_are_resolved_one_at_a_time() {
         request_token(r, &req("f", "", "t4", OnExpiry::Reconcile), now + 1)
     }));
     assert_eq!(next.fencing, t3.fencing + 1);
+}
+
+#[test]
+fn a_resolver_settles_only_the_grant_it_was_shown() {
+    // Two resolvers saw the same expired grant (fencing 1 after a regrant: t1 superseded by t2,
+    // whose lease also ended). The first settles it; the second is told, and nothing changes.
+    let mut rec = None;
+    run(&mut rec, |_| {
+        request_token(None, &req("f", "", "t1", OnExpiry::Regrant), 0)
+    })
+    .unwrap();
+    let t2 = granted(run(&mut rec, |r| {
+        request_token(r, &req("f", "", "t2", OnExpiry::Regrant), LEASE)
+    }));
+    let now = 2 * LEASE;
+    let shown = view(rec.as_ref(), now);
+    assert_eq!((shown.state, shown.fencing), (State::Expired, t2.fencing));
+    let stale = Some(t2.fencing - 1);
+    assert_eq!(
+        resolve_expired(rec.as_ref(), &Resolution::Failed, stale, now).reply,
+        Err(Refusal::AlreadySettled {
+            state: State::Expired,
+            fencing: t2.fencing
+        }),
+        "a grant that is not the unresolved one is not settled"
+    );
+    let expected = Some(t2.fencing);
+    let first = run(&mut rec, |r| {
+        resolve_expired(r, &Resolution::Failed, expected, now)
+    });
+    assert_eq!(
+        first,
+        Ok(Resolved::Released {
+            fencing: t2.fencing
+        })
+    );
+    // The released record still waits on t1 (EXPIRED, fencing t2 - 1): the second resolver of
+    // t2 must not settle t1 in its place.
+    let before = rec.clone();
+    assert_eq!(
+        resolve_expired(rec.as_ref(), &Resolution::Failed, expected, now).reply,
+        Err(Refusal::AlreadySettled {
+            state: State::Expired,
+            fencing: t2.fencing - 1
+        })
+    );
+    assert_eq!(rec, before);
+    // Completed by one resolver: the other hears ALREADY_COMPLETED, even with a receipt.
+    let done = run(&mut rec, |r| {
+        resolve_expired(r, &resolved_completed(b"p"), Some(t2.fencing - 1), now)
+    });
+    assert!(matches!(done, Ok(Resolved::Completed(_))), "{done:?}");
+    assert_eq!(
+        resolve_expired(
+            rec.as_ref(),
+            &resolved_completed(b"q"),
+            Some(t2.fencing - 1),
+            now
+        )
+        .reply,
+        Err(Refusal::AlreadyCompleted)
+    );
+    // Nothing there at all (never granted, or forgotten): settled as far as a resolver knows.
+    assert_eq!(
+        resolve_expired(None, &Resolution::Failed, Some(7), now).reply,
+        Err(Refusal::AlreadySettled {
+            state: State::Absent,
+            fencing: 0
+        })
+    );
 }

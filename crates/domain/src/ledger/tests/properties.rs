@@ -102,7 +102,7 @@ proptest! {
                 Op::Resolve { completed } => {
                     let before = view(rec.as_ref(), now).state;
                     let resolution = if completed { resolved_completed(b"p") } else { Resolution::Failed };
-                    let step = resolve_expired(rec.as_ref(), &resolution, now);
+                    let step = resolve_expired(rec.as_ref(), &resolution, None, now);
                     prop_assert_eq!(step.reply.is_ok(), before == State::Expired);
                     if let Ok(Resolved::Completed(done)) = apply(&mut rec, step) {
                         completion = Some(done);

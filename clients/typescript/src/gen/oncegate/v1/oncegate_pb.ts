@@ -22,7 +22,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file oncegate/v1/oncegate.proto.
  */
 export const file_oncegate_v1_oncegate: GenFile = /*@__PURE__*/
-  fileDesc("ChpvbmNlZ2F0ZS92MS9vbmNlZ2F0ZS5wcm90bxILb25jZWdhdGUudjEiKQoFU2NvcGUSEAoIYWdlbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJIjsKCUFjdGlvblJlZhIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEgsKA2tleRgCIAEoCSLHAQoTUmVxdWVzdFRva2VuUmVxdWVzdBIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEg4KBmFjdGlvbhgCIAEoCRITCgtwYXJhbXNfanNvbhgDIAEoCRIRCglpbnRlbnRfaWQYBCABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAUgASgJEg4KBmhvbGRlchgGIAEoCRIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iigIKFFJlcXVlc3RUb2tlblJlc3BvbnNlEicKCGRlY2lzaW9uGAEgASgOMhUub25jZWdhdGUudjEuRGVjaXNpb24SJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEiEKBWdyYW50GAQgASgLMhIub25jZWdhdGUudjEuR3JhbnQSKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEwoLcmVkZWxpdmVyZWQYBiABKAgSJwoIYXBwcm92YWwYByABKAsyFS5vbmNlZ2F0ZS52MS5BcHByb3ZhbCJpCghBcHByb3ZhbBIKCgJpZBgBIAEoCRIuCgpleHBpcmVzX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglwb2xpY3lfaWQYAyABKAkSDgoGcmVhc29uGAQgASgJIqUBCgVHcmFudBINCgV0b2tlbhgBIAEoCRIPCgdmZW5jaW5nGAIgASgEEjQKEGxlYXNlX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhQKDHByb3ZpZGVyX2tleRgEIAEoCRIdChVyZXBsaWNhc19hY2tub3dsZWRnZWQYBSABKA0SEQoJc3RhdGVtZW50GAYgASgJIpICCgpDb21wbGV0aW9uEg8KB3JlY2VpcHQYASABKAwSMAoMY29tcGxldGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdmZW5jaW5nGAMgASgEEg0KBXRva2VuGAQgASgJEi0KBnNvdXJjZRgFIAEoDjIdLm9uY2VnYXRlLnYxLkNvbXBsZXRpb25Tb3VyY2USDAoEbm90ZRgGIAEoCRIQCghvcGVyYXRvchgHIAEoCRILCgNzZXEYCCABKAQSEQoJc3RhdGVtZW50GAkgASgJEjIKDnJlY2VpcHRfZm9ybWF0GAogASgOMhoub25jZWdhdGUudjEuUmVjZWlwdEZvcm1hdCJZCg9Db21wbGV0ZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEg8KB3JlY2VpcHQYAyABKAwiPwoQQ29tcGxldGVSZXNwb25zZRIrCgpjb21wbGV0aW9uGAEgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbiJzCg5SZWxlYXNlUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDQoFdG9rZW4YAiABKAkSKgoGcmVhc29uGAMgASgOMhoub25jZWdhdGUudjEuUmVsZWFzZVJlYXNvbiIiCg9SZWxlYXNlUmVzcG9uc2USDwoHZmVuY2luZxgBIAEoBCJzChJFeHRlbmRMZWFzZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJLChNFeHRlbmRMZWFzZVJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjoKEEdldEFjdGlvblJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmIvoBChFHZXRBY3Rpb25SZXNwb25zZRInCgVzdGF0ZRgBIAEoDjIYLm9uY2VnYXRlLnYxLkFjdGlvblN0YXRlEg8KB2ZlbmNpbmcYAiABKAQSEwoLZmluZ2VycHJpbnQYAyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SDgoGaG9sZGVyGAYgASgJEg0KBXRva2VuGAcgASgJEhQKDHByb3ZpZGVyX2tleRgIIAEoCSJHCh5MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgNEhIKCnBhZ2VfdG9rZW4YAiABKAki2gEKElVuZGVsaXZlcmFibGVFdmVudBIKCgJpZBgBIAEoCRIPCgd3ZWJob29rGAIgASgJEhIKCmV2ZW50X3R5cGUYAyABKAkSEAoIYXR0ZW1wdHMYBCABKA0SEgoKbGFzdF9lcnJvchgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIvCgtnaXZlbl91cF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDAoEYm9keRgIIAEoCSKTAQofTGlzdFVuZGVsaXZlcmFibGVFdmVudHNSZXNwb25zZRIvCgZldmVudHMYASADKAsyHy5vbmNlZ2F0ZS52MS5VbmRlbGl2ZXJhYmxlRXZlbnQSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJEg8KB3BlbmRpbmcYAyABKAQSFQoNdW5kZWxpdmVyYWJsZRgEIAEoBCJzChVEZWNpZGVBcHByb3ZhbFJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2FwcHJvdmFsX2lkGAIgASgJEg8KB2FwcHJvdmUYAyABKAgSDAoEbm90ZRgEIAEoCSKaAgoNQXBwcm92YWxFbnRyeRImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSJwoIYXBwcm92YWwYAiABKAsyFS5vbmNlZ2F0ZS52MS5BcHByb3ZhbBIpCgVzdGF0ZRgDIAEoDjIaLm9uY2VnYXRlLnYxLkFwcHJvdmFsU3RhdGUSEwoLYWN0aW9uX25hbWUYBCABKAkSEwoLZmluZ2VycHJpbnQYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEAoIb3BlcmF0b3IYByABKAkSDAoEbm90ZRgIIAEoCRITCgtwYXJhbXNfanNvbhgJIAEoCSJGChZEZWNpZGVBcHByb3ZhbFJlc3BvbnNlEiwKCGFwcHJvdmFsGAEgASgLMhoub25jZWdhdGUudjEuQXBwcm92YWxFbnRyeSJPChRMaXN0QXBwcm92YWxzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSJfChVMaXN0QXBwcm92YWxzUmVzcG9uc2USLQoJYXBwcm92YWxzGAEgAygLMhoub25jZWdhdGUudjEuQXBwcm92YWxFbnRyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiJQoRR2V0QnVkZ2V0c1JlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkivgEKC0J1ZGdldFVzYWdlEg4KBmJ1ZGdldBgBIAEoCRITCgthY3Rpb25fbmFtZRgCIAEoCRINCgVncm91cBgDIAEoCRIMCgR1c2VkGAQgASgJEg0KBWxpbWl0GAUgASgJEikKBndpbmRvdxgGIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhIzCg9uZXh0X3JlbGVhc2VfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIj8KEkdldEJ1ZGdldHNSZXNwb25zZRIpCgdidWRnZXRzGAEgAygLMhgub25jZWdhdGUudjEuQnVkZ2V0VXNhZ2Ui2QEKH1JlY29yZEV4dGVybmFsQ29tcGxldGlvblJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg8KB3JlY2VpcHQYAiABKAwSDAoEbm90ZRgDIAEoCRITCgthY3Rpb25fbmFtZRgEIAEoCRITCgtwYXJhbXNfanNvbhgFIAEoCRIRCglpbnRlbnRfaWQYBiABKAkSMgoOcmVjZWlwdF9mb3JtYXQYByABKA4yGi5vbmNlZ2F0ZS52MS5SZWNlaXB0Rm9ybWF0ImEKIFJlY29yZEV4dGVybmFsQ29tcGxldGlvblJlc3BvbnNlEisKCmNvbXBsZXRpb24YASABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uEhAKCHJlY29yZGVkGAIgASgIIr8BChVSZXNvbHZlRXhwaXJlZFJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEisKCnJlc29sdXRpb24YAiABKA4yFy5vbmNlZ2F0ZS52MS5SZXNvbHV0aW9uEg8KB3JlY2VpcHQYAyABKAwSDAoEbm90ZRgEIAEoCRIyCg5yZWNlaXB0X2Zvcm1hdBgFIAEoDjIaLm9uY2VnYXRlLnYxLlJlY2VpcHRGb3JtYXQiVgoWUmVzb2x2ZUV4cGlyZWRSZXNwb25zZRIPCgdmZW5jaW5nGAEgASgEEisKCmNvbXBsZXRpb24YAiABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uIlAKFUxpc3RVbnJlc29sdmVkUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSLLAQoQVW5yZXNvbHZlZEFjdGlvbhImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHZmVuY2luZxgCIAEoBBI0ChBsZWFzZV9leHBpcmVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZob2xkZXIYBCABKAkSEwoLZmluZ2VycHJpbnQYBSABKAkSDQoFdG9rZW4YBiABKAkSFAoMcHJvdmlkZXJfa2V5GAcgASgJImEKFkxpc3RVbnJlc29sdmVkUmVzcG9uc2USLgoHYWN0aW9ucxgBIAMoCzIdLm9uY2VnYXRlLnYxLlVucmVzb2x2ZWRBY3Rpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KFUV4cG9ydFJlY2VpcHRzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSEQoJcGFnZV9zaXplGAMgASgNIvUBCgxSZWNlaXB0RW50cnkSCwoDc2VxGAEgASgEEiYKBmFjdGlvbhgCIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhITCgtmaW5nZXJwcmludBgDIAEoCRIWCg5yZWNlaXB0X2RpZ2VzdBgEIAEoCRIPCgdmZW5jaW5nGAUgASgEEi0KBnNvdXJjZRgGIAEoDjIdLm9uY2VnYXRlLnYxLkNvbXBsZXRpb25Tb3VyY2USMAoMY29tcGxldGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglzdGF0ZW1lbnQYCCABKAkiagoWRXhwb3J0UmVjZWlwdHNSZXNwb25zZRIqCgdlbnRyaWVzGAEgAygLMhkub25jZWdhdGUudjEuUmVjZWlwdEVudHJ5EhYKDm5leHRfYWZ0ZXJfc2VxGAIgASgEEgwKBGp3a3MYAyABKAkqeQoIRGVjaXNpb24SGAoUREVDSVNJT05fVU5TUEVDSUZJRUQQABIUChBERUNJU0lPTl9HUkFOVEVEEAESHgoaREVDSVNJT05fQUxSRUFEWV9DT01QTEVURUQQAhIdChlERUNJU0lPTl9QRU5ESU5HX0FQUFJPVkFMEAMqcwoQQ29tcGxldGlvblNvdXJjZRIhCh1DT01QTEVUSU9OX1NPVVJDRV9VTlNQRUNJRklFRBAAEhwKGENPTVBMRVRJT05fU09VUkNFX1dPUktFUhABEh4KGkNPTVBMRVRJT05fU09VUkNFX09QRVJBVE9SEAIqYQoNUmVjZWlwdEZvcm1hdBIeChpSRUNFSVBUX0ZPUk1BVF9VTlNQRUNJRklFRBAAEhcKE1JFQ0VJUFRfRk9STUFUX0pTT04QARIXChNSRUNFSVBUX0ZPUk1BVF9URVhUEAIqdgoNUmVsZWFzZVJlYXNvbhIeChpSRUxFQVNFX1JFQVNPTl9VTlNQRUNJRklFRBAAEiMKH1JFTEVBU0VfUkVBU09OX0RFRklOSVRFX0ZBSUxVUkUQARIgChxSRUxFQVNFX1JFQVNPTl9OT1RfQVRURU1QVEVEEAIqlwEKC0FjdGlvblN0YXRlEhwKGEFDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhcKE0FDVElPTl9TVEFURV9BQlNFTlQQARIbChdBQ1RJT05fU1RBVEVfQVVUSE9SSVpFRBACEhoKFkFDVElPTl9TVEFURV9DT01QTEVURUQQAxIYChRBQ1RJT05fU1RBVEVfRVhQSVJFRBAEKpwBCg1BcHByb3ZhbFN0YXRlEh4KGkFQUFJPVkFMX1NUQVRFX1VOU1BFQ0lGSUVEEAASGgoWQVBQUk9WQUxfU1RBVEVfUEVORElORxABEhsKF0FQUFJPVkFMX1NUQVRFX0FQUFJPVkVEEAISGQoVQVBQUk9WQUxfU1RBVEVfREVOSUVEEAMSFwoTQVBQUk9WQUxfU1RBVEVfVVNFRBAEKlkKClJlc29sdXRpb24SGgoWUkVTT0xVVElPTl9VTlNQRUNJRklFRBAAEhgKFFJFU09MVVRJT05fQ09NUExFVEVEEAESFQoRUkVTT0xVVElPTl9GQUlMRUQQAiqnAwoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASGgoWSURFTVBPVEVOQ1lfS0VZX1JFVVNFRBABEhsKF0lERU1QT1RFTkNZX0lOX1BST0dSRVNTEAISHAoYTEVBU0VfRVhQSVJFRF9VTlJFU09MVkVEEAMSEgoOVE9LRU5fTUlTTUFUQ0gQBBIRCg1UT0tFTl9VTktOT1dOEAUSFgoSQ09NUExFVEVEX0JZX09USEVSEAYSFQoRQUxSRUFEWV9DT01QTEVURUQQBxIVChFMRUFTRV9OT1RfRVhQSVJFRBAIEhMKD0lOVkFMSURfUkVRVUVTVBAJEhMKD1VOQVVUSEVOVElDQVRFRBAKEhMKD0ZPUkJJRERFTl9TQ09QRRALEhAKDFJBVEVfTElNSVRFRBAMEhUKEVNUT1JFX1VOQVZBSUxBQkxFEA0SDAoISU5URVJOQUwQDhIRCg1QT0xJQ1lfREVOSUVEEA8SEwoPQlVER0VUX0VYQ0VFREVEEBASGAoUQVBQUk9WQUxfTk9UX1BFTkRJTkcQETKVAwoRQWN0aW9uR2F0ZVNlcnZpY2USUwoMUmVxdWVzdFRva2VuEiAub25jZWdhdGUudjEuUmVxdWVzdFRva2VuUmVxdWVzdBohLm9uY2VnYXRlLnYxLlJlcXVlc3RUb2tlblJlc3BvbnNlEkcKCENvbXBsZXRlEhwub25jZWdhdGUudjEuQ29tcGxldGVSZXF1ZXN0Gh0ub25jZWdhdGUudjEuQ29tcGxldGVSZXNwb25zZRJECgdSZWxlYXNlEhsub25jZWdhdGUudjEuUmVsZWFzZVJlcXVlc3QaHC5vbmNlZ2F0ZS52MS5SZWxlYXNlUmVzcG9uc2USUAoLRXh0ZW5kTGVhc2USHy5vbmNlZ2F0ZS52MS5FeHRlbmRMZWFzZVJlcXVlc3QaIC5vbmNlZ2F0ZS52MS5FeHRlbmRMZWFzZVJlc3BvbnNlEkoKCUdldEFjdGlvbhIdLm9uY2VnYXRlLnYxLkdldEFjdGlvblJlcXVlc3QaHi5vbmNlZ2F0ZS52MS5HZXRBY3Rpb25SZXNwb25zZTKUBgoQR2F0ZUFkbWluU2VydmljZRJ3ChhSZWNvcmRFeHRlcm5hbENvbXBsZXRpb24SLC5vbmNlZ2F0ZS52MS5SZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXF1ZXN0Gi0ub25jZWdhdGUudjEuUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVzcG9uc2USWQoOUmVzb2x2ZUV4cGlyZWQSIi5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlc3BvbnNlElkKDkxpc3RVbnJlc29sdmVkEiIub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXF1ZXN0GiMub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXNwb25zZRJZCg5FeHBvcnRSZWNlaXB0cxIiLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVxdWVzdBojLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVzcG9uc2USWQoORGVjaWRlQXBwcm92YWwSIi5vbmNlZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlElYKDUxpc3RBcHByb3ZhbHMSIS5vbmNlZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBoiLm9uY2VnYXRlLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJNCgpHZXRCdWRnZXRzEh4ub25jZWdhdGUudjEuR2V0QnVkZ2V0c1JlcXVlc3QaHy5vbmNlZ2F0ZS52MS5HZXRCdWRnZXRzUmVzcG9uc2USdAoXTGlzdFVuZGVsaXZlcmFibGVFdmVudHMSKy5vbmNlZ2F0ZS52MS5MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1JlcXVlc3QaLC5vbmNlZ2F0ZS52MS5MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1Jlc3BvbnNlYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChpvbmNlZ2F0ZS92MS9vbmNlZ2F0ZS5wcm90bxILb25jZWdhdGUudjEiKQoFU2NvcGUSEAoIYWdlbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJIjsKCUFjdGlvblJlZhIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEgsKA2tleRgCIAEoCSLHAQoTUmVxdWVzdFRva2VuUmVxdWVzdBIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEg4KBmFjdGlvbhgCIAEoCRITCgtwYXJhbXNfanNvbhgDIAEoCRIRCglpbnRlbnRfaWQYBCABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAUgASgJEg4KBmhvbGRlchgGIAEoCRIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iigIKFFJlcXVlc3RUb2tlblJlc3BvbnNlEicKCGRlY2lzaW9uGAEgASgOMhUub25jZWdhdGUudjEuRGVjaXNpb24SJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEiEKBWdyYW50GAQgASgLMhIub25jZWdhdGUudjEuR3JhbnQSKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEwoLcmVkZWxpdmVyZWQYBiABKAgSJwoIYXBwcm92YWwYByABKAsyFS5vbmNlZ2F0ZS52MS5BcHByb3ZhbCJpCghBcHByb3ZhbBIKCgJpZBgBIAEoCRIuCgpleHBpcmVzX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglwb2xpY3lfaWQYAyABKAkSDgoGcmVhc29uGAQgASgJIqUBCgVHcmFudBINCgV0b2tlbhgBIAEoCRIPCgdmZW5jaW5nGAIgASgEEjQKEGxlYXNlX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhQKDHByb3ZpZGVyX2tleRgEIAEoCRIdChVyZXBsaWNhc19hY2tub3dsZWRnZWQYBSABKA0SEQoJc3RhdGVtZW50GAYgASgJIpICCgpDb21wbGV0aW9uEg8KB3JlY2VpcHQYASABKAwSMAoMY29tcGxldGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdmZW5jaW5nGAMgASgEEg0KBXRva2VuGAQgASgJEi0KBnNvdXJjZRgFIAEoDjIdLm9uY2VnYXRlLnYxLkNvbXBsZXRpb25Tb3VyY2USDAoEbm90ZRgGIAEoCRIQCghvcGVyYXRvchgHIAEoCRILCgNzZXEYCCABKAQSEQoJc3RhdGVtZW50GAkgASgJEjIKDnJlY2VpcHRfZm9ybWF0GAogASgOMhoub25jZWdhdGUudjEuUmVjZWlwdEZvcm1hdCJZCg9Db21wbGV0ZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEg8KB3JlY2VpcHQYAyABKAwiPwoQQ29tcGxldGVSZXNwb25zZRIrCgpjb21wbGV0aW9uGAEgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbiJzCg5SZWxlYXNlUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDQoFdG9rZW4YAiABKAkSKgoGcmVhc29uGAMgASgOMhoub25jZWdhdGUudjEuUmVsZWFzZVJlYXNvbiIiCg9SZWxlYXNlUmVzcG9uc2USDwoHZmVuY2luZxgBIAEoBCJzChJFeHRlbmRMZWFzZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJLChNFeHRlbmRMZWFzZVJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjoKEEdldEFjdGlvblJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmIvoBChFHZXRBY3Rpb25SZXNwb25zZRInCgVzdGF0ZRgBIAEoDjIYLm9uY2VnYXRlLnYxLkFjdGlvblN0YXRlEg8KB2ZlbmNpbmcYAiABKAQSEwoLZmluZ2VycHJpbnQYAyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SDgoGaG9sZGVyGAYgASgJEg0KBXRva2VuGAcgASgJEhQKDHByb3ZpZGVyX2tleRgIIAEoCSIqChZXYXRjaFVucmVzb2x2ZWRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIkgKF1dhdGNoVW5yZXNvbHZlZFJlc3BvbnNlEi0KBmFjdGlvbhgBIAEoCzIdLm9uY2VnYXRlLnYxLlVucmVzb2x2ZWRBY3Rpb24iRwoeTGlzdFVuZGVsaXZlcmFibGVFdmVudHNSZXF1ZXN0EhEKCXBhZ2Vfc2l6ZRgBIAEoDRISCgpwYWdlX3Rva2VuGAIgASgJItoBChJVbmRlbGl2ZXJhYmxlRXZlbnQSCgoCaWQYASABKAkSDwoHd2ViaG9vaxgCIAEoCRISCgpldmVudF90eXBlGAMgASgJEhAKCGF0dGVtcHRzGAQgASgNEhIKCmxhc3RfZXJyb3IYBSABKAkSLgoKY3JlYXRlZF9hdBgGIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASLwoLZ2l2ZW5fdXBfYXQYByABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgwKBGJvZHkYCCABKAkikwEKH0xpc3RVbmRlbGl2ZXJhYmxlRXZlbnRzUmVzcG9uc2USLwoGZXZlbnRzGAEgAygLMh8ub25jZWdhdGUudjEuVW5kZWxpdmVyYWJsZUV2ZW50EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCRIPCgdwZW5kaW5nGAMgASgEEhUKDXVuZGVsaXZlcmFibGUYBCABKAQicwoVRGVjaWRlQXBwcm92YWxSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhITCgthcHByb3ZhbF9pZBgCIAEoCRIPCgdhcHByb3ZlGAMgASgIEgwKBG5vdGUYBCABKAkimgIKDUFwcHJvdmFsRW50cnkSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEicKCGFwcHJvdmFsGAIgASgLMhUub25jZWdhdGUudjEuQXBwcm92YWwSKQoFc3RhdGUYAyABKA4yGi5vbmNlZ2F0ZS52MS5BcHByb3ZhbFN0YXRlEhMKC2FjdGlvbl9uYW1lGAQgASgJEhMKC2ZpbmdlcnByaW50GAUgASgJEi4KCmNyZWF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhAKCG9wZXJhdG9yGAcgASgJEgwKBG5vdGUYCCABKAkSEwoLcGFyYW1zX2pzb24YCSABKAkiRgoWRGVjaWRlQXBwcm92YWxSZXNwb25zZRIsCghhcHByb3ZhbBgBIAEoCzIaLm9uY2VnYXRlLnYxLkFwcHJvdmFsRW50cnkiTwoUTGlzdEFwcHJvdmFsc1JlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAkiXwoVTGlzdEFwcHJvdmFsc1Jlc3BvbnNlEi0KCWFwcHJvdmFscxgBIAMoCzIaLm9uY2VnYXRlLnYxLkFwcHJvdmFsRW50cnkSFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIiUKEUdldEJ1ZGdldHNSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIr4BCgtCdWRnZXRVc2FnZRIOCgZidWRnZXQYASABKAkSEwoLYWN0aW9uX25hbWUYAiABKAkSDQoFZ3JvdXAYAyABKAkSDAoEdXNlZBgEIAEoCRINCgVsaW1pdBgFIAEoCRIpCgZ3aW5kb3cYBiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SMwoPbmV4dF9yZWxlYXNlX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcCI/ChJHZXRCdWRnZXRzUmVzcG9uc2USKQoHYnVkZ2V0cxgBIAMoCzIYLm9uY2VnYXRlLnYxLkJ1ZGdldFVzYWdlItkBCh9SZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhIPCgdyZWNlaXB0GAIgASgMEgwKBG5vdGUYAyABKAkSEwoLYWN0aW9uX25hbWUYBCABKAkSEwoLcGFyYW1zX2pzb24YBSABKAkSEQoJaW50ZW50X2lkGAYgASgJEjIKDnJlY2VpcHRfZm9ybWF0GAcgASgOMhoub25jZWdhdGUudjEuUmVjZWlwdEZvcm1hdCJhCiBSZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXNwb25zZRIrCgpjb21wbGV0aW9uGAEgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbhIQCghyZWNvcmRlZBgCIAEoCCLZAQoVUmVzb2x2ZUV4cGlyZWRSZXF1ZXN0EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhIrCgpyZXNvbHV0aW9uGAIgASgOMhcub25jZWdhdGUudjEuUmVzb2x1dGlvbhIPCgdyZWNlaXB0GAMgASgMEgwKBG5vdGUYBCABKAkSMgoOcmVjZWlwdF9mb3JtYXQYBSABKA4yGi5vbmNlZ2F0ZS52MS5SZWNlaXB0Rm9ybWF0EhgKEGV4cGVjdGVkX2ZlbmNpbmcYBiABKAQiVgoWUmVzb2x2ZUV4cGlyZWRSZXNwb25zZRIPCgdmZW5jaW5nGAEgASgEEisKCmNvbXBsZXRpb24YAiABKAsyFy5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uIlAKFUxpc3RVbnJlc29sdmVkUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglwYWdlX3NpemUYAiABKA0SEgoKcGFnZV90b2tlbhgDIAEoCSL1AQoQVW5yZXNvbHZlZEFjdGlvbhImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHZmVuY2luZxgCIAEoBBI0ChBsZWFzZV9leHBpcmVkX2F0GAMgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIOCgZob2xkZXIYBCABKAkSEwoLZmluZ2VycHJpbnQYBSABKAkSDQoFdG9rZW4YBiABKAkSFAoMcHJvdmlkZXJfa2V5GAcgASgJEhMKC2FjdGlvbl9uYW1lGAggASgJEhMKC3BhcmFtc19qc29uGAkgASgJImEKFkxpc3RVbnJlc29sdmVkUmVzcG9uc2USLgoHYWN0aW9ucxgBIAMoCzIdLm9uY2VnYXRlLnYxLlVucmVzb2x2ZWRBY3Rpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIk8KFUV4cG9ydFJlY2VpcHRzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCRIRCglhZnRlcl9zZXEYAiABKAQSEQoJcGFnZV9zaXplGAMgASgNIvUBCgxSZWNlaXB0RW50cnkSCwoDc2VxGAEgASgEEiYKBmFjdGlvbhgCIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhITCgtmaW5nZXJwcmludBgDIAEoCRIWCg5yZWNlaXB0X2RpZ2VzdBgEIAEoCRIPCgdmZW5jaW5nGAUgASgEEi0KBnNvdXJjZRgGIAEoDjIdLm9uY2VnYXRlLnYxLkNvbXBsZXRpb25Tb3VyY2USMAoMY29tcGxldGVkX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglzdGF0ZW1lbnQYCCABKAkiagoWRXhwb3J0UmVjZWlwdHNSZXNwb25zZRIqCgdlbnRyaWVzGAEgAygLMhkub25jZWdhdGUudjEuUmVjZWlwdEVudHJ5EhYKDm5leHRfYWZ0ZXJfc2VxGAIgASgEEgwKBGp3a3MYAyABKAkqeQoIRGVjaXNpb24SGAoUREVDSVNJT05fVU5TUEVDSUZJRUQQABIUChBERUNJU0lPTl9HUkFOVEVEEAESHgoaREVDSVNJT05fQUxSRUFEWV9DT01QTEVURUQQAhIdChlERUNJU0lPTl9QRU5ESU5HX0FQUFJPVkFMEAMqcwoQQ29tcGxldGlvblNvdXJjZRIhCh1DT01QTEVUSU9OX1NPVVJDRV9VTlNQRUNJRklFRBAAEhwKGENPTVBMRVRJT05fU09VUkNFX1dPUktFUhABEh4KGkNPTVBMRVRJT05fU09VUkNFX09QRVJBVE9SEAIqYQoNUmVjZWlwdEZvcm1hdBIeChpSRUNFSVBUX0ZPUk1BVF9VTlNQRUNJRklFRBAAEhcKE1JFQ0VJUFRfRk9STUFUX0pTT04QARIXChNSRUNFSVBUX0ZPUk1BVF9URVhUEAIqdgoNUmVsZWFzZVJlYXNvbhIeChpSRUxFQVNFX1JFQVNPTl9VTlNQRUNJRklFRBAAEiMKH1JFTEVBU0VfUkVBU09OX0RFRklOSVRFX0ZBSUxVUkUQARIgChxSRUxFQVNFX1JFQVNPTl9OT1RfQVRURU1QVEVEEAIqlwEKC0FjdGlvblN0YXRlEhwKGEFDVElPTl9TVEFURV9VTlNQRUNJRklFRBAAEhcKE0FDVElPTl9TVEFURV9BQlNFTlQQARIbChdBQ1RJT05fU1RBVEVfQVVUSE9SSVpFRBACEhoKFkFDVElPTl9TVEFURV9DT01QTEVURUQQAxIYChRBQ1RJT05fU1RBVEVfRVhQSVJFRBAEKpwBCg1BcHByb3ZhbFN0YXRlEh4KGkFQUFJPVkFMX1NUQVRFX1VOU1BFQ0lGSUVEEAASGgoWQVBQUk9WQUxfU1RBVEVfUEVORElORxABEhsKF0FQUFJPVkFMX1NUQVRFX0FQUFJPVkVEEAISGQoVQVBQUk9WQUxfU1RBVEVfREVOSUVEEAMSFwoTQVBQUk9WQUxfU1RBVEVfVVNFRBAEKlkKClJlc29sdXRpb24SGgoWUkVTT0xVVElPTl9VTlNQRUNJRklFRBAAEhgKFFJFU09MVVRJT05fQ09NUExFVEVEEAESFQoRUkVTT0xVVElPTl9GQUlMRUQQAiq8AwoLRXJyb3JSZWFzb24SHAoYRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASGgoWSURFTVBPVEVOQ1lfS0VZX1JFVVNFRBABEhsKF0lERU1QT1RFTkNZX0lOX1BST0dSRVNTEAISHAoYTEVBU0VfRVhQSVJFRF9VTlJFU09MVkVEEAMSEgoOVE9LRU5fTUlTTUFUQ0gQBBIRCg1UT0tFTl9VTktOT1dOEAUSFgoSQ09NUExFVEVEX0JZX09USEVSEAYSFQoRQUxSRUFEWV9DT01QTEVURUQQBxIVChFMRUFTRV9OT1RfRVhQSVJFRBAIEhMKD0lOVkFMSURfUkVRVUVTVBAJEhMKD1VOQVVUSEVOVElDQVRFRBAKEhMKD0ZPUkJJRERFTl9TQ09QRRALEhAKDFJBVEVfTElNSVRFRBAMEhUKEVNUT1JFX1VOQVZBSUxBQkxFEA0SDAoISU5URVJOQUwQDhIRCg1QT0xJQ1lfREVOSUVEEA8SEwoPQlVER0VUX0VYQ0VFREVEEBASGAoUQVBQUk9WQUxfTk9UX1BFTkRJTkcQERITCg9BTFJFQURZX1NFVFRMRUQQEjKVAwoRQWN0aW9uR2F0ZVNlcnZpY2USUwoMUmVxdWVzdFRva2VuEiAub25jZWdhdGUudjEuUmVxdWVzdFRva2VuUmVxdWVzdBohLm9uY2VnYXRlLnYxLlJlcXVlc3RUb2tlblJlc3BvbnNlEkcKCENvbXBsZXRlEhwub25jZWdhdGUudjEuQ29tcGxldGVSZXF1ZXN0Gh0ub25jZWdhdGUudjEuQ29tcGxldGVSZXNwb25zZRJECgdSZWxlYXNlEhsub25jZWdhdGUudjEuUmVsZWFzZVJlcXVlc3QaHC5vbmNlZ2F0ZS52MS5SZWxlYXNlUmVzcG9uc2USUAoLRXh0ZW5kTGVhc2USHy5vbmNlZ2F0ZS52MS5FeHRlbmRMZWFzZVJlcXVlc3QaIC5vbmNlZ2F0ZS52MS5FeHRlbmRMZWFzZVJlc3BvbnNlEkoKCUdldEFjdGlvbhIdLm9uY2VnYXRlLnYxLkdldEFjdGlvblJlcXVlc3QaHi5vbmNlZ2F0ZS52MS5HZXRBY3Rpb25SZXNwb25zZTL0BgoQR2F0ZUFkbWluU2VydmljZRJ3ChhSZWNvcmRFeHRlcm5hbENvbXBsZXRpb24SLC5vbmNlZ2F0ZS52MS5SZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXF1ZXN0Gi0ub25jZWdhdGUudjEuUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVzcG9uc2USWQoOUmVzb2x2ZUV4cGlyZWQSIi5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlc3BvbnNlElkKDkxpc3RVbnJlc29sdmVkEiIub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXF1ZXN0GiMub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXNwb25zZRJZCg5FeHBvcnRSZWNlaXB0cxIiLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVxdWVzdBojLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVzcG9uc2USWQoORGVjaWRlQXBwcm92YWwSIi5vbmNlZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlElYKDUxpc3RBcHByb3ZhbHMSIS5vbmNlZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBoiLm9uY2VnYXRlLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJNCgpHZXRCdWRnZXRzEh4ub25jZWdhdGUudjEuR2V0QnVkZ2V0c1JlcXVlc3QaHy5vbmNlZ2F0ZS52MS5HZXRCdWRnZXRzUmVzcG9uc2USdAoXTGlzdFVuZGVsaXZlcmFibGVFdmVudHMSKy5vbmNlZ2F0ZS52MS5MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1JlcXVlc3QaLC5vbmNlZ2F0ZS52MS5MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1Jlc3BvbnNlEl4KD1dhdGNoVW5yZXNvbHZlZBIjLm9uY2VnYXRlLnYxLldhdGNoVW5yZXNvbHZlZFJlcXVlc3QaJC5vbmNlZ2F0ZS52MS5XYXRjaFVucmVzb2x2ZWRSZXNwb25zZTABYgZwcm90bzM", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
 
 /**
  * Who acts: the agent and the workflow run the action belongs to.
@@ -671,6 +671,50 @@ export const GetActionResponseSchema: GenMessage<GetActionResponse> = /*@__PURE_
   messageDesc(file_oncegate_v1_oncegate, 14);
 
 /**
+ * Asks for the unresolved actions as they appear.
+ *
+ * @generated from message oncegate.v1.WatchUnresolvedRequest
+ */
+export type WatchUnresolvedRequest = Message<"oncegate.v1.WatchUnresolvedRequest"> & {
+  /**
+   * Only this agent's actions; every agent the caller acts for when empty.
+   *
+   * @generated from field: string agent_id = 1;
+   */
+  agentId: string;
+};
+
+/**
+ * Describes the message oncegate.v1.WatchUnresolvedRequest.
+ * Use `create(WatchUnresolvedRequestSchema)` to create a new message.
+ */
+export const WatchUnresolvedRequestSchema: GenMessage<WatchUnresolvedRequest> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 15);
+
+/**
+ * One unresolved action to settle.
+ *
+ * @generated from message oncegate.v1.WatchUnresolvedResponse
+ */
+export type WatchUnresolvedResponse = Message<"oncegate.v1.WatchUnresolvedResponse"> & {
+  /**
+   * What settling it needs: the action, its action type and params, the unsettled grant's token
+   * and fencing (pass it as ResolveExpired's `expected_fencing`), the provider key, when its
+   * lease ended.
+   *
+   * @generated from field: oncegate.v1.UnresolvedAction action = 1;
+   */
+  action?: UnresolvedAction | undefined;
+};
+
+/**
+ * Describes the message oncegate.v1.WatchUnresolvedResponse.
+ * Use `create(WatchUnresolvedResponseSchema)` to create a new message.
+ */
+export const WatchUnresolvedResponseSchema: GenMessage<WatchUnresolvedResponse> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 16);
+
+/**
  * Asks for a page of undeliverable webhook events.
  *
  * @generated from message oncegate.v1.ListUndeliverableEventsRequest
@@ -696,7 +740,7 @@ export type ListUndeliverableEventsRequest = Message<"oncegate.v1.ListUndelivera
  * Use `create(ListUndeliverableEventsRequestSchema)` to create a new message.
  */
 export const ListUndeliverableEventsRequestSchema: GenMessage<ListUndeliverableEventsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 15);
+  messageDesc(file_oncegate_v1_oncegate, 17);
 
 /**
  * One webhook event given up after its last delivery attempt.
@@ -767,7 +811,7 @@ export type UndeliverableEvent = Message<"oncegate.v1.UndeliverableEvent"> & {
  * Use `create(UndeliverableEventSchema)` to create a new message.
  */
 export const UndeliverableEventSchema: GenMessage<UndeliverableEvent> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 16);
+  messageDesc(file_oncegate_v1_oncegate, 18);
 
 /**
  * A page of undeliverable webhook events.
@@ -809,7 +853,7 @@ export type ListUndeliverableEventsResponse = Message<"oncegate.v1.ListUndeliver
  * Use `create(ListUndeliverableEventsResponseSchema)` to create a new message.
  */
 export const ListUndeliverableEventsResponseSchema: GenMessage<ListUndeliverableEventsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 17);
+  messageDesc(file_oncegate_v1_oncegate, 19);
 
 /**
  * An operator's decision on a held action.
@@ -851,7 +895,7 @@ export type DecideApprovalRequest = Message<"oncegate.v1.DecideApprovalRequest">
  * Use `create(DecideApprovalRequestSchema)` to create a new message.
  */
 export const DecideApprovalRequestSchema: GenMessage<DecideApprovalRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 18);
+  messageDesc(file_oncegate_v1_oncegate, 20);
 
 /**
  * One approval as it stands.
@@ -929,7 +973,7 @@ export type ApprovalEntry = Message<"oncegate.v1.ApprovalEntry"> & {
  * Use `create(ApprovalEntrySchema)` to create a new message.
  */
 export const ApprovalEntrySchema: GenMessage<ApprovalEntry> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 19);
+  messageDesc(file_oncegate_v1_oncegate, 21);
 
 /**
  * The answer to DecideApproval.
@@ -950,7 +994,7 @@ export type DecideApprovalResponse = Message<"oncegate.v1.DecideApprovalResponse
  * Use `create(DecideApprovalResponseSchema)` to create a new message.
  */
 export const DecideApprovalResponseSchema: GenMessage<DecideApprovalResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 20);
+  messageDesc(file_oncegate_v1_oncegate, 22);
 
 /**
  * Asks for a page of one agent's approvals.
@@ -985,7 +1029,7 @@ export type ListApprovalsRequest = Message<"oncegate.v1.ListApprovalsRequest"> &
  * Use `create(ListApprovalsRequestSchema)` to create a new message.
  */
 export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 21);
+  messageDesc(file_oncegate_v1_oncegate, 23);
 
 /**
  * A page of approvals.
@@ -1013,7 +1057,7 @@ export type ListApprovalsResponse = Message<"oncegate.v1.ListApprovalsResponse">
  * Use `create(ListApprovalsResponseSchema)` to create a new message.
  */
 export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 22);
+  messageDesc(file_oncegate_v1_oncegate, 24);
 
 /**
  * Asks for one agent's budgets.
@@ -1034,7 +1078,7 @@ export type GetBudgetsRequest = Message<"oncegate.v1.GetBudgetsRequest"> & {
  * Use `create(GetBudgetsRequestSchema)` to create a new message.
  */
 export const GetBudgetsRequestSchema: GenMessage<GetBudgetsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 23);
+  messageDesc(file_oncegate_v1_oncegate, 25);
 
 /**
  * One budget bucket of one agent: a budget, for one action when the budget counts per action,
@@ -1099,7 +1143,7 @@ export type BudgetUsage = Message<"oncegate.v1.BudgetUsage"> & {
  * Use `create(BudgetUsageSchema)` to create a new message.
  */
 export const BudgetUsageSchema: GenMessage<BudgetUsage> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 24);
+  messageDesc(file_oncegate_v1_oncegate, 26);
 
 /**
  * The answer to GetBudgets.
@@ -1120,7 +1164,7 @@ export type GetBudgetsResponse = Message<"oncegate.v1.GetBudgetsResponse"> & {
  * Use `create(GetBudgetsResponseSchema)` to create a new message.
  */
 export const GetBudgetsResponseSchema: GenMessage<GetBudgetsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 25);
+  messageDesc(file_oncegate_v1_oncegate, 27);
 
 /**
  * Records a completion done by hand.
@@ -1185,7 +1229,7 @@ export type RecordExternalCompletionRequest = Message<"oncegate.v1.RecordExterna
  * Use `create(RecordExternalCompletionRequestSchema)` to create a new message.
  */
 export const RecordExternalCompletionRequestSchema: GenMessage<RecordExternalCompletionRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 26);
+  messageDesc(file_oncegate_v1_oncegate, 28);
 
 /**
  * The answer to RecordExternalCompletion.
@@ -1213,7 +1257,7 @@ export type RecordExternalCompletionResponse = Message<"oncegate.v1.RecordExtern
  * Use `create(RecordExternalCompletionResponseSchema)` to create a new message.
  */
 export const RecordExternalCompletionResponseSchema: GenMessage<RecordExternalCompletionResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 27);
+  messageDesc(file_oncegate_v1_oncegate, 29);
 
 /**
  * Settles one expired action.
@@ -1256,6 +1300,15 @@ export type ResolveExpiredRequest = Message<"oncegate.v1.ResolveExpiredRequest">
    * @generated from field: oncegate.v1.ReceiptFormat receipt_format = 5;
    */
   receiptFormat: ReceiptFormat;
+
+  /**
+   * When non-zero, settle only while the action is unresolved with this fencing number (the
+   * UnresolvedAction's `fencing`): otherwise ALREADY_SETTLED (or ALREADY_COMPLETED), and nothing
+   * is written. Resolvers must set it, so that two of them never settle one grant twice.
+   *
+   * @generated from field: uint64 expected_fencing = 6;
+   */
+  expectedFencing: bigint;
 };
 
 /**
@@ -1263,7 +1316,7 @@ export type ResolveExpiredRequest = Message<"oncegate.v1.ResolveExpiredRequest">
  * Use `create(ResolveExpiredRequestSchema)` to create a new message.
  */
 export const ResolveExpiredRequestSchema: GenMessage<ResolveExpiredRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 28);
+  messageDesc(file_oncegate_v1_oncegate, 30);
 
 /**
  * The answer to ResolveExpired.
@@ -1291,7 +1344,7 @@ export type ResolveExpiredResponse = Message<"oncegate.v1.ResolveExpiredResponse
  * Use `create(ResolveExpiredResponseSchema)` to create a new message.
  */
 export const ResolveExpiredResponseSchema: GenMessage<ResolveExpiredResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 29);
+  messageDesc(file_oncegate_v1_oncegate, 31);
 
 /**
  * Asks for a page of unresolved actions.
@@ -1326,7 +1379,7 @@ export type ListUnresolvedRequest = Message<"oncegate.v1.ListUnresolvedRequest">
  * Use `create(ListUnresolvedRequestSchema)` to create a new message.
  */
 export const ListUnresolvedRequestSchema: GenMessage<ListUnresolvedRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 30);
+  messageDesc(file_oncegate_v1_oncegate, 32);
 
 /**
  * One action whose lease expired unresolved.
@@ -1383,6 +1436,21 @@ export type UnresolvedAction = Message<"oncegate.v1.UnresolvedAction"> & {
    * @generated from field: string provider_key = 7;
    */
   providerKey: string;
+
+  /**
+   * The action type the unsettled action's latest grant was asked for (what a resolver picks
+   * its lookup by); empty for records written before gates kept it.
+   *
+   * @generated from field: string action_name = 8;
+   */
+  actionName: string;
+
+  /**
+   * That grant's params as sent (a JSON object as text); empty as `action_name`.
+   *
+   * @generated from field: string params_json = 9;
+   */
+  paramsJson: string;
 };
 
 /**
@@ -1390,7 +1458,7 @@ export type UnresolvedAction = Message<"oncegate.v1.UnresolvedAction"> & {
  * Use `create(UnresolvedActionSchema)` to create a new message.
  */
 export const UnresolvedActionSchema: GenMessage<UnresolvedAction> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 31);
+  messageDesc(file_oncegate_v1_oncegate, 33);
 
 /**
  * A page of unresolved actions.
@@ -1418,7 +1486,7 @@ export type ListUnresolvedResponse = Message<"oncegate.v1.ListUnresolvedResponse
  * Use `create(ListUnresolvedResponseSchema)` to create a new message.
  */
 export const ListUnresolvedResponseSchema: GenMessage<ListUnresolvedResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 32);
+  messageDesc(file_oncegate_v1_oncegate, 34);
 
 /**
  * Asks for a page of one agent's receipt chain.
@@ -1453,7 +1521,7 @@ export type ExportReceiptsRequest = Message<"oncegate.v1.ExportReceiptsRequest">
  * Use `create(ExportReceiptsRequestSchema)` to create a new message.
  */
 export const ExportReceiptsRequestSchema: GenMessage<ExportReceiptsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 33);
+  messageDesc(file_oncegate_v1_oncegate, 35);
 
 /**
  * One entry of an agent's receipt chain, as stored.
@@ -1524,7 +1592,7 @@ export type ReceiptEntry = Message<"oncegate.v1.ReceiptEntry"> & {
  * Use `create(ReceiptEntrySchema)` to create a new message.
  */
 export const ReceiptEntrySchema: GenMessage<ReceiptEntry> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 34);
+  messageDesc(file_oncegate_v1_oncegate, 36);
 
 /**
  * A page of a receipt chain.
@@ -1560,7 +1628,7 @@ export type ExportReceiptsResponse = Message<"oncegate.v1.ExportReceiptsResponse
  * Use `create(ExportReceiptsResponseSchema)` to create a new message.
  */
 export const ExportReceiptsResponseSchema: GenMessage<ExportReceiptsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 35);
+  messageDesc(file_oncegate_v1_oncegate, 37);
 
 /**
  * What the gate decided for a RequestToken that was not refused.
@@ -2004,6 +2072,17 @@ export enum ErrorReason {
    * @generated from enum value: APPROVAL_NOT_PENDING = 17;
    */
   APPROVAL_NOT_PENDING = 17,
+
+  /**
+   * FAILED_PRECONDITION. ResolveExpired with `expected_fencing` of an action no longer unresolved
+   * with that fencing number: another resolver or operator settled it (or a newer grant replaced
+   * it); metadata `state` (as it stands now) and `fencing` (its current number). Nothing was
+   * written. Do not retry.
+   * buf:lint:ignore ENUM_VALUE_PREFIX
+   *
+   * @generated from enum value: ALREADY_SETTLED = 18;
+   */
+  ALREADY_SETTLED = 18,
 }
 
 /**
@@ -2079,7 +2158,9 @@ export const ActionGateService: GenService<{
 
 /**
  * The operator API: settles what needs a human. Every RPC needs an operator principal; agent
- * principals get PERMISSION_DENIED (FORBIDDEN_SCOPE).
+ * principals get PERMISSION_DENIED (FORBIDDEN_SCOPE). Approvers may call DecideApproval and
+ * ListApprovals; resolvers WatchUnresolved and ResolveExpired (with `expected_fencing`), and
+ * nothing else.
  *
  * @generated from service oncegate.v1.GateAdminService
  */
@@ -2178,6 +2259,20 @@ export const GateAdminService: GenService<{
     methodKind: "unary";
     input: typeof ListUndeliverableEventsRequestSchema;
     output: typeof ListUndeliverableEventsResponseSchema;
+  },
+  /**
+   * Streams the unresolved actions a resolver (or an operator) may settle: first every action
+   * unresolved now, then each action whose lease ends with no outcome, within seconds of its lease
+   * end (one scan per gate replica, shared by every stream). An action may be sent more than once
+   * (a reconnect, a gate restart): settle it with ResolveExpired and `expected_fencing`, which
+   * settles it at most once. Allowed to resolvers and operators, for their agents.
+   *
+   * @generated from rpc oncegate.v1.GateAdminService.WatchUnresolved
+   */
+  watchUnresolved: {
+    methodKind: "server_streaming";
+    input: typeof WatchUnresolvedRequestSchema;
+    output: typeof WatchUnresolvedResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_oncegate_v1_oncegate, 1);
