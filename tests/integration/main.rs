@@ -10,6 +10,7 @@ mod budgets;
 mod call_cli;
 mod cli;
 mod client;
+mod console;
 mod conformance;
 mod corrupt;
 mod deploy;

@@ -4,8 +4,9 @@
 //! Owns: what a well-formed request is ([`request`]), which key identifies an action, minting
 //! tokens, the action policies ([`policy`]), RequestToken with its rules, budgets and shadow mode
 //! (`token`, [`rules`], [`authorization`], `shadow`), signing grants and receipts ([`signing`]),
-//! the operator operations ([`operator`], [`approvals`]), the audit trail ([`audit`]) and the
-//! events for webhooks each operation emits ([`events`], never waiting for them). Knows
+//! the operator operations ([`operator`], [`approvals`]), the audit trail ([`audit`]), the
+//! events for webhooks each operation emits ([`events`], never waiting for them) and, for the
+//! console, this replica's recent decisions ([`recent`]). Knows
 //! no gRPC types (the `grpc` layer converts) and decides no state transition (the store applies
 //! the ledger).
 
@@ -17,6 +18,7 @@ pub mod error;
 pub mod events;
 pub mod operator;
 pub mod policy;
+pub mod recent;
 pub mod request;
 pub mod rules;
 mod shadow;
@@ -73,6 +75,8 @@ pub struct Gate {
     authz: Arc<Authorization>,
     /// Where events for webhooks go; `None` (no webhook configured): no event is built.
     events: Option<Emitter>,
+    /// This replica's last RequestToken decisions, for the console; `None`: not kept.
+    recent: Option<Arc<recent::RecentDecisions>>,
 }
 
 impl Gate {
@@ -91,6 +95,7 @@ impl Gate {
             signer: None,
             authz: Arc::default(),
             events: None,
+            recent: None,
         }
     }
 

@@ -301,6 +301,20 @@ class GetActionResponse(_message.Message):
     provider_key: str
     def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
 
+class CreateConsoleLoginRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CreateConsoleLoginResponse(_message.Message):
+    __slots__ = ("code", "expires_in", "principal")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    expires_in: _duration_pb2.Duration
+    principal: str
+    def __init__(self, code: _Optional[str] = ..., expires_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., principal: _Optional[str] = ...) -> None: ...
+
 class ListUndeliverableEventsRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]

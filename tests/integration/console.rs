@@ -1,0 +1,330 @@
+//! The operator console in a real headless Chromium (chromedriver over WebDriver) against a real
+//! gate: an approval granted from the page lets the next identical RequestToken through once; an
+//! unresolved action settled from the page as completed replays its JSON receipt to the agent; a
+//! request without a session, or a POST without or with a wrong CSRF token or from another
+//! origin, changes nothing; an approver decides approvals and cannot settle; params are shown as
+//! text, never as markup. Screenshots of the approvals and unresolved pages go to
+//! `target/tmp/console/` (the ones in docs/images come from there).
+
+use std::path::PathBuf;
+
+use oncegate_grpc::auth::hash_key;
+use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
+use tempfile::TempDir;
+use tonic::{Code, transport::Channel};
+
+use crate::support::{
+    Browser, Kind, OPS_KEY, TestGate, WORKER_KEY, authed, config, expect_error, grant_as,
+    on_stores, principals_toml, token_request, ttl_ms, write_file,
+};
+
+/// The approver principal's API key.
+const APPROVER_KEY: &str = "finance-lead-key-1";
+
+const RULES: &str = r#"
+@id("all") permit(principal, action, resource);
+@id("deletes") @hold("deletes need a person's approval")
+permit(principal, action == Action::"files.delete", resource);
+"#;
+
+/// Rules that hold deletes, the worker and operator of the support, and an approver for
+/// `billing-*`.
+fn setup(dir: &TempDir) -> oncegate_config::ConfigFile {
+    let rules = write_file(dir.path(), "rules.cedar", RULES);
+    config(&format!(
+        "[authorization]\npolicies = [{:?}]\napproval_ttl_seconds = 600\n{}\n\
+         [[principals]]\nname = \"finance-lead\"\nrole = \"approver\"\nagents = [\"billing-*\"]\n\
+         api_key_sha256 = \"{}\"\n",
+        rules.display().to_string(),
+        principals_toml(""),
+        hash_key(APPROVER_KEY)
+    ))
+}
+
+/// A delete of `path` under one idempotency key.
+fn delete(path: &str) -> pb::RequestTokenRequest {
+    let params = serde_json::json!({ "path": path }).to_string();
+    let mut req = token_request("billing-files", "run-7", "files.delete", &params);
+    req.idempotency_key = "delete-1".into();
+    req
+}
+
+async fn ask(gate: &TestGate, req: pb::RequestTokenRequest) -> Result<pb::RequestTokenResponse, tonic::Status> {
+    let mut client = gate.client().await;
+    client
+        .request_token(authed(req, Some(WORKER_KEY)))
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn approvals(admin: &mut GateAdminServiceClient<Channel>) -> Vec<pb::ApprovalEntry> {
+    admin
+        .list_approvals(authed(
+            pb::ListApprovalsRequest {
+                agent_id: "billing-files".into(),
+                ..Default::default()
+            },
+            Some(OPS_KEY),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .approvals
+}
+
+/// Logs in through the form with `credential`.
+async fn log_in(browser: &Browser, url: &str, credential: &str) {
+    browser.goto(&format!("{url}/approvals")).await;
+    assert!(browser.url().await.ends_with("/login"), "no session: the login form");
+    browser.type_into("#credential", credential).await;
+    browser.click("button[type=submit]").await;
+    let at = browser.url().await;
+    assert!(at.ends_with("/approvals"), "{at}: {}", browser.text("main").await);
+}
+
+fn screenshots() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console")
+}
+
+/// (a) A held delete, approved from the page by an operator who logged in with a one-time code:
+/// the next identical RequestToken is granted, once. The params (with markup in them) are shown
+/// as text.
+async fn approve_from_the_page_grants_once(kind: Kind) {
+    let dir = TempDir::new().unwrap();
+    let (gate, url) = TestGate::start_with_console(kind, setup(&dir)).await;
+    let sneaky = "/tmp/<script>document.title='pwned'</script><img src=x onerror=alert(1)>";
+    let held = ask(&gate, delete(sneaky)).await.unwrap();
+    assert_eq!(held.decision(), pb::Decision::PendingApproval, "{held:?}");
+
+    // Day one: the operator asks the gate for a code (here with its key; `oncegate admin
+    // console-login` on the admin socket does the same) and types it into the form.
+    let mut admin = gate.admin().await;
+    let code = admin
+        .create_console_login(authed(pb::CreateConsoleLoginRequest {}, Some(OPS_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(code.principal, "ops");
+    let browser = Browser::start().await;
+    log_in(&browser, &url, &code.code).await;
+
+    let card = "section.approval[data-key='delete-1']";
+    assert!(browser.text(&format!("{card} .state")).await.contains("PENDING"));
+    assert_eq!(
+        browser.text(&format!("{card} .reason")).await,
+        "deletes need a person's approval"
+    );
+    let params = browser.text(&format!("{card} pre.params")).await;
+    assert!(params.contains(sneaky), "params shown as sent, as text: {params}");
+    assert!(browser.all("pre.params script, pre.params img").await.is_empty());
+    assert_eq!(browser.run("return document.title").await, "Approvals · oncegate console");
+    browser.screenshot(&screenshots().join("console-approvals.png")).await;
+
+    browser
+        .type_into(&format!("{card} textarea[name=note]"), "checked with the file owner")
+        .await;
+    browser.click(&format!("{card} button.approve")).await;
+    assert!(browser.text(".flash").await.starts_with("APPROVED files.delete"));
+    let entry = approvals(&mut admin).await.remove(0);
+    assert_eq!(entry.state(), pb::ApprovalState::Approved);
+    assert_eq!(
+        (entry.operator.as_str(), entry.note.as_str()),
+        ("ops", "checked with the file owner")
+    );
+
+    // The next identical request is granted; once released, the next one is held again.
+    let granted = ask(&gate, delete(sneaky)).await.unwrap();
+    assert_eq!(granted.decision(), pb::Decision::Granted, "{granted:?}");
+    let mut client = gate.client().await;
+    client
+        .release(authed(
+            pb::ReleaseRequest {
+                action: granted.action.clone(),
+                token: granted.grant.unwrap().token,
+                reason: pb::ReleaseReason::NotAttempted as i32,
+            },
+            Some(WORKER_KEY),
+        ))
+        .await
+        .unwrap();
+    let again = ask(&gate, delete(sneaky)).await.unwrap();
+    assert_eq!(again.decision(), pb::Decision::PendingApproval, "used once: {again:?}");
+
+    // The code worked once.
+    let second = Browser::start().await;
+    second.goto(&format!("{url}/login")).await;
+    second.type_into("#credential", &code.code).await;
+    second.click("button[type=submit]").await;
+    assert!(second.text("#refused").await.contains("each code works once"));
+}
+on_stores!(approve_from_the_page_grants_once: embedded, redis);
+
+/// (b) A lease that ended with no outcome, settled from the page as completed with a JSON
+/// receipt: the agent's next RequestToken replays that receipt.
+async fn settled_on_the_page_replays_its_receipt(kind: Kind) {
+    let dir = TempDir::new().unwrap();
+    let (gate, url) = TestGate::start_with_console(kind, setup(&dir)).await;
+    let mut client = gate.client().await;
+    let mut req = token_request("billing-pay", "run-3", "payments.transfer", r#"{"amount":12}"#);
+    req.idempotency_key = "pay-12".into();
+    req.lease_ttl = ttl_ms(1000);
+    let (action, g) = grant_as(&mut client, req.clone(), Some(WORKER_KEY)).await;
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
+    let status = ask(&gate, req.clone()).await.unwrap_err();
+    expect_error(&status, Code::FailedPrecondition, "LEASE_EXPIRED_UNRESOLVED");
+
+    let browser = Browser::start().await;
+    log_in(&browser, &url, OPS_KEY).await;
+    browser.goto(&format!("{url}/unresolved")).await;
+    let card = "section.unresolved[data-key='pay-12']";
+    let provider_key = browser.text(&format!("{card} .provider-key")).await;
+    assert_eq!(provider_key, action_provider_key(&action));
+    browser.screenshot(&screenshots().join("console-unresolved.png")).await;
+
+    let receipt = r#"{"transfer":"tr_42","status":"succeeded"}"#;
+    browser.type_into(&format!("{card} textarea[name=receipt]"), receipt).await;
+    browser
+        .type_into(&format!("{card} form textarea[name=note]"), "found tr_42 at the bank")
+        .await;
+    browser.click(&format!("{card} button.approve")).await;
+    assert!(browser.text(".flash").await.starts_with("Settled as completed"));
+
+    let replay = ask(&gate, req).await.unwrap();
+    assert_eq!(replay.decision(), pb::Decision::AlreadyCompleted, "{replay:?}");
+    let done = replay.completion.unwrap();
+    assert_eq!(done.receipt, receipt.as_bytes());
+    assert_eq!(done.receipt_format(), pb::ReceiptFormat::Json);
+    assert_eq!(done.note, "found tr_42 at the bank");
+}
+on_stores!(settled_on_the_page_replays_its_receipt: embedded);
+
+/// The provider key of `action`, as the gate derives it.
+fn action_provider_key(action: &pb::ActionRef) -> String {
+    let scope = action.scope.clone().unwrap();
+    oncegate_domain::ActionKey::new(scope.agent_id, scope.run_id, action.key.clone()).provider_key()
+}
+
+/// (c) No session, no CSRF token, a wrong one, another origin: nothing changes (the approval
+/// stays pending), and the page says why.
+async fn without_session_or_token_nothing_changes(kind: Kind) {
+    let dir = TempDir::new().unwrap();
+    let (gate, url) = TestGate::start_with_console(kind, setup(&dir)).await;
+    let held = ask(&gate, delete("/a")).await.unwrap();
+    let approval_id = held.approval.unwrap().id;
+    let mut admin = gate.admin().await;
+    let pending =
+        |entries: Vec<pb::ApprovalEntry>| entries[0].state() == pb::ApprovalState::Pending;
+
+    // Without credentials: the browser lands on the login form, sees no approval.
+    let browser = Browser::start().await;
+    browser.goto(&format!("{url}/approvals")).await;
+    assert!(browser.url().await.ends_with("/login"));
+    assert!(browser.all("section.approval").await.is_empty());
+    // A forged POST with no session (an HTTP client, no cookie) is refused.
+    let http = crate::support::browser::http_client();
+    let form = format!(
+        "agent=billing-files&run=run-7&key=delete-1&approval_id={approval_id}&decision=approve&csrf=x"
+    );
+    let forged = http
+        .post(format!("{url}/approvals/decide"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(form)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    assert!(forged.text().await.unwrap().contains("No valid session"));
+    assert!(pending(approvals(&mut admin).await));
+
+    // Logged in, a form whose token was removed, then one whose token was changed.
+    log_in(&browser, &url, OPS_KEY).await;
+    let card = "section.approval[data-key='delete-1']";
+    for (tamper, why) in [
+        ("f.querySelector('input[name=csrf]').remove()", "no CSRF token"),
+        ("f.querySelector('input[name=csrf]').value = 'wrong'", "not this session's"),
+    ] {
+        browser.goto(&format!("{url}/approvals")).await;
+        browser
+            .run(&format!(
+                "const f = document.querySelector(\"{card} form\"); {tamper};"
+            ))
+            .await;
+        browser.click(&format!("{card} button.approve")).await;
+        assert!(browser.text("#refused").await.contains(why), "{why}");
+        assert!(pending(approvals(&mut admin).await), "{why}: nothing changed");
+    }
+    // A page of another origin posting the whole form (the right token included) is refused.
+    browser.goto(&format!("{url}/approvals")).await;
+    let csrf = browser
+        .run("return document.querySelector('input[name=csrf]').value")
+        .await;
+    let evil = http
+        .post(format!("{url}/approvals/decide"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", "http://evil.example")
+        .body(format!(
+            "agent=billing-files&run=run-7&key=delete-1&approval_id={approval_id}&decision=approve&csrf={}",
+            csrf.as_str().unwrap()
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(evil.status(), 403, "no session cookie and another origin");
+    assert!(pending(approvals(&mut admin).await));
+
+    // And the untampered form does decide (the checks above refused for their reasons).
+    browser.click(&format!("{card} button.deny")).await;
+    assert!(browser.text(".flash").await.starts_with("DENIED"));
+    let state = approvals(&mut admin).await[0].state();
+    assert_eq!(state, pb::ApprovalState::Denied);
+}
+on_stores!(without_session_or_token_nothing_changes: embedded);
+
+/// (d) An approver (role `approver`) logs in with its key, decides an approval, and cannot see
+/// or settle unresolved actions: a settle it posts anyway changes nothing.
+async fn an_approver_decides_and_cannot_settle(kind: Kind) {
+    let dir = TempDir::new().unwrap();
+    let (gate, url) = TestGate::start_with_console(kind, setup(&dir)).await;
+    ask(&gate, delete("/b")).await.unwrap();
+    let mut client = gate.client().await;
+    let mut req = token_request("billing-pay", "run-3", "payments.transfer", r#"{"amount":5}"#);
+    req.lease_ttl = ttl_ms(1000);
+    let (action, g) = grant_as(&mut client, req, Some(WORKER_KEY)).await;
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
+
+    let browser = Browser::start().await;
+    log_in(&browser, &url, APPROVER_KEY).await;
+    assert!(browser.text("header .who").await.contains("finance-lead (approver)"));
+    let nav = browser.text("header nav").await;
+    assert_eq!(nav, "Approvals", "an approver's navigation: {nav}");
+    let card = "section.approval[data-key='delete-1']";
+    browser.click(&format!("{card} button.approve")).await;
+    assert!(browser.text(".flash").await.starts_with("APPROVED"));
+
+    browser.goto(&format!("{url}/unresolved")).await;
+    assert!(browser.all("section.unresolved").await.is_empty());
+    assert!(browser.text("p.error").await.contains("its role is approver"));
+    // A settle form posted anyway (built in the page, with the session's own token) is refused.
+    let scope = action.scope.clone().unwrap();
+    browser
+        .run(&format!(
+            "const f = document.createElement('form'); f.method = 'post'; \
+             f.action = '/unresolved/settle'; \
+             for (const [n, v] of Object.entries({{csrf: document.querySelector('input[name=csrf]').value, \
+               agent: '{}', run: '{}', key: '{}', outcome: 'failed'}})) {{ \
+               const i = document.createElement('input'); i.name = n; i.value = v; f.append(i); }} \
+             document.body.append(f); f.submit();",
+            scope.agent_id, scope.run_id, action.key
+        ))
+        .await;
+    assert!(browser.text(".flash").await.starts_with("Not settled"));
+    let mut admin = gate.admin().await;
+    let still = admin
+        .list_unresolved(authed(pb::ListUnresolvedRequest::default(), Some(OPS_KEY)))
+        .await
+        .unwrap()
+        .into_inner()
+        .actions;
+    assert_eq!(still.len(), 1, "still unresolved: {still:?}");
+}
+on_stores!(an_approver_decides_and_cannot_settle: embedded);
