@@ -31,4 +31,3 @@ impl Asked<'_> {
         &self.session.principal
     }
 }
-

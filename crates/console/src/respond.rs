@@ -38,7 +38,10 @@ pub fn html_response(status: StatusCode, body: String) -> Response<Full<Bytes>> 
     response
 }
 
-pub fn with_type(mut response: Response<Full<Bytes>>, content_type: &'static str) -> Response<Full<Bytes>> {
+pub fn with_type(
+    mut response: Response<Full<Bytes>>,
+    content_type: &'static str,
+) -> Response<Full<Bytes>> {
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -61,7 +64,10 @@ fn secured(mut response: Response<Full<Bytes>>) -> Response<Full<Bytes>> {
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
     headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }

@@ -96,8 +96,10 @@ async fn checked_form(
     if !asked.session.csrf_matches(token) {
         let why = match token.is_empty() {
             true => "The form carried no CSRF token: nothing was changed.",
-            false => "The form's CSRF token is not this session's: nothing was changed. Reload the \
-                      page and submit it again.",
+            false => {
+                "The form's CSRF token is not this session's: nothing was changed. Reload the \
+                      page and submit it again."
+            }
         };
         audit_refusal(&asked.session.principal.name, why);
         return Err(refused(why));
@@ -161,7 +163,9 @@ async fn login(console: &Console, req: Request<Incoming>) -> Response<Full<Bytes
             tracing::info!(target: AUDIT, principal = %p.name, decision = "console_login_refused",
                 "console");
             return pages::login(
-                Some("That key is an agent's: the console needs an operator or approver principal."),
+                Some(
+                    "That key is an agent's: the console needs an operator or approver principal.",
+                ),
                 StatusCode::FORBIDDEN,
             );
         }
@@ -200,4 +204,3 @@ fn session_cookie<B>(req: &Request<B>) -> Option<String> {
         .find(|(name, _)| *name == SESSION_COOKIE)
         .map(|(_, value)| value.to_owned())
 }
-

@@ -80,10 +80,13 @@ impl Sessions {
             csrf: random_token(),
             started: now,
         };
-        open.insert(digest(&id), Entry {
-            session,
-            flash: None,
-        });
+        open.insert(
+            digest(&id),
+            Entry {
+                session,
+                flash: None,
+            },
+        );
         id
     }
 

@@ -65,7 +65,11 @@ impl RecentDecisions {
         matches: impl Fn(&RecentDecision) -> bool,
     ) -> Vec<RecentDecision> {
         let ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
-        ring.iter().filter(|d| matches(d)).take(limit).cloned().collect()
+        ring.iter()
+            .filter(|d| matches(d))
+            .take(limit)
+            .cloned()
+            .collect()
     }
 }
 

@@ -125,7 +125,8 @@ impl Browser {
 
     /// Opens `url` and waits for the page to load.
     pub async fn goto(&self, url: &str) {
-        self.call("POST", &self.at("/url"), json!({ "url": url })).await;
+        self.call("POST", &self.at("/url"), json!({ "url": url }))
+            .await;
     }
 
     /// The current page's URL.
@@ -144,7 +145,10 @@ impl Browser {
             .iter()
             .map(|e| {
                 let id = e[ELEMENT].as_str();
-                Element(id.unwrap_or_else(|| panic!("not an element: {e}")).to_owned())
+                Element(
+                    id.unwrap_or_else(|| panic!("not an element: {e}"))
+                        .to_owned(),
+                )
             })
             .collect()
     }

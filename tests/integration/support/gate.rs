@@ -166,7 +166,8 @@ impl TestGate {
             .with_authorization(authorization)
             .with_recent_decisions(oncegate_console::RECENT_DECISIONS);
         let logins = oncegate_grpc::auth::LoginCodes::default();
-        let console = oncegate_console::Console::new(gate.clone(), principals.clone(), logins.clone());
+        let console =
+            oncegate_console::Console::new(gate.clone(), principals.clone(), logins.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         tokio::spawn(oncegate_console::serve(

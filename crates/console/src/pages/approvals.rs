@@ -36,9 +36,16 @@ pub async fn page(asked: &Asked<'_>) -> Response<Full<Bytes>> {
         }
     }
     // Pending first, then by when they were asked for.
-    entries.sort_by_key(|e| (e.approval.state != ApprovalState::Pending, e.approval.created_at));
+    entries.sort_by_key(|e| {
+        (
+            e.approval.state != ApprovalState::Pending,
+            e.approval.created_at,
+        )
+    });
     if entries.is_empty() {
-        body.push_str("<p id=\"empty\">No approvals are waiting, decided or unused for these agents.</p>");
+        body.push_str(
+            "<p id=\"empty\">No approvals are waiting, decided or unused for these agents.</p>",
+        );
     }
     for entry in &entries {
         body.push_str(&card(asked, entry));
@@ -51,7 +58,9 @@ fn card(asked: &Asked<'_>, entry: &ApprovalEntry) -> String {
     let (key, a) = (&entry.key, &entry.approval);
     let params = match serde_json::from_str::<serde_json::Value>(&a.params) {
         Ok(value) => serde_json::to_string_pretty(&value).unwrap_or_else(|_| a.params.clone()),
-        Err(_) if a.params.is_empty() => "(not kept: asked for before this gate kept params)".into(),
+        Err(_) if a.params.is_empty() => {
+            "(not kept: asked for before this gate kept params)".into()
+        }
         Err(_) => a.params.clone(),
     };
     let decided = match a.operator.is_empty() {
@@ -73,9 +82,11 @@ fn card(asked: &Asked<'_>, entry: &ApprovalEntry) -> String {
             fields = action_fields(asked, &key.agent_id, &key.run_id, &key.key),
             id = esc(&a.id),
         ),
-        ApprovalState::Approved => "<p class=\"note\">Approved: the next identical RequestToken of \
+        ApprovalState::Approved => {
+            "<p class=\"note\">Approved: the next identical RequestToken of \
              this action is granted, once.</p>"
-            .into(),
+                .into()
+        }
         ApprovalState::Used => "<p class=\"note\">Approved and used by a grant.</p>".into(),
         ApprovalState::Denied => "<p class=\"note\">Denied: identical requests are refused until \
              it lapses.</p>"

@@ -18,9 +18,9 @@ use super::{
     html::{self, Frame, esc},
     respond,
 };
-use oncegate_observe::telemetry::AUDIT;
 use oncegate_gate::GateError;
 use oncegate_grpc::auth::Capability;
+use oncegate_observe::telemetry::AUDIT;
 
 /// Agents a page lists when it is not told one, at most.
 const MAX_AGENTS: usize = 100;

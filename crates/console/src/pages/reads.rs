@@ -130,7 +130,9 @@ pub async fn budgets(asked: &Asked<'_>) -> Response<Full<Bytes>> {
         }
     }
     if rows.is_empty() {
-        body.push_str("<p id=\"empty\">No spending within any budget's window for these agents.</p>");
+        body.push_str(
+            "<p id=\"empty\">No spending within any budget's window for these agents.</p>",
+        );
     } else {
         let _ = write!(
             body,

@@ -56,7 +56,9 @@ pub async fn page(asked: &Asked<'_>) -> Response<Full<Bytes>> {
         }
     }
     if items.is_empty() {
-        body.push_str("<p id=\"empty\">No unresolved actions: every lease ended with an outcome.</p>");
+        body.push_str(
+            "<p id=\"empty\">No unresolved actions: every lease ended with an outcome.</p>",
+        );
     }
     for item in &items {
         body.push_str(&card(asked, item));
@@ -136,7 +138,10 @@ pub async fn settle(asked: &Asked<'_>, form: &Fields) -> Response<Full<Bytes>> {
         _ => Err(GateError::invalid("outcome", "must be completed or failed")),
     };
     let gate = &asked.console.inner.gate;
-    let result = match (principal.authorize(&key.agent_id, Capability::Settle), resolution) {
+    let result = match (
+        principal.authorize(&key.agent_id, Capability::Settle),
+        resolution,
+    ) {
         (Err(e), _) | (Ok(()), Err(e)) => Err(e),
         (Ok(()), Ok(resolution)) => gate.resolve_expired(&key, resolution, &note).await,
     };

@@ -46,7 +46,10 @@ impl LoginCodes {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         open.retain(|_, (_, issued)| now.duration_since(*issued) < LOGIN_CODE_TTL);
         if open.len() >= MAX_OPEN_CODES
-            && let Some(oldest) = open.iter().min_by_key(|(_, (_, t))| *t).map(|(c, _)| c.clone())
+            && let Some(oldest) = open
+                .iter()
+                .min_by_key(|(_, (_, t))| *t)
+                .map(|(c, _)| c.clone())
         {
             open.remove(&oldest);
         }
@@ -118,9 +121,7 @@ mod tests {
     #[test]
     fn a_code_logs_in_once_as_who_asked() {
         let codes = LoginCodes::default();
-        let issued = codes
-            .issue(Arc::new(Principal::local_operator()))
-            .unwrap();
+        let issued = codes.issue(Arc::new(Principal::local_operator())).unwrap();
         assert_eq!(issued.code.len(), 19, "{}", issued.code);
         assert!(codes.redeem("nope").is_none());
         let typed = issued.code.to_lowercase().replace('-', " ");
