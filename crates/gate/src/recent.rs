@@ -130,7 +130,7 @@ impl Gate {
 mod tests {
     use super::*;
 
-    fn decision(n: u64) -> RecentDecision {
+    fn decision(n: i64) -> RecentDecision {
         RecentDecision {
             at: n,
             agent_id: format!("a{}", n % 2),
@@ -149,9 +149,9 @@ mod tests {
         for n in 0..5 {
             ring.push(decision(n));
         }
-        let all: Vec<u64> = ring.newest(10, |_| true).iter().map(|d| d.at).collect();
+        let all: Vec<i64> = ring.newest(10, |_| true).iter().map(|d| d.at).collect();
         assert_eq!(all, [4, 3, 2]);
-        let odd: Vec<u64> = ring
+        let odd: Vec<i64> = ring
             .newest(10, |d| d.agent_id == "a1")
             .iter()
             .map(|d| d.at)

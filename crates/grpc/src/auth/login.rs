@@ -23,8 +23,11 @@ const MAX_OPEN_CODES: usize = 64;
 /// The login codes this gate issued and not yet redeemed. Cheap to clone.
 #[derive(Debug, Clone, Default)]
 pub struct LoginCodes {
-    open: Arc<Mutex<HashMap<String, (Arc<Principal>, Instant)>>>,
+    open: Arc<Mutex<HashMap<String, Open>>>,
 }
+
+/// An open code's principal and when it was issued.
+type Open = (Arc<Principal>, Instant);
 
 /// A code as issued: what to type, and how long it works.
 #[derive(Debug, Clone)]
