@@ -15,8 +15,8 @@ use tonic::{Code, transport::Channel};
 
 use crate::support::{
     Browser, Kind, LoggedGate, OPS_KEY, TestGate, WORKER_KEY, authed, browser::http_client, config,
-    expect_error, free_port, grant_as, on_stores, oncegate_command, principals_toml, token_request,
-    ttl_ms, write_file,
+    expect_error, free_port, grant_as, on_stores, oncegate_command, principals_toml, serve_to_exit,
+    token_request, ttl_ms, write_file,
 };
 
 /// The approver principal's API key.
@@ -528,4 +528,22 @@ async fn day_one_a_code_from_the_admin_socket_opens_a_session() {
     let again = login(code).await.unwrap();
     assert_eq!(again.status(), 403, "a code works once");
     gate.wait_for_log("console_login", 1);
+}
+
+/// The console is plain HTTP: a non-loopback address is refused (exit 64) unless `--insecure`.
+#[test]
+fn a_console_off_loopback_needs_insecure() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("data");
+    let (code, stderr) = serve_to_exit(&[
+        "--console-listen",
+        "0.0.0.0:0",
+        "--data-dir",
+        data.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("refusing --console-listen 0.0.0.0:0") && stderr.contains("--insecure"),
+        "{stderr}"
+    );
 }
