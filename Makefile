@@ -9,14 +9,15 @@ BUF := npx --yes @bufbuild/buf@1.75.0
 
 .PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts dist test-soak soak example-python example-typescript bench clean fuzz
 
-## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data. ARGS passes flags
+## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data and the operator
+## console on http://127.0.0.1:7480/ (ONCEGATE_CONSOLE_LISTEN moves it). ARGS passes flags
 ## to `oncegate serve`, e.g. make run ARGS="--config policies.toml --log-format json". The binary
 ## it builds is target/release/oncegate; the first build says so, and cargo shows its progress.
 run:
 	@test -x target/release/oncegate || echo "make run: first build of the gate (release, every dependency; a few minutes on 2 cores; cargo prints each crate as it compiles). Later runs rebuild only what changed."
 	$(CARGO) build --release --locked --bin oncegate
-	@echo "make run: starting the gate on 127.0.0.1:50051, embedded store in ./oncegate-data. On this machine target/release/oncegate admin needs no key (it uses ./oncegate-data/admin.sock). Ctrl-C stops the gate."
-	target/release/oncegate serve $(ARGS)
+	@echo "make run: starting the gate on 127.0.0.1:50051, embedded store in ./oncegate-data. On this machine target/release/oncegate admin needs no key (it uses ./oncegate-data/admin.sock). Operator console: http://$${ONCEGATE_CONSOLE_LISTEN-127.0.0.1:7480}/ (log in with the code target/release/oncegate admin console-login prints). Ctrl-C stops the gate."
+	ONCEGATE_CONSOLE_LISTEN=$${ONCEGATE_CONSOLE_LISTEN-127.0.0.1:7480} target/release/oncegate serve $(ARGS)
 
 ## Start clean: delete the records `make run` keeps in ./oncegate-data (the build stays).
 clean-data:
@@ -28,7 +29,8 @@ clean-data:
 ## tests, and a two-minute soak under a nemesis on the embedded store and on Sentinel.
 test: deps lint test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts test-soak
 
-## Installs redis-server and promtool (Debian's prometheus package) when they are missing.
+## Installs redis-server, promtool (Debian's prometheus package), and chromium with chromedriver
+## (the operator console's browser tests) when they are missing.
 deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "redis-server not found: installing it (Debian)"; \
@@ -38,6 +40,10 @@ deps:
 	  echo "promtool not found: installing Debian's prometheus package"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 	@command -v promtool >/dev/null
+	@command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 || { \
+	  echo "chromium or chromedriver not found: installing Debian's chromium and chromium-driver (the console's browser tests)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver; }
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null
 
 ## The alert and recording rules: syntax, then promtool's unit tests on synthetic series.
 test-deploy: deps

@@ -6,7 +6,8 @@
 //! ([`keys`]), `oncegate fingerprint`, and the MCP gateway (the `oncegate-mcp` crate).
 //!
 //! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc, notify →
-//! config → client, mcp → this binary.
+//! config, console → client, mcp → this binary. `--console-listen` serves the operator console
+//! (`oncegate-console`) beside the gRPC server.
 
 mod admin;
 mod bench;
@@ -99,7 +100,7 @@ fn hash_key_command() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
-    let config = match Config::from_flags(&args) {
+    let mut config = match Config::from_flags(&args) {
         Ok(config) => config,
         Err(e) => {
             tracing::error!("bad configuration: {e}");
@@ -153,6 +154,21 @@ async fn serve(args: ServeArgs) -> ExitCode {
     {
         return code;
     }
+    let console_listener = match config.console_listen {
+        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
+            Ok(listener) => Some(listener),
+            Err(e) => {
+                tracing::error!(console_listen = %addr, error = %e, "cannot listen for the console");
+                return ExitCode::from(exit::UNAVAILABLE);
+            }
+        },
+        None => None,
+    };
+    // The console's one-time codes: issued over the admin API, redeemed by the console.
+    let console_logins = console_listener
+        .as_ref()
+        .map(|_| auth::LoginCodes::default());
+    config.server.console_logins = console_logins.clone();
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(listener) => listener,
         Err(e) => {
@@ -189,6 +205,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
     if let Some(signer) = signer {
         gate = gate.with_signer(signer);
     }
+    if console_listener.is_some() {
+        gate = gate.with_recent_decisions(oncegate_console::RECENT_DECISIONS);
+    }
     // Webhooks: the gate's events go through a bounded queue to the outbox writer; the delivery
     // worker and the scan run beside the server. Nothing at all without a webhook.
     let _notify = config.notifications.is_active().then(|| {
@@ -200,6 +219,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         );
         oncegate_notify::start(store, metrics, config.notifications, events)
     });
+    if let (Some(listener), Some(logins)) = (console_listener, console_logins) {
+        serve_console(listener, &gate, &config.server, logins);
+    }
     reload_on_hangup(gate.clone());
     match server::run(listener, gate, config.server, shutdown_signal()).await {
         Ok(()) => {
@@ -251,6 +273,31 @@ async fn serve_metrics(
             Err(ExitCode::from(exit::UNAVAILABLE))
         }
     }
+}
+
+/// Serves the operator console on `listener`; its people log in with an operator's or
+/// approver's API key, or a code from `oncegate admin console-login`.
+fn serve_console(
+    listener: tokio::net::TcpListener,
+    gate: &Gate,
+    server: &server::ServerOptions,
+    logins: auth::LoginCodes,
+) {
+    let bound = listener
+        .local_addr()
+        .map(|a| a.to_string())
+        .unwrap_or_default();
+    tracing::info!(
+        url = %format!("http://{bound}/"),
+        "operator console at http://{bound}/ (log in with an operator's or approver's API key, \
+         or a code from `oncegate admin console-login` on this machine)"
+    );
+    let console = oncegate_console::Console::new(gate.clone(), server.principals.clone(), logins);
+    tokio::spawn(oncegate_console::serve(
+        listener,
+        console,
+        std::future::pending(),
+    ));
 }
 
 /// On SIGHUP, reads the authorization policy files again: a valid set replaces the old one for

@@ -1,4 +1,4 @@
-//! `oncegate admin get|complete|resolve|list-unresolved|audit|webhooks` (and the authorization
+//! `oncegate admin get|complete|resolve|list-unresolved|audit|webhooks|console-login` (and the authorization
 //! subcommands of [`authz`]): the operator API from a shell, against a running gate. Output is for
 //! a person by default and one JSON document with `--json`; the connection options
 //! ([`RemoteArgs`]) go before or after the subcommand.
@@ -59,6 +59,9 @@ pub enum AdminCommand {
     /// List the webhook events given up after their last delivery attempt (kept for the
     /// retention), with why, and how many events wait for delivery.
     Webhooks(webhooks::WebhooksArgs),
+    /// Print a one-time code that logs into the operator console (--console-listen) as you: it
+    /// works once, for 5 minutes, typed into the console's login form.
+    ConsoleLogin,
     #[command(flatten)]
     Authz(authz::AuthzCommand),
 }
@@ -157,6 +160,7 @@ pub async fn run(args: AdminArgs) -> ExitCode {
         AdminCommand::ListUnresolved(l) => list(&mut remote.admin, l).await.map(Ok),
         AdminCommand::Audit(a) => audit::run(&mut remote.admin, a).await.map(Ok),
         AdminCommand::Webhooks(w) => webhooks::run(&mut remote.admin, w).await.map(Ok),
+        AdminCommand::ConsoleLogin => console_login(&mut remote.admin).await.map(Ok),
         AdminCommand::Authz(c) => authz::run(c, &mut remote.admin).await.map(Ok),
     };
     let failed_audit = matches!(args.command, AdminCommand::Audit(_))
@@ -169,6 +173,8 @@ pub async fn run(args: AdminArgs) -> ExitCode {
                 print!("{}", views::unresolved_text(&value));
             } else if let AdminCommand::Audit(_) = args.command {
                 print!("{}", audit::human(&value));
+            } else if let AdminCommand::ConsoleLogin = args.command {
+                print!("{}", console_login_text(&value));
             } else if let AdminCommand::Webhooks(_) = args.command {
                 print!("{}", webhooks::human(&value));
             } else if let AdminCommand::Authz(c) = &args.command
@@ -267,4 +273,27 @@ async fn list(admin: &mut GateAdminServiceClient<Authed>, l: &ListArgs) -> Resul
         }
     }
     Ok(json!({ "actions": actions, "next_page_token": token }))
+}
+
+/// `admin console-login`: a one-time console code for the caller.
+async fn console_login(admin: &mut GateAdminServiceClient<Authed>) -> Result<Value, Status> {
+    let r = admin
+        .create_console_login(pb::CreateConsoleLoginRequest {})
+        .await?
+        .into_inner();
+    Ok(json!({
+        "code": r.code,
+        "expires_in_seconds": r.expires_in.map_or(0, |d| d.seconds),
+        "principal": r.principal,
+    }))
+}
+
+fn console_login_text(value: &Value) -> String {
+    format!(
+        "{}\n\nType this code into the console's login form (it works once, within {} s, and logs \
+         in as {}).\n",
+        value["code"].as_str().unwrap_or_default(),
+        value["expires_in_seconds"],
+        value["principal"].as_str().unwrap_or_default()
+    )
 }

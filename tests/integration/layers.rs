@@ -19,7 +19,7 @@ use std::{
 };
 
 /// The crates, bottom up. A crate may depend only on crates of a lower rank.
-const RANKS: [(&str, u8); 11] = [
+const RANKS: [(&str, u8); 12] = [
     ("oncegate-proto", 0),
     ("oncegate-domain", 0),
     ("oncegate-store", 1),
@@ -29,6 +29,7 @@ const RANKS: [(&str, u8); 11] = [
     ("oncegate-grpc", 3),
     ("oncegate-notify", 3),
     ("oncegate-config", 4),
+    ("oncegate-console", 4),
     ("oncegate-mcp", 5),
     ("oncegate", 6),
 ];

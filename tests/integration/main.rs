@@ -11,6 +11,7 @@ mod call_cli;
 mod cli;
 mod client;
 mod conformance;
+mod console;
 mod corrupt;
 mod deploy;
 mod docs;

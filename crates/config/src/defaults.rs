@@ -47,6 +47,7 @@ pub fn server() -> ServerOptions {
         health_listen: None,
         principals: Principals::default(),
         admin_socket: None,
+        console_logins: None,
     }
 }
 

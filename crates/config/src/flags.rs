@@ -38,6 +38,13 @@ pub struct ServeArgs {
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
 
+    /// Address of the operator console: web pages for operators and approvers (pending approvals,
+    /// unresolved actions, recent decisions, budgets, the DAR), plain HTTP, e.g. 127.0.0.1:7480.
+    /// Off when unset (`make run` sets 127.0.0.1:7480). A non-loopback address needs --insecure:
+    /// put a TLS proxy in front of it.
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_CONSOLE_LISTEN")]
+    pub console_listen: Option<SocketAddr>,
+
     /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = defaults::DRAIN_SECONDS)]
     pub drain_seconds: u64,

@@ -109,6 +109,8 @@ pub struct Config {
     pub durability_replicas: u32,
     pub metrics_listen: Option<SocketAddr>,
     pub metrics_other_action_label: String,
+    /// Where the operator console listens (plain HTTP); `None`: no console.
+    pub console_listen: Option<SocketAddr>,
     /// How the gate signs grants and receipts; `None`: it does not.
     pub signing: Option<SigningConfig>,
     /// Rules, budgets, approvals and shadow mode.
@@ -138,6 +140,23 @@ impl Config {
             .map_err(|e| ConfigError::Invalid(format!("--metrics-other-action-label: {e}")))?;
         let store = store_config(args, &file.policies)?;
         let signing = signing_config(args, &store, &mut notices);
+        if let Some(console) = args.console_listen
+            && !console.ip().is_loopback()
+        {
+            let warning = format!(
+                "the operator console on {console} is plain HTTP: API keys, login codes and \
+                 session cookies cross the network in clear text; terminate TLS in front of it"
+            );
+            match args.insecure {
+                true => notices.push(Notice::Warn(format!("INSECURE: {warning}"))),
+                false => {
+                    return Err(ConfigError::Invalid(format!(
+                        "refusing --console-listen {console}: {warning}, listen on loopback, or \
+                         pass --insecure to accept the risk"
+                    )));
+                }
+            }
+        }
         let server = ServerOptions {
             drain_timeout: Duration::from_secs(args.drain_seconds),
             max_message_bytes: args.max_message_bytes as usize,
@@ -155,6 +174,7 @@ impl Config {
             durability_replicas: args.durability_replicas,
             metrics_listen: args.metrics_listen,
             metrics_other_action_label: args.metrics_other_action_label.clone(),
+            console_listen: args.console_listen,
             signing,
             authorization: file.authorization,
             notifications,

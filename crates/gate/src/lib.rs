@@ -5,8 +5,9 @@
 //! tokens, the action policies ([`policy`]), RequestToken with its rules, budgets and shadow mode
 //! (`token`, [`rules`], [`authorization`], `shadow`), signing grants and receipts ([`signing`]),
 //! the operator operations ([`operator`], [`approvals`], `watch`: the unresolved actions as they
-//! appear), the audit trail ([`audit`]) and the
-//! events for webhooks each operation emits ([`events`], never waiting for them). Knows
+//! appear), the audit trail ([`audit`]), the events for webhooks each operation emits
+//! ([`events`], never waiting for them) and, for the console, this replica's recent decisions
+//! ([`recent`]). Knows
 //! no gRPC types (the `grpc` layer converts) and decides no state transition (the store applies
 //! the ledger).
 
@@ -18,6 +19,7 @@ pub mod error;
 pub mod events;
 pub mod operator;
 pub mod policy;
+pub mod recent;
 pub mod request;
 pub mod rules;
 mod shadow;
@@ -77,6 +79,8 @@ pub struct Gate {
     events: Option<Emitter>,
     /// WatchUnresolved's shared scan (started by the first watcher).
     watcher: watch::Watcher,
+    /// This replica's last RequestToken decisions, for the console; `None`: not kept.
+    recent: Option<Arc<recent::RecentDecisions>>,
 }
 
 impl Gate {
@@ -96,6 +100,7 @@ impl Gate {
             authz: Arc::default(),
             events: None,
             watcher: watch::Watcher::default(),
+            recent: None,
         }
     }
 

@@ -58,6 +58,7 @@ impl Gate {
             }
         };
         self.count(&prepared, &decision, mode, policy);
+        self.remember(&prepared.key, &prepared.action, &decision, mode, now);
         self.emit_token_events(&prepared, &decision, mode, now);
         let Prepared {
             key,

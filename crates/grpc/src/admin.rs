@@ -13,7 +13,7 @@ use tokio_stream::{Stream, wrappers::ReceiverStream};
 use tonic::{Request, Response, Status};
 
 use super::{
-    auth::{self, Capability, Principal},
+    auth::{self, Capability, LoginCodes, Principal},
     convert::{
         action_key, action_ref, approval_entry, completion, duration, receipt_entry,
         receipt_format, timestamp,
@@ -22,7 +22,7 @@ use super::{
 };
 use oncegate_domain::{
     ledger::approval::Decision,
-    ledger::{OperatorReceipt, Resolution, Resolved},
+    ledger::{Millis, OperatorReceipt, Resolution, Resolved},
 };
 use oncegate_gate::{ExternalCall, Gate, GateError, ResolvedBy, Settlement};
 use oncegate_observe::telemetry;
@@ -36,12 +36,18 @@ const WATCH_START_CAP: usize = 10_000;
 #[derive(Clone)]
 pub struct AdminService {
     gate: Gate,
+    /// The console's login codes, when the gate serves a console.
+    console_logins: Option<LoginCodes>,
 }
 
 impl AdminService {
-    /// Serves the operator API of `gate`.
-    pub fn new(gate: Gate) -> Self {
-        Self { gate }
+    /// Serves the operator API of `gate`; `console_logins` issues the console's one-time codes
+    /// (`None`: no console, CreateConsoleLogin is refused).
+    pub fn new(gate: Gate, console_logins: Option<LoginCodes>) -> Self {
+        Self {
+            gate,
+            console_logins,
+        }
     }
 }
 
@@ -414,6 +420,37 @@ impl GateAdminService for AdminService {
                 next_page_token: page.next.map(|c| c.encode()).unwrap_or_default(),
                 pending: page.pending,
                 undeliverable: page.undeliverable,
+            })
+        })
+        .await
+    }
+
+    async fn create_console_login(
+        &self,
+        request: Request<pb::CreateConsoleLoginRequest>,
+    ) -> Result<Response<pb::CreateConsoleLoginResponse>, Status> {
+        answer(async move {
+            let principal = auth::principal(&request)?;
+            telemetry::record_principal(&principal.name);
+            principal.authorize_role(Capability::Approve)?;
+            let Some(logins) = &self.console_logins else {
+                return Err(GateError::invalid(
+                    "console",
+                    "this gate serves no console: start it with --console-listen",
+                ));
+            };
+            let issued = logins
+                .issue(principal.clone())
+                .map_err(|what| {
+                    GateError::Store(oncegate_store::StoreError::Unavailable { what, source: None })
+                })?;
+            telemetry::record_decision("console_login_issued");
+            tracing::info!(target: oncegate_observe::telemetry::AUDIT, decision = "console_login_issued",
+                principal = %principal.name, "create_console_login");
+            Ok(pb::CreateConsoleLoginResponse {
+                code: issued.code,
+                expires_in: Some(duration(issued.ttl.as_millis() as Millis)),
+                principal: principal.name.clone(),
             })
         })
         .await

@@ -15,7 +15,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 
 use super::{
     admin::AdminService,
-    auth::{Authenticator, Principals},
+    auth::{Authenticator, LoginCodes, Principals},
     service::GateService,
     tls::TlsSettings,
 };
@@ -28,7 +28,7 @@ type Gated<S> = InterceptedService<S, Authenticator>;
 /// Both gate services behind `auth`, their messages bounded.
 fn services(
     gate: &Gate,
-    max_message_bytes: usize,
+    options: &ServerOptions,
     auth: Authenticator,
 ) -> (
     Gated<pb::action_gate_service_server::ActionGateServiceServer<GateService>>,
@@ -38,12 +38,15 @@ fn services(
         pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(
             gate.clone(),
         ))
-        .max_decoding_message_size(max_message_bytes),
+        .max_decoding_message_size(options.max_message_bytes),
         auth.clone(),
     );
     let admin = InterceptedService::new(
-        pb::gate_admin_service_server::GateAdminServiceServer::new(AdminService::new(gate.clone()))
-            .max_decoding_message_size(max_message_bytes),
+        pb::gate_admin_service_server::GateAdminServiceServer::new(AdminService::new(
+            gate.clone(),
+            options.console_logins.clone(),
+        ))
+        .max_decoding_message_size(options.max_message_bytes),
         auth,
     );
     (service, admin)
@@ -86,7 +89,7 @@ async fn serve_admin_socket(
     // Created with no permission for others, then set to owner read/write only.
     let listener = tokio::net::UnixListener::bind(path).map_err(failed)?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
-    let (service, admin) = services(gate, options.max_message_bytes, Authenticator::local());
+    let (service, admin) = services(gate, options, Authenticator::local());
     let server = Server::builder()
         .layer(rpc_layer)
         .add_service(service)
@@ -125,6 +128,9 @@ pub struct ServerOptions {
     /// A Unix socket (mode 0600) serving both gate services to the local operator: `oncegate
     /// admin` on the gate's machine needs no principal. `None`: no socket.
     pub admin_socket: Option<std::path::PathBuf>,
+    /// The operator console's one-time login codes, issued by CreateConsoleLogin; `None` when
+    /// the gate serves no console.
+    pub console_logins: Option<LoginCodes>,
 }
 
 /// Why the server stopped abnormally.
@@ -201,7 +207,7 @@ pub async fn run(
     // Both gate services sit behind the one authenticator; health and reflection stay open.
     let (service, admin) = services(
         &gate,
-        options.max_message_bytes,
+        &options,
         Authenticator::new(options.principals.clone()),
     );
 

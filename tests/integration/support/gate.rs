@@ -145,6 +145,46 @@ impl TestGate {
         (gate, metrics_addr)
     }
 
+    /// Serves a fresh store of `kind` with `config`, and the operator console over the same gate
+    /// (keeping its recent decisions, issuing login codes through CreateConsoleLogin) on its own
+    /// `127.0.0.1:0` listener, whose base URL is returned. The store's time is the test's where
+    /// it can be, as in [`TestGate::start_with_test_clock`].
+    pub async fn start_with_console(kind: Kind, config: ConfigFile) -> (Self, String) {
+        let (backend, time) = backend_with_test_clock(kind).await;
+        let ConfigFile {
+            policies,
+            principals,
+            authorization,
+            ..
+        } = config;
+        let metrics = Metrics::register(
+            &mut prometheus_client::registry::Registry::default(),
+            policies.names(),
+            metrics::DEFAULT_OTHER_ACTION,
+        );
+        let gate = Gate::with_metrics(backend.store.clone(), policies, metrics)
+            .with_authorization(authorization)
+            .with_recent_decisions(oncegate_console::RECENT_DECISIONS);
+        let logins = oncegate_grpc::auth::LoginCodes::default();
+        let console =
+            oncegate_console::Console::new(gate.clone(), principals.clone(), logins.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(oncegate_console::serve(
+            listener,
+            console,
+            std::future::pending(),
+        ));
+        let options = ServerOptions {
+            principals,
+            console_logins: Some(logins),
+            ..defaults::server()
+        };
+        let mut gate = Self::serve_gate(backend, gate, options).await;
+        gate.time = time;
+        (gate, url)
+    }
+
     /// A new client (its own HTTP/2 connection).
     pub async fn client(&self) -> ActionGateServiceClient<Channel> {
         connect(&self.addr.to_string()).await

@@ -12,6 +12,7 @@
 //! - [`errors`]: rich-status checks; [`health`]: probes; [`scrape`]: `/metrics` parsed.
 //! - [`receiver`]: a webhook receiver on `127.0.0.1:0` that records deliveries and checks their
 //!   signatures.
+//! - [`browser`]: a headless Chromium driven over WebDriver (the console's tests).
 //! - [`signing`]: fixed test keys, the signer made from them, gates that sign.
 //!
 //! # One test on several stores
@@ -43,6 +44,7 @@
 //! Redis decides with its own `TIME`, so there the test waits, and only until the timestamp the
 //! gate returned has passed ([`StoreTime::pass_beyond`]).
 
+pub mod browser;
 pub mod calls;
 pub mod clock;
 pub mod errors;
@@ -64,6 +66,7 @@ pub mod topology;
     reason = "re-exports for every test file, present and future"
 )]
 pub use self::{
+    browser::Browser,
     calls::{complete, complete_as, grant, grant_as, release, state},
     clock::{StoreTime, TestClock, millis_of},
     errors::{expect_error, reason},

@@ -14,6 +14,7 @@
 //! an `authorization` header is judged by it alone: a wrong key is refused even with a valid
 //! certificate. Keys are never logged.
 
+mod login;
 mod principal;
 mod principals;
 
@@ -21,6 +22,7 @@ use std::sync::Arc;
 
 use tonic::{Request, Status, service::Interceptor};
 
+pub use login::{LOGIN_CODE_TTL, LoginCode, LoginCodes};
 pub use principal::{ANONYMOUS, Capability, LOCAL_OPERATOR, Principal, Role};
 pub use principals::{PrincipalConfig, Principals, hash_key};
 

@@ -161,6 +161,19 @@ impl Principal {
         self.agents.allows(agent_id)
     }
 
+    /// The agent ids its `agents` name exactly (not its `prefix*` patterns), sorted: where a
+    /// listing by agent can start without being told one.
+    pub fn named_agents(&self) -> Vec<String> {
+        match &self.agents {
+            Agents::All => Vec::new(),
+            Agents::Some { exact, .. } => {
+                let mut named: Vec<String> = exact.iter().cloned().collect();
+                named.sort();
+                named
+            }
+        }
+    }
+
     /// Whether it may act for every agent (list unresolved actions without naming an agent).
     pub fn acts_for_all(&self) -> bool {
         self.agents == Agents::All
@@ -180,6 +193,14 @@ impl Principal {
             )));
         }
         Ok(())
+    }
+
+    /// The check of a call about no agent: only that its role grants `what`.
+    pub fn authorize_role(&self, what: Capability) -> Result<(), GateError> {
+        match self.role.grants(what) {
+            true => Ok(()),
+            false => Err(self.forbidden(self.lacks(what))),
+        }
     }
 
     /// The check of a call about every agent at once (listing without naming an agent).

@@ -59,6 +59,8 @@ fn latency_histogram() -> Histogram {
 
 struct Handles {
     other_action: String,
+    /// Every `action` label: the policies' names, then the other-action label.
+    actions: std::sync::OnceLock<Vec<String>>,
     attempts: Family<AttemptLabels, Counter>,
     blocked: Family<BlockedLabels, Counter>,
     expired: Family<ExpiredLabels, Counter>,
@@ -76,6 +78,24 @@ struct Handles {
     webhook_pending: Gauge,
     webhook_undeliverable: Gauge,
     events_dropped: Family<EventLabels, Counter>,
+}
+
+/// One action label's duplicate-action rate counts (docs/operators.md defines the DAR).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActionDar {
+    /// The `action` label: a policy's name, or the other-action label.
+    pub action: String,
+    /// RequestToken calls that got a decision (`oncegate_attempts_total`).
+    pub attempts: u64,
+    /// Of those, blocked duplicates (`oncegate_blocked_duplicates_total`).
+    pub blocked: u64,
+}
+
+impl ActionDar {
+    /// blocked / attempts; `None` before the first attempt.
+    pub fn rate(&self) -> Option<f64> {
+        (self.attempts > 0).then(|| self.blocked as f64 / self.attempts as f64)
+    }
 }
 
 /// The gate's metric handles. Cheap to clone; every clone counts into the same series.
@@ -121,6 +141,7 @@ impl Metrics {
     ) -> Self {
         let handles = Handles {
             other_action: other_action.to_owned(),
+            actions: std::sync::OnceLock::new(),
             attempts: Family::default(),
             blocked: Family::default(),
             expired: Family::default(),
@@ -324,6 +345,44 @@ impl Metrics {
             .inc();
     }
 
+    /// The duplicate-action rate's counts per `action` label since this process started (both
+    /// modes, as `oncegate:dar_by_action:ratio_rate5m` sums them), read from the counters
+    /// themselves: what the operator console shows. Every label set is bounded and started at
+    /// zero, so reading them creates no series.
+    pub fn duplicate_rates(&self) -> Vec<ActionDar> {
+        let h = &self.inner;
+        let actions = h.actions.get().map(Vec::as_slice).unwrap_or_default();
+        actions
+            .iter()
+            .map(|action| {
+                let mut row = ActionDar {
+                    action: action.clone(),
+                    attempts: 0,
+                    blocked: 0,
+                };
+                for decision in Decision::ALL {
+                    for mode in MODES {
+                        let labels = AttemptLabels {
+                            action: action.clone(),
+                            decision: decision.as_str(),
+                            mode,
+                        };
+                        row.attempts += h.attempts.get_or_create(&labels).get();
+                        if decision.is_blocked_duplicate() {
+                            let labels = BlockedLabels {
+                                action: action.clone(),
+                                reason: decision.as_str(),
+                                mode,
+                            };
+                            row.blocked += h.blocked.get_or_create(&labels).get();
+                        }
+                    }
+                }
+                row
+            })
+            .collect()
+    }
+
     /// Counts one budget check of a grant: `decision` is one of [`BUDGET_DECISIONS`], `mode` one
     /// of [`MODES`].
     pub fn budget(&self, budget: &str, decision: &'static str, mode: &'static str) {
@@ -341,7 +400,8 @@ impl Metrics {
         let h = &self.inner;
         let mut actions: Vec<String> = policy_names.into_iter().map(str::to_owned).collect();
         actions.push(h.other_action.clone());
-        for action in &actions {
+        let actions = h.actions.get_or_init(|| actions);
+        for action in actions {
             for on_expiry in ["reconcile", "regrant"] {
                 let _ = h.expired.get_or_create(&ExpiredLabels {
                     action: action.to_owned(),

@@ -315,6 +315,20 @@ class WatchUnresolvedResponse(_message.Message):
     action: UnresolvedAction
     def __init__(self, action: _Optional[_Union[UnresolvedAction, _Mapping]] = ...) -> None: ...
 
+class CreateConsoleLoginRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CreateConsoleLoginResponse(_message.Message):
+    __slots__ = ("code", "expires_in", "principal")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_IN_FIELD_NUMBER: _ClassVar[int]
+    PRINCIPAL_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    expires_in: _duration_pb2.Duration
+    principal: str
+    def __init__(self, code: _Optional[str] = ..., expires_in: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., principal: _Optional[str] = ...) -> None: ...
+
 class ListUndeliverableEventsRequest(_message.Message):
     __slots__ = ("page_size", "page_token")
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]

@@ -341,6 +341,11 @@ class GateAdminServiceStub:
                 request_serializer=oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedRequest.SerializeToString,
                 response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedResponse.FromString,
                 _registered_method=True)
+        self.CreateConsoleLogin = channel.unary_unary(
+                '/oncegate.v1.GateAdminService/CreateConsoleLogin',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.CreateConsoleLoginRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.CreateConsoleLoginResponse.FromString,
+                _registered_method=True)
 
 
 class GateAdminServiceServicer:
@@ -432,6 +437,16 @@ class GateAdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateConsoleLogin(self, request, context):
+        """Issues a one-time code that opens a session on the operator console (`--console-listen`) as
+        the caller: it works once, for a few minutes, on the gate that issued it, and is typed into
+        the console's login form (never put in a URL). Needs an operator or approver principal (the
+        local operator on the admin socket is one); INVALID_ARGUMENT when the gate serves no console.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GateAdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -479,6 +494,11 @@ def add_GateAdminServiceServicer_to_server(servicer, server):
                     servicer.WatchUnresolved,
                     request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedRequest.FromString,
                     response_serializer=oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedResponse.SerializeToString,
+            ),
+            'CreateConsoleLogin': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateConsoleLogin,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.CreateConsoleLoginRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.CreateConsoleLoginResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -728,6 +748,33 @@ class GateAdminService:
             '/oncegate.v1.GateAdminService/WatchUnresolved',
             oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedRequest.SerializeToString,
             oncegate_dot_v1_dot_oncegate__pb2.WatchUnresolvedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateConsoleLogin(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/oncegate.v1.GateAdminService/CreateConsoleLogin',
+            oncegate_dot_v1_dot_oncegate__pb2.CreateConsoleLoginRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.CreateConsoleLoginResponse.FromString,
             options,
             channel_credentials,
             insecure,
