@@ -222,6 +222,12 @@ impl Gate {
                 ));
             }
         };
+        // The first page starts with the chain sealed: every entry recorded so far is covered by a
+        // signed head (Redis signs heads once per interval otherwise).
+        if let (0, Some(signer)) = (after, self.receipts()) {
+            self.timed("seal_receipts", self.store.seal_receipts(agent, &signer))
+                .await?;
+        }
         // One more than asked: whether a next page exists, without a second read.
         let mut entries = self
             .timed(
