@@ -316,7 +316,10 @@ async fn an_entry_rewritten_in_the_embedded_file_is_named() {
             .to_vec();
         let (mut core, statement, digest): (ReceiptCore, String, String) =
             rmp_serde::from_slice(&raw).unwrap();
-        assert!(!statement.is_empty(), "each Complete was a group commit of its own");
+        assert!(
+            !statement.is_empty(),
+            "each Complete was a group commit of its own"
+        );
         core.fencing += 1;
         let forged = rmp_serde::to_vec(&(core, statement, digest)).unwrap();
         receipts
@@ -354,7 +357,11 @@ async fn entries_after_the_last_signed_head_are_unsigned_yet_not_tampered() {
     let chain = backend.store.receipts("a", 0, 100).await.unwrap();
     let report = verify_chain(&keys, "a", &chain);
     assert_eq!(
-        (report.verified, report.unsigned.clone(), report.problems.len()),
+        (
+            report.verified,
+            report.unsigned.clone(),
+            report.problems.len()
+        ),
         (2, vec![3, 4, 5], 0),
         "{:?}",
         report.problems
@@ -366,7 +373,14 @@ async fn entries_after_the_last_signed_head_are_unsigned_yet_not_tampered() {
     other.seal_receipts("a", &signer).await.unwrap();
     let chain = other.receipts("a", 0, 100).await.unwrap();
     let report = verify_chain(&keys, "a", &chain);
-    assert_eq!((report.verified, report.unsigned.len(), report.problems.len()), (5, 0, 0));
+    assert_eq!(
+        (
+            report.verified,
+            report.unsigned.len(),
+            report.problems.len()
+        ),
+        (5, 0, 0)
+    );
     let heads: Vec<u64> = chain
         .iter()
         .filter(|e| !e.statement.is_empty())
@@ -396,7 +410,10 @@ async fn entries_after_the_last_signed_head_are_unsigned_yet_not_tampered() {
         .unwrap();
     let report = verify_chain(&keys, "a", &other.receipts("a", 0, 100).await.unwrap());
     assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
-    assert_eq!((report.problems[0].seq, report.problems[0].key.as_str()), (4, "k3"));
+    assert_eq!(
+        (report.problems[0].seq, report.problems[0].key.as_str()),
+        (4, "k3")
+    );
     assert!(report.problems[0].what.contains("rewritten"));
 }
 

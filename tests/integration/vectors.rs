@@ -131,7 +131,9 @@ fn every_statement_vector_verifies_and_the_rust_signer_reproduces_them() {
 fn the_receipt_chain_vector_verifies_and_the_rust_sealer_reproduces_it() {
     use oncegate_domain::statement::{
         PublicKeys, StatementKey,
-        receipt::{ChainEntry, FIRST_PREV, ReceiptClaims, ReceiptCore, ReceiptSigner, seal, verify_chain},
+        receipt::{
+            ChainEntry, FIRST_PREV, ReceiptClaims, ReceiptCore, ReceiptSigner, seal, verify_chain,
+        },
     };
     struct Signer(StatementKey);
     impl ReceiptSigner for Signer {
@@ -139,7 +141,10 @@ fn the_receipt_chain_vector_verifies_and_the_rust_sealer_reproduces_it() {
             ReceiptClaims::new("oncegate", core.clone(), prev, covers).sign(&self.0)
         }
     }
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/vectors/receipt_chain.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/vectors/receipt_chain.json"
+    );
     let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let keys = PublicKeys::from_jwks(&file["jwks"].to_string()).unwrap();
     let mut chain = Vec::new();
@@ -166,7 +171,11 @@ fn the_receipt_chain_vector_verifies_and_the_rust_sealer_reproduces_it() {
         assert_eq!(sealed.heads.len(), 1);
         let (i, statement) = &sealed.heads[0];
         assert_eq!(*i, run.len() - 1);
-        assert_eq!(statement, &run[*i].statement, "the head of entry {}", run[*i].core.seq);
+        assert_eq!(
+            statement, &run[*i].statement,
+            "the head of entry {}",
+            run[*i].core.seq
+        );
         (start, prev) = (start + run.len(), sealed.digest);
     }
 

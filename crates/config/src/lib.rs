@@ -78,8 +78,13 @@ impl StoreConfig {
                 data_dir,
                 call_timeout,
                 cache_bytes,
-            } => EmbeddedStore::open_with_cache(data_dir, system_clock(), *call_timeout, *cache_bytes)
-                .map(Store::Embedded),
+            } => EmbeddedStore::open_with_cache(
+                data_dir,
+                system_clock(),
+                *call_timeout,
+                *cache_bytes,
+            )
+            .map(Store::Embedded),
             Self::Redis { topology, options } => RedisStore::connect_to(topology, options.clone())
                 .await
                 .map(Store::Redis),

@@ -137,7 +137,10 @@ pub fn seal(signer: &dyn ReceiptSigner, prev: &str, run: &[ReceiptCore]) -> Seal
     for (i, core) in run.iter().enumerate() {
         let digest = core.digest(&prev);
         if i + 1 == run.len() || covers.len() == MAX_COVERED {
-            heads.push((i, signer.sign_head(core, &prev, std::mem::take(&mut covers))));
+            heads.push((
+                i,
+                signer.sign_head(core, &prev, std::mem::take(&mut covers)),
+            ));
         } else {
             covers.push(digest.clone());
         }
@@ -214,9 +217,10 @@ pub fn verify_chain(keys: &PublicKeys, agent: &str, entries: &[ChainEntry]) -> C
             ));
         }
         if entry.core.agent != agent {
-            report
-                .problems
-                .push(problem(entry, format!("belongs to agent {:?}", entry.core.agent)));
+            report.problems.push(problem(
+                entry,
+                format!("belongs to agent {:?}", entry.core.agent),
+            ));
         }
         let verified = match entry.statement.is_empty() {
             true => None,
@@ -258,7 +262,10 @@ fn check_head(
     // The covered entries the head lists, each checked on its own against the signed digests.
     let listed = covered.len().min(claims.covers.len());
     let first = covered.len() - listed;
-    let mut signed_prev = covered.get(first).map(|p| p.prev.clone()).unwrap_or_default();
+    let mut signed_prev = covered
+        .get(first)
+        .map(|p| p.prev.clone())
+        .unwrap_or_default();
     for (pending, signed) in covered[first..]
         .iter()
         .zip(&claims.covers[claims.covers.len() - listed..])

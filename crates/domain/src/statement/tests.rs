@@ -205,7 +205,11 @@ fn one_head_per_batch_covers_every_entry_and_names_a_rewritten_one() {
         .filter(|e| !e.statement.is_empty())
         .map(|e| e.core.seq)
         .collect();
-    assert_eq!(signed, vec![3, 4, 8], "one statement per batch, on its last entry");
+    assert_eq!(
+        signed,
+        vec![3, 4, 8],
+        "one statement per batch, on its last entry"
+    );
     let report = verify_chain(&keys, "billing", &chain);
     assert_eq!((report.verified, report.problems.len()), (8, 0));
 
@@ -255,7 +259,14 @@ fn entries_after_the_last_head_are_unsigned_yet_not_tampered() {
     assert_eq!(sealed.heads.len(), 1);
     chain[4].statement = sealed.heads[0].1.clone();
     let report = verify_chain(&keys, "billing", &chain);
-    assert_eq!((report.verified, report.unsigned.len(), report.problems.len()), (5, 0, 0));
+    assert_eq!(
+        (
+            report.verified,
+            report.unsigned.len(),
+            report.problems.len()
+        ),
+        (5, 0, 0)
+    );
 }
 
 #[test]

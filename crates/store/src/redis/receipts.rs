@@ -167,7 +167,9 @@ fn unsealed(value: Value) -> Result<(String, Vec<ChainEntry>), StoreError> {
     };
     let mut items = items.into_iter();
     let mark = match items.next() {
-        Some(Value::BulkString(raw)) => String::from_utf8(raw).map_err(|e| corrupt(e.to_string()))?,
+        Some(Value::BulkString(raw)) => {
+            String::from_utf8(raw).map_err(|e| corrupt(e.to_string()))?
+        }
         other => return Err(corrupt(format!("a mark {other:?}"))),
     };
     let entries = items
