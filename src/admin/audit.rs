@@ -1,7 +1,8 @@
 //! `oncegate admin audit --agent X`: reads every page of the agent's receipt chain
 //! (ExportReceipts) and verifies it with [`oncegate_domain::statement::receipt::verify_chain`]:
-//! every statement's signature, the sequence, every link. The verdict is a JSON document; a chain
-//! that does not hold names each entry that breaks it.
+//! every head's signature, the sequence, every entry's digest against the head that covers it.
+//! The verdict is a JSON document; a chain that does not hold names each entry that breaks it, and
+//! entries after the last signed head are listed as unsigned yet (not as problems).
 
 use serde_json::{Value, json};
 use tonic::Status;
@@ -9,7 +10,7 @@ use tonic::Status;
 use super::AuditArgs;
 use oncegate_domain::statement::{
     PublicKeys,
-    receipt::{ChainEntry, ReceiptCore, verify_chain},
+    receipt::{ChainEntry, FIRST_PREV, ReceiptCore, verify_chain},
 };
 use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
 
@@ -54,19 +55,29 @@ where
     let keys = PublicKeys::from_jwks(&jwks)
         .map_err(|e| Status::invalid_argument(format!("the keys ({source}): {e}")))?;
     let report = verify_chain(&keys, &args.agent, &entries);
-    let head = entries
-        .last()
-        .map(|e| json!({"seq": e.core.seq, "digest": e.core.digest()}));
+    let head = head(&entries);
     Ok(json!({
         "agent": args.agent,
         "entries": entries.len(),
         "verified": report.verified,
-        "unsigned": report.unsigned,
+        "unsigned_yet": report.unsigned,
         "intact": report.problems.is_empty(),
         "problems": report.problems.iter().map(|p| json!({"seq": p.seq, "key": p.key, "what": p.what})).collect::<Vec<_>>(),
         "head": head,
         "keys": source,
     }))
+}
+
+/// The last entry and its digest, recomputed along the stored chain (what the next entry's `prev`
+/// must name).
+fn head(entries: &[ChainEntry]) -> Option<Value> {
+    let mut digest = FIRST_PREV.to_owned();
+    for e in entries {
+        digest = e.core.digest(&digest);
+    }
+    entries
+        .last()
+        .map(|e| json!({"seq": e.core.seq, "digest": digest}))
 }
 
 fn entry(e: pb::ReceiptEntry) -> ChainEntry {
@@ -97,13 +108,16 @@ fn entry(e: pb::ReceiptEntry) -> ChainEntry {
 
 /// The verdict for a person.
 pub(super) fn human(value: &Value) -> String {
-    let unsigned: Vec<String> = value["unsigned"]
+    let unsigned: Vec<u64> = value["unsigned_yet"]
         .as_array()
-        .map(|seqs| seqs.iter().map(Value::to_string).collect())
+        .map(|seqs| seqs.iter().filter_map(Value::as_u64).collect())
         .unwrap_or_default();
-    let unsigned = match unsigned.len() {
-        0 => "0 unsigned".to_owned(),
-        n => format!("{n} unsigned (entries {})", unsigned.join(", ")),
+    let unsigned = match (unsigned.first(), unsigned.last()) {
+        (Some(first), Some(last)) => format!(
+            "{} unsigned yet (entries {first}-{last}, after the last signed head)",
+            unsigned.len()
+        ),
+        _ => "0 unsigned yet".to_owned(),
     };
     let mut out = format!(
         "agent {}: {} entries, {} verified, {unsigned}; keys {}\n",

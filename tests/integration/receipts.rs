@@ -1,7 +1,8 @@
 //! Receipt chains on every store: concurrent completions of one agent's actions (workers and an
-//! operator) form one gapless chain that verifies, each completion carrying its place and its
-//! statement (replays too); another agent has its own chain. A chain entry rewritten directly in
-//! Redis, or in the embedded store's file, is named by the verification.
+//! operator) form one gapless chain that verifies, each completion carrying its place (replays
+//! too), only heads signed; another agent has its own chain. A chain entry rewritten directly in
+//! Redis, or in the embedded store's file, is named by the verification; entries recorded after
+//! the last signed head (a gate stopped before sealing them) are unsigned yet, not tampered.
 
 use std::{sync::Arc, time::Duration};
 
@@ -16,7 +17,7 @@ use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClie
 use oncegate_store::{
     Receipts, Store,
     embedded::{EmbeddedStore, system_clock},
-    redis::keys,
+    redis::{RedisOptions, RedisStore, keys},
 };
 use tonic::transport::Channel;
 
@@ -151,7 +152,16 @@ async fn completions_form_one_chain_per_agent(kind: Kind) {
     let chain = export(&mut admin, "billing-a").await;
     let report = verify_chain(&keys, "billing-a", &chain);
     assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert_eq!((report.verified, chain.len()), (13, 13));
+    assert_eq!(
+        (report.verified, report.unsigned.len(), chain.len()),
+        (13, 0, 13),
+        "the export sealed the chain: every entry is covered by a signed head"
+    );
+    let heads = chain.iter().filter(|e| !e.statement.is_empty()).count();
+    assert!(
+        (1..=13).contains(&heads) && !chain[12].statement.is_empty(),
+        "{heads} heads, the last entry one of them"
+    );
     let mut seqs: Vec<u64> = answered.iter().map(|a| a.0).collect();
     seqs.sort();
     assert_eq!(
@@ -159,15 +169,16 @@ async fn completions_form_one_chain_per_agent(kind: Kind) {
         (1..=13).collect::<Vec<_>>(),
         "each completion got its own place"
     );
-    for (seq, statement) in &answered {
-        assert_eq!(&chain[*seq as usize - 1].statement, statement);
-    }
+    assert!(
+        answered.iter().all(|(_, statement)| statement.is_empty()),
+        "a completion's reply carries no receipt statement: its head is signed with its commit"
+    );
     assert!(
         chain
             .iter()
             .any(|e| e.core.source == "operator" && e.core.key == "by-hand")
     );
-    // A replay carries the completion's place and statement.
+    // A replay carries the completion's place.
     let mut again = token_request("billing-a", "run-1", "pay", r#"{"n":3}"#);
     again.idempotency_key = "k3".into();
     let replay = client
@@ -176,10 +187,7 @@ async fn completions_form_one_chain_per_agent(kind: Kind) {
         .unwrap()
         .into_inner();
     let replayed = replay.completion.unwrap();
-    assert_eq!(
-        chain[replayed.seq as usize - 1].statement,
-        replayed.statement
-    );
+    assert_eq!(chain[replayed.seq as usize - 1].core.key, "k3");
     // Another agent has a chain of its own.
     let b = export(&mut admin, "billing-b").await;
     assert_eq!(b.len(), 1);
@@ -189,7 +197,12 @@ on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] completio
 
 /// Grants and completes `n` actions of agent `a` directly on a store, chaining with `signer`.
 async fn complete_directly(store: &Store, signer: &Receipts, n: usize) {
-    for i in 0..n {
+    complete_more(store, signer, 0, n).await;
+}
+
+/// Grants and completes actions `k<from>` … `k<to - 1>` of agent `a` directly on a store.
+async fn complete_more(store: &Store, signer: &Receipts, from: usize, to: usize) {
+    for i in from..to {
         let key = ActionKey::new("a", "r", format!("k{i}"));
         let req = TokenRequest {
             fingerprint: format!("v1-{i}"),
@@ -215,11 +228,12 @@ async fn complete_directly(store: &Store, signer: &Receipts, n: usize) {
     }
 }
 
-/// The verification's complaint about entry 2 of agent `a`'s chain on `store`.
+/// The verification's complaint about entry 2 of agent `a`'s chain on `store` (its only one).
 async fn named_problem(store: &Store) -> String {
     let keys = test_signer().public_keys().clone();
     let chain = store.receipts("a", 0, 100).await.unwrap();
     let report = verify_chain(&keys, "a", &chain);
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
     assert_eq!(report.problems[0].seq, 2, "{:?}", report.problems);
     assert_eq!(report.problems[0].key, "k1");
     report.problems[0].what.clone()
@@ -230,6 +244,7 @@ async fn an_entry_rewritten_in_redis_is_named() {
     let backend = crate::support::backend(Kind::Redis).await;
     let signer: Receipts = test_signer();
     complete_directly(&backend.store, &signer, 3).await;
+    backend.store.seal_receipts("a", &signer).await.unwrap();
     let keys = test_signer().public_keys().clone();
     assert!(
         verify_chain(
@@ -261,10 +276,11 @@ async fn an_entry_rewritten_in_redis_is_named() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    // Entry 2 is a head (sealed on its own) or covered by entry 3's head: named either way.
+    let what = named_problem(&backend.store).await;
     assert!(
-        named_problem(&backend.store)
-            .await
-            .contains("differs from its signed statement")
+        what.contains("differs from its signed statement") || what.contains("rewritten"),
+        "{what}"
     );
 }
 
@@ -299,9 +315,14 @@ async fn an_entry_rewritten_in_the_embedded_file_is_named() {
             .unwrap()
             .value()
             .to_vec();
-        let (mut core, statement): (ReceiptCore, String) = rmp_serde::from_slice(&raw).unwrap();
+        let (mut core, statement, digest): (ReceiptCore, String, String) =
+            rmp_serde::from_slice(&raw).unwrap();
+        assert!(
+            !statement.is_empty(),
+            "each Complete was a group commit of its own"
+        );
         core.fencing += 1;
-        let forged = rmp_serde::to_vec(&(core, statement)).unwrap();
+        let forged = rmp_serde::to_vec(&(core, statement, digest)).unwrap();
         receipts
             .insert(entry_key.as_slice(), forged.as_slice())
             .unwrap();
@@ -316,4 +337,93 @@ async fn an_entry_rewritten_in_the_embedded_file_is_named() {
             .contains("differs from its signed statement")
     );
     let _ = Arc::clone(&signer);
+}
+
+/// On Redis a gate that stops before its next seal leaves the entries after the last signed head
+/// unsigned: the verification reports them as unsigned yet, not as tampered, and still names a
+/// rewritten entry that a head covers; the next seal (any gate) covers them all.
+#[tokio::test]
+async fn entries_after_the_last_signed_head_are_unsigned_yet_not_tampered() {
+    let options = RedisOptions {
+        // This store's sealing task never gets to run: it stands for a gate that stopped.
+        seal_interval: Duration::from_secs(3600),
+        ..crate::support::test_options()
+    };
+    let backend = crate::support::backend_with(Kind::Redis, options).await;
+    let signer: Receipts = test_signer();
+    let keys = test_signer().public_keys().clone();
+    complete_directly(&backend.store, &signer, 2).await;
+    backend.store.seal_receipts("a", &signer).await.unwrap();
+    complete_more(&backend.store, &signer, 2, 5).await;
+    let chain = backend.store.receipts("a", 0, 100).await.unwrap();
+    let report = verify_chain(&keys, "a", &chain);
+    assert_eq!(
+        (
+            report.verified,
+            report.unsigned.clone(),
+            report.problems.len()
+        ),
+        (2, vec![3, 4, 5], 0),
+        "{:?}",
+        report.problems
+    );
+
+    // Another gate seals the chain (its agent's next completion, or an export): one head covers
+    // the three.
+    let other = backend_store_again(&backend).await;
+    other.seal_receipts("a", &signer).await.unwrap();
+    let chain = other.receipts("a", 0, 100).await.unwrap();
+    let report = verify_chain(&keys, "a", &chain);
+    assert_eq!(
+        (
+            report.verified,
+            report.unsigned.len(),
+            report.problems.len()
+        ),
+        (5, 0, 0)
+    );
+    let heads: Vec<u64> = chain
+        .iter()
+        .filter(|e| !e.statement.is_empty())
+        .map(|e| e.core.seq)
+        .collect();
+    assert_eq!(heads, vec![2, 5]);
+
+    // Entry 4, covered by entry 5's head, rewritten in Redis: named exactly.
+    let client = redis::Client::open(backend.redis.as_ref().unwrap().url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let list = keys::receipts("a");
+    let raw: Vec<u8> = redis::cmd("LINDEX")
+        .arg(&list)
+        .arg(3)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut entry: (u64, String, String, String, u64, u8, i64, String) =
+        rmp_serde::from_slice(&raw).unwrap();
+    entry.4 += 1;
+    let () = redis::cmd("LSET")
+        .arg(&list)
+        .arg(3)
+        .arg(rmp_serde::to_vec(&entry).unwrap())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let report = verify_chain(&keys, "a", &other.receipts("a", 0, 100).await.unwrap());
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert_eq!(
+        (report.problems[0].seq, report.problems[0].key.as_str()),
+        (4, "k3")
+    );
+    assert!(report.problems[0].what.contains("rewritten"));
+}
+
+/// A second handle on the backend's Redis, as another gate would have.
+async fn backend_store_again(backend: &crate::support::Backend) -> Store {
+    let url = backend.redis.as_ref().unwrap().url();
+    Store::Redis(
+        RedisStore::connect(&url, crate::support::test_options())
+            .await
+            .unwrap(),
+    )
 }

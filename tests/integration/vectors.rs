@@ -122,3 +122,66 @@ fn every_statement_vector_verifies_and_the_rust_signer_reproduces_them() {
     assert!(reproduced >= 3);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The receipt chain vector (`tests/vectors/receipt_chain.json`, digests and head statements made
+/// by a Python implementation of docs/CONTRACT.md §4.x alone): every digest is the one the Rust
+/// code computes, the chain verifies, the Rust sealer signs the same heads byte for byte, and a
+/// rewritten entry is named.
+#[test]
+fn the_receipt_chain_vector_verifies_and_the_rust_sealer_reproduces_it() {
+    use oncegate_domain::statement::{
+        PublicKeys, StatementKey,
+        receipt::{
+            ChainEntry, FIRST_PREV, ReceiptClaims, ReceiptCore, ReceiptSigner, seal, verify_chain,
+        },
+    };
+    struct Signer(StatementKey);
+    impl ReceiptSigner for Signer {
+        fn sign_head(&self, core: &ReceiptCore, prev: &str, covers: Vec<String>) -> String {
+            ReceiptClaims::new("oncegate", core.clone(), prev, covers).sign(&self.0)
+        }
+    }
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/vectors/receipt_chain.json"
+    );
+    let file: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let keys = PublicKeys::from_jwks(&file["jwks"].to_string()).unwrap();
+    let mut chain = Vec::new();
+    let mut prev = FIRST_PREV.to_owned();
+    for entry in file["entries"].as_array().unwrap() {
+        let core: ReceiptCore = serde_json::from_value(entry["core"].clone()).unwrap();
+        assert_eq!(entry["prev"], prev.as_str());
+        prev = core.digest(&prev);
+        assert_eq!(entry["digest"], prev.as_str(), "entry {}", core.seq);
+        chain.push(ChainEntry {
+            core,
+            statement: entry["statement"].as_str().unwrap().into(),
+        });
+    }
+    let report = verify_chain(&keys, "billing-agent", &chain);
+    assert_eq!((report.verified, report.problems.len()), (chain.len(), 0));
+
+    let signer = Signer(StatementKey::from_seed(&[1; 32]));
+    let (mut start, mut prev) = (0, FIRST_PREV.to_owned());
+    for size in file["batches"].as_array().unwrap() {
+        let run = &chain[start..start + size.as_u64().unwrap() as usize];
+        let cores: Vec<ReceiptCore> = run.iter().map(|e| e.core.clone()).collect();
+        let sealed = seal(&signer, &prev, &cores);
+        assert_eq!(sealed.heads.len(), 1);
+        let (i, statement) = &sealed.heads[0];
+        assert_eq!(*i, run.len() - 1);
+        assert_eq!(
+            statement, &run[*i].statement,
+            "the head of entry {}",
+            run[*i].core.seq
+        );
+        (start, prev) = (start + run.len(), sealed.digest);
+    }
+
+    let mut rewritten = chain.clone();
+    rewritten[2].core.receipt_digest = "0".repeat(64);
+    let report = verify_chain(&keys, "billing-agent", &rewritten);
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert_eq!(report.problems[0].seq, 3);
+}

@@ -17,12 +17,18 @@ pub const ADMIN_SOCKET: &str = "admin.sock";
 pub const SIGNING_ISSUER: &str = "oncegate";
 /// Deadline of one store call, in milliseconds.
 pub const STORE_TIMEOUT_MS: u64 = 2000;
+/// The embedded store's page cache, in MiB.
+pub const EMBEDDED_CACHE_MB: u64 = oncegate_store::embedded::DEFAULT_CACHE_MB;
 /// Durability level: replicas that must confirm every state change.
 pub const DURABILITY_REPLICAS: u32 = 0;
 /// How long `WAIT` lets the replicas take, in milliseconds.
 pub const DURABILITY_TIMEOUT_MS: u64 = 1000;
 /// Sentinel: how often the master's role is re-checked, in milliseconds.
 pub const SENTINEL_CHECK_MS: u64 = 1000;
+/// Redis: how often the receipt chains that grew get their head signed, in milliseconds. Not a
+/// flag: it bounds how long a completion stays covered by no signature (and what a gate that
+/// stops leaves unsigned until the next seal), and at 50 ms costs a few signatures a second.
+pub const SEAL_INTERVAL_MS: u64 = 50;
 /// Connections reserved for calls that `WAIT` for replicas (when a durability level is set).
 pub const WAIT_LANES: usize = 4;
 /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
@@ -59,6 +65,7 @@ pub fn redis() -> RedisOptions {
         durability_timeout: Duration::from_millis(DURABILITY_TIMEOUT_MS),
         wait_lanes: WAIT_LANES,
         sentinel_check_interval: Duration::from_millis(SENTINEL_CHECK_MS),
+        seal_interval: Duration::from_millis(SEAL_INTERVAL_MS),
         username: None,
         password: None,
         allow_eviction: false,

@@ -53,6 +53,12 @@ pub struct ServeArgs {
     #[arg(help_heading = STORE, long, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR)]
     pub data_dir: PathBuf,
 
+    /// The embedded store's page cache in MiB: the most memory redb keeps for the file, however
+    /// large it grows (redb's own default is 1024). Ignored with Redis.
+    #[arg(help_heading = STORE, long, env = "ONCEGATE_EMBEDDED_CACHE_MB", default_value_t = defaults::EMBEDDED_CACHE_MB,
+          value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub embedded_cache_mb: u64,
+
     /// Deadline of one store call in milliseconds; past it the call fails closed with UNAVAILABLE.
     #[arg(help_heading = STORE, long, env = "ONCEGATE_STORE_TIMEOUT_MS", default_value_t = defaults::STORE_TIMEOUT_MS,
           value_parser = clap::value_parser!(u64).range(1..=60_000))]

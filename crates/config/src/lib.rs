@@ -60,6 +60,8 @@ pub enum StoreConfig {
     Embedded {
         data_dir: PathBuf,
         call_timeout: Duration,
+        /// redb's page cache, in bytes (`--embedded-cache-mb`).
+        cache_bytes: u64,
     },
     /// A Redis deployment.
     Redis {
@@ -75,7 +77,14 @@ impl StoreConfig {
             Self::Embedded {
                 data_dir,
                 call_timeout,
-            } => EmbeddedStore::open(data_dir, system_clock(), *call_timeout).map(Store::Embedded),
+                cache_bytes,
+            } => EmbeddedStore::open_with_cache(
+                data_dir,
+                system_clock(),
+                *call_timeout,
+                *cache_bytes,
+            )
+            .map(Store::Embedded),
             Self::Redis { topology, options } => RedisStore::connect_to(topology, options.clone())
                 .await
                 .map(Store::Redis),
@@ -270,6 +279,7 @@ fn store_config(args: &ServeArgs, policies: &Policies) -> Result<StoreConfig, Co
         return Ok(StoreConfig::Embedded {
             data_dir: args.data_dir.clone(),
             call_timeout,
+            cache_bytes: args.embedded_cache_mb << 20,
         });
     };
     let mut options = RedisOptions {

@@ -1,7 +1,7 @@
-//! The gate's signer: the active key that signs every grant and every recorded completion, the
-//! issuer name, and the public keys it publishes (the active one and the retired ones that still
-//! verify). One Ed25519 signature per grant and per recorded completion; nothing is cached or
-//! batched, so every statement binds exactly one grant or completion.
+//! The gate's signer: the active key that signs every grant and the heads of the receipt chains,
+//! the issuer name, and the public keys it publishes (the active one and the retired ones that
+//! still verify). One Ed25519 signature per grant; receipt chains get one per head (the stores
+//! decide which entries are heads: docs/CONTRACT.md §4.x), which covers every entry before it.
 //!
 //! Where the keys come from (files, or generated into the data directory) is the configuration's.
 
@@ -61,7 +61,7 @@ impl Signer {
 }
 
 impl ReceiptSigner for Signer {
-    fn sign_receipt(&self, core: &ReceiptCore, previous: Option<&ReceiptCore>) -> String {
-        ReceiptClaims::new(&self.issuer, core.clone(), previous).sign(&self.active)
+    fn sign_head(&self, core: &ReceiptCore, prev: &str, covers: Vec<String>) -> String {
+        ReceiptClaims::new(&self.issuer, core.clone(), prev, covers).sign(&self.active)
     }
 }

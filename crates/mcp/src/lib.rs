@@ -182,6 +182,7 @@ async fn local_gate(
     let store = StoreConfig::Embedded {
         data_dir: args.data_dir.clone(),
         call_timeout: Duration::from_millis(defaults::STORE_TIMEOUT_MS),
+        cache_bytes: defaults::EMBEDDED_CACHE_MB << 20,
     }
     .open()
     .await

@@ -21,10 +21,12 @@
 //!
 //! Receipt chains: a completion call may carry a [`Receipts`] signer (the gate's). Then a
 //! completion the step records is also appended to its agent's receipt chain, in the same atomic
-//! step (embedded: the same transaction; Redis: the same script, under the agent's hash tag), and
-//! signed: inside the transaction on the embedded store, right after the script on Redis (Lua
-//! cannot sign), where a second script stores the statement. The chain's order is the order the
-//! store recorded the completions in, so two completions of one agent cannot fork it.
+//! step (embedded: the same transaction; Redis: the same script, under the agent's hash tag). The
+//! chain's order is the order the store recorded the completions in, so two completions of one
+//! agent cannot fork it. Only chain *heads* are signed (each entry's digest covers the one before,
+//! so a head covers them all): the embedded store signs each agent's last entry of a group commit
+//! inside its transaction; Redis (Lua cannot sign) seals each chain that grew once per sealing
+//! interval, off the call's path, and when it is exported.
 //!
 //! The webhook outbox ([`outbox`]) lives in the same store: events waiting for delivery, written,
 //! claimed and settled in atomic steps of their own (Redis: scripts on the `og:{outbox}` keys, one
@@ -305,6 +307,16 @@ impl Store {
                 s.resolve_expired(key, resolution, expected, replicas, receipts)
                     .await
             }
+        }
+    }
+
+    /// Signs the head of `agent_id`'s receipt chain now if entries were appended since its last
+    /// signed head (Redis, which otherwise does it once per sealing interval); the embedded store
+    /// signs every group commit's heads before committing it, so it has nothing to do.
+    pub async fn seal_receipts(&self, agent_id: &str, signer: &Receipts) -> Result<(), StoreError> {
+        match self {
+            Self::Embedded(_) => Ok(()),
+            Self::Redis(s) => s.seal_receipts(agent_id, signer).await,
         }
     }
 

@@ -65,6 +65,7 @@ impl Backend {
 pub fn test_options() -> RedisOptions {
     RedisOptions {
         sentinel_check_interval: Duration::from_millis(200),
+        seal_interval: Duration::from_millis(50),
         ..defaults::redis()
     }
 }

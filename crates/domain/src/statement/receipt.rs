@@ -1,13 +1,15 @@
 //! Receipt statements and the chain they form: every recorded completion of an agent (a worker's
 //! Complete, an operator's external completion or resolution) is entry `seq` of that agent's
-//! chain, and its statement names the digest of entry `seq - 1`. An auditor holding the public keys
-//! can then prove that no completion was removed (the sequence numbers are signed and contiguous)
-//! or rewritten (each entry's signature covers it, and the next entry's signature covers its
-//! digest).
+//! chain. Each entry's digest covers its fields *and* the digest of the entry before it
+//! ([`ReceiptCore::digest`], docs/CONTRACT.md §4.x), so one signature over an entry (a *signed
+//! head*) covers every entry before it. The gate signs heads, not every entry: the embedded store
+//! signs each agent's last entry of every group commit, the Redis store each chain's tail once per
+//! sealing interval. A head's statement also lists the digests of the unsigned entries since the
+//! previous head (`covers`), so a verifier names the very entry that was rewritten.
 //!
-//! The stores append an entry's [`ReceiptCore`] atomically with the completion it records; the
-//! link (`prev`) is over the previous entry's core, which the store hands back from the same atomic
-//! step, so two completions of one agent can never claim the same place in the chain.
+//! The stores append an entry's [`ReceiptCore`] atomically with the completion it records, so two
+//! completions of one agent can never claim the same place in the chain; the digests are the
+//! signer's (Lua cannot hash with SHA-256).
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -16,6 +18,9 @@ use super::{PublicKeys, StatementKey};
 
 /// The JOSE `typ` of receipt statements.
 pub const RECEIPT_TYPE: &str = "oncegate-receipt+jwt";
+
+/// The `prev` of entry 1: the empty string.
+pub const FIRST_PREV: &str = "";
 
 /// What one chain entry records: the completion, and its place in the agent's chain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,10 +45,22 @@ pub struct ReceiptCore {
     pub completed_at: i64,
 }
 
+/// The object an entry's digest is taken over: the core's fields and `prev`.
+#[derive(Serialize)]
+struct Linked<'a> {
+    #[serde(flatten)]
+    core: &'a ReceiptCore,
+    prev: &'a str,
+}
+
 impl ReceiptCore {
-    /// The digest the next entry's `prev` names: hex SHA-256 of the core's RFC 8785 (JCS) form.
-    pub fn digest(&self) -> String {
-        let canonical = serde_json_canonicalizer::to_vec(self).expect("a core serializes");
+    /// The entry's digest, which the next entry's `prev` names: lowercase hex SHA-256 of the RFC
+    /// 8785 (JCS) form of the object of the core's nine fields and `prev` (the digest of entry
+    /// `seq - 1`, [`FIRST_PREV`] for entry 1). Covering `prev` makes it cover the whole chain up
+    /// to this entry.
+    pub fn digest(&self, prev: &str) -> String {
+        let canonical = serde_json_canonicalizer::to_vec(&Linked { core: self, prev })
+            .expect("a core serializes");
         hex::encode(Sha256::digest(&canonical))
     }
 }
@@ -53,7 +70,8 @@ pub fn receipt_digest(receipt: &[u8]) -> String {
     hex::encode(Sha256::digest(receipt))
 }
 
-/// What a receipt statement says: the core, the issuer, and the link to the previous entry.
+/// What a receipt statement says: the signed head entry, the issuer, the link to the entry before
+/// it, and the digests of the unsigned entries it covers.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReceiptClaims {
     /// The gate that issued it.
@@ -63,17 +81,22 @@ pub struct ReceiptClaims {
     /// The entry.
     #[serde(flatten)]
     pub core: ReceiptCore,
-    /// [`ReceiptCore::digest`] of entry `seq - 1`; empty for the first entry.
+    /// [`ReceiptCore::digest`] of entry `seq - 1`; [`FIRST_PREV`] for the first entry.
     pub prev: String,
+    /// The digests of the entries `seq - covers.len()` … `seq - 1`, oldest first: the unsigned
+    /// entries since the previous signed head, at most [`MAX_COVERED`]. Its last item is `prev`.
+    #[serde(default)]
+    pub covers: Vec<String>,
 }
 
 impl ReceiptClaims {
-    /// The claims of `core`, linked to the previous entry's core (`None` for the first).
-    pub fn new(issuer: &str, core: ReceiptCore, previous: Option<&ReceiptCore>) -> Self {
+    /// The claims of `core`, linked by `prev`, covering the digests `covers`.
+    pub fn new(issuer: &str, core: ReceiptCore, prev: &str, covers: Vec<String>) -> Self {
         Self {
             iss: issuer.into(),
             iat: core.completed_at.div_euclid(1000),
-            prev: previous.map(ReceiptCore::digest).unwrap_or_default(),
+            prev: prev.into(),
+            covers,
             core,
         }
     }
@@ -84,16 +107,53 @@ impl ReceiptClaims {
     }
 }
 
-/// Signs receipt statements for a store, which calls it from inside the step that records the
-/// completion (embedded) or right after it (Redis). Implemented by the gate, which holds the key.
+/// The most digests one head statement lists: a longer unsigned run is sealed by several heads.
+pub const MAX_COVERED: usize = 255;
+
+/// Signs receipt heads for a store (the embedded store at each group commit, the Redis store once
+/// per sealing interval). Implemented by the gate, which holds the key.
 pub trait ReceiptSigner: Send + Sync {
-    /// The statement of `core`, linked to `previous`.
-    fn sign_receipt(&self, core: &ReceiptCore, previous: Option<&ReceiptCore>) -> String;
+    /// The statement of the head `core`, linked by `prev`, covering the digests `covers`.
+    fn sign_head(&self, core: &ReceiptCore, prev: &str, covers: Vec<String>) -> String;
 }
 
-/// One stored entry of a chain: its core, and its statement (empty when the gate stopped between
-/// recording the completion and storing its signature; the next entry's signature still covers
-/// its core).
+/// A run of consecutive unsigned entries, sealed: which of them got a statement, and the last
+/// one's digest (the `prev` of the entry after the run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sealed {
+    /// (index into the run, statement): the run's last entry, and every [`MAX_COVERED`]+1-th.
+    pub heads: Vec<(usize, String)>,
+    /// The digest of the run's last entry.
+    pub digest: String,
+}
+
+/// Seals `run`, consecutive unsigned entries oldest first, the first of which follows the entry
+/// whose digest is `prev` ([`FIRST_PREV`] when it is entry 1): signs its last entry, and one
+/// entry in every [`MAX_COVERED`] + 1 before it, so that no statement lists more digests.
+pub fn seal(signer: &dyn ReceiptSigner, prev: &str, run: &[ReceiptCore]) -> Sealed {
+    let mut prev = prev.to_owned();
+    let mut covers = Vec::new();
+    let mut heads = Vec::new();
+    for (i, core) in run.iter().enumerate() {
+        let digest = core.digest(&prev);
+        if i + 1 == run.len() || covers.len() == MAX_COVERED {
+            heads.push((
+                i,
+                signer.sign_head(core, &prev, std::mem::take(&mut covers)),
+            ));
+        } else {
+            covers.push(digest.clone());
+        }
+        prev = digest;
+    }
+    Sealed {
+        heads,
+        digest: prev,
+    }
+}
+
+/// One stored entry of a chain: its core, and its statement (empty unless the entry is a signed
+/// head: a later head covers it, or, after the last head, nothing signed covers it yet).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChainEntry {
     pub core: ReceiptCore,
@@ -120,54 +180,130 @@ impl std::fmt::Display for ChainProblem {
 /// The verdict on a chain.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChainReport {
-    /// Entries whose statement verified and whose link holds.
+    /// Entries covered by a signed head that verified (the head included) with every link holding.
     pub verified: usize,
-    /// Entries stored without a statement (covered only by the next entry's link).
+    /// Entries after the last signed head: recorded, but covered by no signature *yet* (the gate
+    /// signs them with the next head; a gate that stopped before leaves them so until then). They
+    /// cannot be checked, and are not problems.
     pub unsigned: Vec<u64>,
-    /// Everything that does not hold, in chain order. Empty: the chain is intact.
+    /// Everything that does not hold, in chain order. Empty: every signed entry and every entry
+    /// before the last signed head is intact.
     pub problems: Vec<ChainProblem>,
 }
 
-/// Verifies an agent's whole chain, entry 1 first: each statement's signature (by a key of
-/// `keys`) and type, that it says what the store holds, that the sequence has no gap, and that
-/// each entry names the digest of the one before.
+/// An entry not yet covered by a head.
+struct Pending<'a> {
+    entry: &'a ChainEntry,
+    /// The digest it was recomputed over (the entry before it).
+    prev: String,
+}
+
+/// Verifies an agent's whole chain, entry 1 first: the sequence has no gap, each head's statement
+/// verifies (signature by a key of `keys`, type) and says what the store holds, each head's link
+/// names the digest of the entries before it as stored, and each entry a head covers has the
+/// digest the head lists (which names a rewritten entry exactly).
 pub fn verify_chain(keys: &PublicKeys, agent: &str, entries: &[ChainEntry]) -> ChainReport {
     let mut report = ChainReport::default();
-    let mut previous: Option<&ReceiptCore> = None;
+    // The digest of the previous entry: recomputed from the stored cores, restarted from each
+    // head's signed digest so that one rewrite is named once, in its own stretch.
+    let mut prev = FIRST_PREV.to_owned();
+    let mut pending: Vec<Pending<'_>> = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let expected_seq = i as u64 + 1;
-        let mut problem = |what: String| {
-            report.problems.push(ChainProblem {
-                seq: entry.core.seq,
-                key: entry.core.key.clone(),
-                what,
-            })
-        };
         if entry.core.seq != expected_seq {
-            problem(format!(
-                "expected entry {expected_seq} here: entries are missing or out of order"
+            report.problems.push(problem(
+                entry,
+                format!("expected entry {expected_seq} here: entries are missing or out of order"),
             ));
         }
         if entry.core.agent != agent {
-            problem(format!("belongs to agent {:?}", entry.core.agent));
+            report.problems.push(problem(
+                entry,
+                format!("belongs to agent {:?}", entry.core.agent),
+            ));
         }
-        let prev = previous.map(ReceiptCore::digest).unwrap_or_default();
-        if entry.statement.is_empty() {
-            report.unsigned.push(entry.core.seq);
-        } else {
-            match keys.verify::<ReceiptClaims>(RECEIPT_TYPE, &entry.statement) {
-                Err(e) => problem(format!("statement refused: {e}")),
-                Ok((_, claims)) if claims.core != entry.core => {
-                    problem("the stored entry differs from its signed statement".into())
+        let verified = match entry.statement.is_empty() {
+            true => None,
+            false => Some(keys.verify::<ReceiptClaims>(RECEIPT_TYPE, &entry.statement)),
+        };
+        match verified {
+            None | Some(Err(_)) => {
+                if let Some(Err(e)) = verified {
+                    report
+                        .problems
+                        .push(problem(entry, format!("statement refused: {e}")));
                 }
-                Ok((_, claims)) if claims.prev != prev => problem(
-                    "its link does not name the previous entry: an entry before it was removed or rewritten"
-                        .into(),
-                ),
-                Ok(_) => report.verified += 1,
+                let digest = entry.core.digest(&prev);
+                let before = std::mem::replace(&mut prev, digest);
+                pending.push(Pending {
+                    entry,
+                    prev: before,
+                });
+            }
+            Some(Ok((_, claims))) => {
+                let covered = std::mem::take(&mut pending);
+                prev = check_head(&mut report, entry, &claims, &covered, &prev);
             }
         }
-        previous = Some(&entry.core);
     }
+    report.unsigned = pending.iter().map(|p| p.entry.core.seq).collect();
     report
+}
+
+/// Checks one signed head against the entries it covers; returns its digest as signed.
+fn check_head(
+    report: &mut ChainReport,
+    head: &ChainEntry,
+    claims: &ReceiptClaims,
+    covered: &[Pending<'_>],
+    link: &str,
+) -> String {
+    let before = report.problems.len();
+    // The covered entries the head lists, each checked on its own against the signed digests.
+    let listed = covered.len().min(claims.covers.len());
+    let first = covered.len() - listed;
+    let mut signed_prev = covered
+        .get(first)
+        .map(|p| p.prev.clone())
+        .unwrap_or_default();
+    for (pending, signed) in covered[first..]
+        .iter()
+        .zip(&claims.covers[claims.covers.len() - listed..])
+    {
+        if pending.entry.core.digest(&signed_prev) != *signed {
+            report.problems.push(problem(
+                pending.entry,
+                format!(
+                    "rewritten: its digest is not the one the signed head (entry {}) covers",
+                    claims.core.seq
+                ),
+            ));
+        }
+        signed_prev = signed.clone();
+    }
+    if claims.core != head.core {
+        report.problems.push(problem(
+            head,
+            "the stored entry differs from its signed statement".into(),
+        ));
+    }
+    if claims.prev != link && report.problems.len() == before {
+        report.problems.push(problem(
+            head,
+            "its link does not name the previous entry: an entry before it was removed or rewritten"
+                .into(),
+        ));
+    }
+    if report.problems.len() == before {
+        report.verified += covered.len() + 1;
+    }
+    claims.core.digest(&claims.prev)
+}
+
+fn problem(entry: &ChainEntry, what: String) -> ChainProblem {
+    ChainProblem {
+        seq: entry.core.seq,
+        key: entry.core.key.clone(),
+        what,
+    }
 }

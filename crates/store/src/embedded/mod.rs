@@ -31,7 +31,7 @@ mod writer;
 
 use std::{path::Path, sync::Arc, thread, time::Duration};
 
-use redb::{Database, TableDefinition};
+use redb::TableDefinition;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{
@@ -190,14 +190,33 @@ pub(super) struct ListRequest {
     pub(super) limit: usize,
 }
 
+/// The default size of redb's page cache, in MiB (`--embedded-cache-mb`). redb's own default is
+/// 1 GiB, which a gate fills as its file grows: the cache, not the data, was most of the gate's
+/// memory (issue 25). Hot records are recent ones, so a small cache serves the load.
+pub const DEFAULT_CACHE_MB: u64 = 64;
+
 impl EmbeddedStore {
-    /// Opens (or creates) `oncegate.redb` in `dir` and starts the writer thread. A caller that
-    /// waits longer than `call_timeout` for its step gets `Unavailable`.
+    /// Opens (or creates) `oncegate.redb` in `dir` with the default cache ([`DEFAULT_CACHE_MB`])
+    /// and starts the writer thread. A caller that waits longer than `call_timeout` for its step
+    /// gets `Unavailable`.
     pub fn open(dir: &Path, clock: Clock, call_timeout: Duration) -> Result<Self, StoreError> {
+        Self::open_with_cache(dir, clock, call_timeout, DEFAULT_CACHE_MB << 20)
+    }
+
+    /// [`EmbeddedStore::open`] with a page cache of `cache_bytes`: the bound of the memory redb
+    /// holds for the file, whatever its size.
+    pub fn open_with_cache(
+        dir: &Path,
+        clock: Clock,
+        call_timeout: Duration,
+        cache_bytes: u64,
+    ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| StoreError::unavailable_by(format!("creating {}", dir.display()), e))?;
         let path = dir.join("oncegate.redb");
-        let db = Database::create(&path)
+        let db = redb::Builder::new()
+            .set_cache_size(usize::try_from(cache_bytes).unwrap_or(usize::MAX))
+            .create(&path)
             .map_err(|e| StoreError::unavailable_by(format!("opening {}", path.display()), e))?;
         let (mut wal, frames) = wal::Wal::open(dir).map_err(|e| {
             StoreError::unavailable_by(format!("opening the log in {}", dir.display()), e)

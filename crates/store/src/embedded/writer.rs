@@ -67,11 +67,14 @@ impl Writer {
         let mut writes: Vec<wal::Entry> = Vec::new();
         {
             let mut tables = Tables::open(&txn)?;
+            let mut chains = chain::Batch::default();
             for job in batch {
-                if let Some(reply) = run_job(&mut tables, job, now, &mut writes)? {
+                if let Some(reply) = run_job(&mut tables, job, now, &mut writes, &mut chains)? {
                     replies.push(reply);
                 }
             }
+            // One signature per agent whose chain grew, before anything is durable.
+            chains.seal(&mut tables.receipts, &mut writes)?;
             writes.extend(purge_expired(&mut tables, now)?);
             writes.append(&mut tables.side.log);
             writes.extend(tables.take_outbox_log());
@@ -133,6 +136,7 @@ fn run_job(
     job: Job,
     now: Millis,
     writes: &mut Vec<wal::Entry>,
+    chains: &mut chain::Batch,
 ) -> Result<Option<Pending>, redb::Error> {
     let Job { key, op } = job;
     let op = match op {
@@ -195,9 +199,7 @@ fn run_job(
     let receipts = &mut tables.receipts;
     let (write, side_write, reply) =
         apply(op, current.as_ref(), &side, now, &mut |(signer, fp), c| {
-            let (entry, bytes) = chain::append(receipts, signer, &key, fp, c)?;
-            writes.push(wal::Entry::receipt(entry, bytes));
-            Ok(())
+            chains.append(receipts, signer, &key, fp, c)
         })?;
     tables.side.write(&key, side_write, now)?;
     if let Write::Put(record) = write {
@@ -297,8 +299,8 @@ fn answer<T: Send + 'static>(value: T, tx: Tx<T>) -> (Write, SideWrite, Pending)
 }
 
 /// Runs one step of the ledger (with the agent's approvals and budgets where it has any) and
-/// packages its reply for after the commit. A completion the step records is chained (and signed)
-/// here, inside the transaction, when the call carries a signer.
+/// packages its reply for after the commit. A completion the step records is chained here, inside
+/// the transaction, when the call carries a signer (the batch's head is signed before the commit).
 fn apply(
     op: Op,
     current: Option<&Record>,
@@ -387,7 +389,7 @@ fn record_chained(
 }
 
 /// Chains the completion a step records: the reply's completion and the record being written get
-/// the same place and statement.
+/// the same place (and no statement: the chain's head carries it).
 fn chained(
     write: &mut Write,
     completion: &mut ledger::Completion,

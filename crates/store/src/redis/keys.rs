@@ -65,6 +65,12 @@ impl Agent {
         format!("{}:receipts", self.tag)
     }
 
+    /// The seal mark of the agent's receipt chain, `og:{<agent digest>}:sealed`: `"<seq>
+    /// <digest>"` of its last signed head, where the next seal starts (absent: nothing sealed).
+    pub fn sealed(&self) -> String {
+        format!("{}:sealed", self.tag)
+    }
+
     /// The agent's budget buckets, `og:{<agent digest>}:budgets`: a hash, one field per bucket
     /// (budget, action when per action, group value), so that Release reaches the buckets a
     /// record names without building key names in a script.
@@ -98,6 +104,11 @@ pub fn lease_index(agent_id: &str) -> String {
 /// The receipt chain of `agent_id` (see [`Agent::receipts`]).
 pub fn receipts(agent_id: &str) -> String {
     Agent::new(agent_id).receipts()
+}
+
+/// The seal mark of `agent_id`'s receipt chain (see [`Agent::sealed`]).
+pub fn sealed(agent_id: &str) -> String {
+    Agent::new(agent_id).sealed()
 }
 
 /// The approval of `key` (see [`Agent::approval_of`]).

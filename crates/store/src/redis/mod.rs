@@ -49,7 +49,9 @@ struct Scripts {
     record_external: Script,
     resolve_expired: Script,
     unresolved: Script,
-    /// Stores a receipt statement the gate signed after a completion script.
+    /// Reads a receipt chain's seal mark and the entries after it.
+    unsealed: Script,
+    /// Stores the statements of a chain's heads and moves its seal mark.
     seal: Script,
     /// Reads a page of a receipt chain.
     receipts: Script,
@@ -77,7 +79,8 @@ impl Scripts {
             record_external: with_prelude(include_str!("record_external.lua")),
             resolve_expired: with_prelude(include_str!("resolve_expired.lua")),
             unresolved: with_prelude(include_str!("unresolved.lua")),
-            seal: with_prelude(include_str!("seal.lua")),
+            unsealed: Script::new(include_str!("unsealed.lua")),
+            seal: Script::new(include_str!("seal.lua")),
             receipts: Script::new(include_str!("receipts.lua")),
             decide_approval: with_prelude(include_str!("decide_approval.lua")),
             approvals: with_prelude(include_str!("approvals.lua")),
@@ -109,6 +112,9 @@ pub struct RedisOptions {
     pub username: Option<String>,
     /// Password for the data nodes, unless their URL names one.
     pub password: Option<String>,
+    /// How often the receipt chains that grew are sealed (their new head signed). Between two
+    /// seals, entries are recorded but covered by no signature yet.
+    pub seal_interval: Duration,
     /// Serve although a node may evict keys (`maxmemory-policy` other than `noeviction`, or
     /// unreadable): UNSAFE, an evicted completion runs its action again. Logged loudly.
     pub allow_eviction: bool,
@@ -123,6 +129,7 @@ fn test_options() -> RedisOptions {
         durability_timeout: Duration::from_millis(500),
         wait_lanes: 0,
         sentinel_check_interval: Duration::from_secs(1),
+        seal_interval: Duration::from_millis(50),
         username: None,
         password: None,
         allow_eviction: false,
@@ -137,6 +144,8 @@ pub struct RedisStore {
     options: RedisOptions,
     /// Fails every call closed while a node may evict keys.
     eviction: Arc<eviction::Guard>,
+    /// The receipt chains waiting for their next seal.
+    sealer: Arc<receipts::Sealer>,
 }
 
 impl RedisStore {
@@ -171,6 +180,7 @@ impl RedisStore {
             scripts: Arc::new(Scripts::load()),
             options,
             eviction: Arc::default(),
+            sealer: Arc::default(),
         };
         tokio::time::timeout(store.options.call_timeout, store.check_eviction_at_start())
             .await

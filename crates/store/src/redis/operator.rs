@@ -50,7 +50,7 @@ impl RedisStore {
         let wait = self.wait_for(replicas);
         let Ran {
             now,
-            mut decoded,
+            decoded,
             mut acknowledged,
         } = self
             .run(
@@ -62,18 +62,14 @@ impl RedisStore {
             )
             .await?;
         if let Decoded::Completed {
-            recorded,
-            completion,
-            chained,
-            ..
-        } = &mut decoded
+            recorded, chained, ..
+        } = &decoded
         {
-            match (receipts, chained.take()) {
-                (Some(signer), Some(chained)) => {
-                    acknowledged = self.seal(key, completion, chained, signer, wait).await?;
-                }
-                _ if !*recorded => acknowledged = self.sync(key, wait, acknowledged).await?,
-                _ => {}
+            if let (Some(signer), true) = (receipts, *chained) {
+                self.mark_unsealed(&key.agent_id, signer);
+            }
+            if !*recorded {
+                acknowledged = self.sync(key, wait, acknowledged).await?;
             }
             confirmed(wait, acknowledged, "operator completion")?;
         }
@@ -128,8 +124,8 @@ impl RedisStore {
         let wait = self.wait_for(replicas);
         let Ran {
             now,
-            mut decoded,
-            mut acknowledged,
+            decoded,
+            acknowledged,
         } = self
             .run(
                 &self.scripts.resolve_expired,
@@ -139,17 +135,8 @@ impl RedisStore {
                 wait,
             )
             .await?;
-        if let (
-            Some(signer),
-            Decoded::Completed {
-                completion,
-                chained,
-                ..
-            },
-        ) = (receipts, &mut decoded)
-            && let Some(chained) = chained.take()
-        {
-            acknowledged = self.seal(key, completion, chained, signer, wait).await?;
+        if let (Some(signer), Decoded::Completed { chained: true, .. }) = (receipts, &decoded) {
+            self.mark_unsealed(&key.agent_id, signer);
         }
         if !matches!(decoded, Decoded::Refused(_)) {
             confirmed(wait, acknowledged, "resolution")?;

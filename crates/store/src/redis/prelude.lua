@@ -146,41 +146,36 @@ local function find_older(rec, token)
 end
 
 -- The completion fields of a reply end with the receipt chain's (seq, statement), the receipt's
--- format, and (for the completion a script just recorded and chained) the previous and the new
--- chain entries, raw.
+-- format, and the seq of the chain entry the script just appended (0: none), which tells the gate
+-- that the agent's chain has an entry to seal.
 local function completion_reply(tag, rec, recorded, double, chained)
-  chained = chained or { '', '' }
   return { NOW, tag, recorded, double, rec[RECEIPT], rec[COMPLETED_AT], rec[COMPLETED_FENCING],
            rec[TOKEN], rec[SOURCE], rec[NOTE] or '', rec[OPERATOR] or '', rec[RECEIPT_SEQ] or 0,
-           rec[STATEMENT] or '', rec[RECEIPT_FORMAT] or 0, chained[1], chained[2] }
+           rec[STATEMENT] or '', rec[RECEIPT_FORMAT] or 0, chained or 0 }
 end
 
 -- Receipt chains. One agent's chain is a list, og:{<agent digest>}:receipts (KEYS[3] of the
 -- scripts that record completions, in the agent's slot), of MessagePack entries
 -- { seq, member (the encoded action key), fingerprint, receipt digest, fencing, source,
---   completed_at, statement }; the gate signs each entry after the script and stores the
--- statement with seal.lua. Appending here, in the script that records the completion, is what
--- keeps the chain from forking: its order is the order Redis ran the completions in.
+--   completed_at, statement }. The statement is '' until the gate seals the chain (seal.lua, once
+-- per sealing interval, signing its last entry: a head covers every entry before it). Appending
+-- here, in the script that records the completion, is what keeps the chain from forking: its
+-- order is the order Redis ran the completions in.
 local E_STATEMENT = 8
 
 -- Appends the completion just recorded in rec to the chain when `digest` (the receipt's SHA-256,
--- from the gate) is given; call it before save(). Returns { previous entry, new entry } (raw;
--- '' when none) for completion_reply.
+-- from the gate) is given; call it before save(). Returns the entry's seq (0: not chained), for
+-- completion_reply.
 local function chain(rec, digest)
   rec[RECEIPT_SEQ], rec[STATEMENT] = 0, ''
   if digest == '' then
-    return { '', '' }
+    return 0
   end
-  local n = redis.call('LLEN', KEYS[3])
-  local previous = ''
-  if n > 0 then
-    previous = redis.call('LINDEX', KEYS[3], -1)
-  end
-  rec[RECEIPT_SEQ] = n + 1
-  local entry = cmsgpack.pack({ n + 1, ARGV[1], rec[FINGERPRINT], digest, rec[COMPLETED_FENCING],
-                                rec[SOURCE], rec[COMPLETED_AT], '' })
-  redis.call('RPUSH', KEYS[3], entry)
-  return { previous, entry }
+  local seq = redis.call('LLEN', KEYS[3]) + 1
+  rec[RECEIPT_SEQ] = seq
+  redis.call('RPUSH', KEYS[3], cmsgpack.pack({ seq, ARGV[1], rec[FINGERPRINT], digest,
+    rec[COMPLETED_FENCING], rec[SOURCE], rec[COMPLETED_AT], '' }))
+  return seq
 end
 
 -- Budgets and approvals (domain::authorization, mirrored here). Only scripts that grant or release

@@ -1,20 +1,35 @@
 //! Receipt chains on Redis. The script that records a completion appends its entry to the agent's
-//! chain (`og:{<agent digest>}:receipts`, a list in the agent's slot) in the same atomic step and
-//! hands back that entry and the one before it; the gate's signer signs the entry linked to the
-//! previous one, and [`RedisStore::seal`] stores the statement (seal.lua) with the `WAIT` of the
-//! durability level. Lua cannot sign, so the statement comes one round trip later; the chain's
-//! order, though, is fixed by the first script alone, so concurrent completions of one agent (on
-//! any replica) can never fork it or take the same place.
+//! chain (`og:{<agent digest>}:receipts`, a list in the agent's slot) in the same atomic step, so
+//! concurrent completions of one agent (on any replica) can never fork it or take the same place;
+//! that is the call's only script. Lua cannot sign (nor hash with SHA-256), so the gate seals the
+//! chain later, off the call's path: the agent is marked, and once per sealing interval
+//! ([`RedisOptions::seal_interval`](super::RedisOptions)) a task reads the entries after the chain's
+//! seal mark (`og:{<agent digest>}:sealed`, "<seq> <digest>" of the last signed head), computes
+//! their digests, signs the last one (a head covers every entry before it) and stores the
+//! statement with the new mark (seal.lua, refused if another replica moved the mark meanwhile).
+//! ExportReceipts seals the chain first ([`RedisStore::seal_receipts`]). A gate that stops before
+//! its next seal leaves the entries after the mark unsigned until a gate seals the chain again.
+
+use std::{collections::HashMap, sync::Mutex};
 
 use redis::Value;
 
-use super::{Decoded, Extra, Ran, RedisStore, keys, unexpected};
+use super::{RedisStore, keys};
 use crate::{Receipts, StoreError};
 use oncegate_domain::{
     ActionKey,
-    ledger::{Completion, Source},
-    statement::receipt::{ChainEntry, ReceiptCore},
+    ledger::Source,
+    statement::receipt::{ChainEntry, MAX_COVERED, ReceiptCore, seal},
 };
+
+/// The most entries one seal reads: a longer unsigned run is sealed a page at a time.
+const SEAL_PAGE: usize = 4 * (MAX_COVERED + 1);
+
+/// The agents whose chains have entries to seal, and whether a sealing task is running.
+#[derive(Default)]
+pub(super) struct Sealer {
+    state: Mutex<(HashMap<String, Receipts>, bool)>,
+}
 
 /// One stored entry as cmsgpack packs it: seq, member, fingerprint, receipt digest, fencing,
 /// source, completed_at, statement.
@@ -47,42 +62,75 @@ pub(super) fn decode_entry(raw: &[u8]) -> Result<ChainEntry, StoreError> {
 }
 
 impl RedisStore {
-    /// Signs the entry a script just appended (linked to the one before it) and stores its
-    /// statement, waiting for `wait`'s replicas; the completion gets the statement. Returns how
-    /// many replicas confirmed.
-    pub(super) async fn seal(
-        &self,
-        key: &ActionKey,
-        completion: &mut Completion,
-        (previous, entry): (Vec<u8>, Vec<u8>),
-        signer: &Receipts,
-        wait: Option<super::Wait>,
-    ) -> Result<u32, StoreError> {
-        let entry = decode_entry(&entry)?;
-        let previous = match previous.is_empty() {
-            true => None,
-            false => Some(decode_entry(&previous)?),
-        };
-        let statement = signer.sign_receipt(&entry.core, previous.as_ref().map(|p| &p.core));
-        let seq = entry.core.seq.to_string();
-        let Ran {
-            decoded,
-            acknowledged,
-            ..
-        } = self
-            .run(
-                &self.scripts.seal,
-                key,
-                &[Extra::Receipts],
-                &[seq.as_bytes(), statement.as_bytes()],
-                wait,
-            )
-            .await?;
-        if !matches!(decoded, Decoded::Sealed(true)) {
-            return Err(unexpected("seal", &decoded));
+    /// Marks `agent_id`'s chain as having entries to seal; the first mark starts a task that seals
+    /// every marked chain once per sealing interval, and ends when none is left.
+    pub(super) fn mark_unsealed(&self, agent_id: &str, signer: &Receipts) {
+        let mut state = self.sealer.state.lock().expect("the sealer's lock");
+        if !state.0.contains_key(agent_id) {
+            state.0.insert(agent_id.to_owned(), signer.clone());
         }
-        completion.statement = statement;
-        Ok(acknowledged)
+        if !state.1 {
+            state.1 = true;
+            let store = self.clone();
+            tokio::spawn(async move { store.seal_marked().await });
+        }
+    }
+
+    /// The sealing task: every interval, seals every chain marked since the last round.
+    async fn seal_marked(self) {
+        loop {
+            tokio::time::sleep(self.options.seal_interval).await;
+            let marked = {
+                let mut state = self.sealer.state.lock().expect("the sealer's lock");
+                if state.0.is_empty() {
+                    state.1 = false;
+                    return;
+                }
+                std::mem::take(&mut state.0)
+            };
+            for (agent_id, signer) in marked {
+                if let Err(e) = self.seal_receipts(&agent_id, &signer).await {
+                    // Its entries stay unsigned until the chain is sealed again (its next
+                    // completion, or an export).
+                    tracing::warn!(error = %e, agent_id, "sealing a receipt chain failed");
+                }
+            }
+        }
+    }
+
+    /// Seals `agent_id`'s chain now: signs the head of the entries after its seal mark (and more
+    /// heads when they are many) and stores them. Another replica sealing it at the same time
+    /// makes this one read again.
+    pub async fn seal_receipts(&self, agent_id: &str, signer: &Receipts) -> Result<(), StoreError> {
+        let agent = keys::Agent::new(agent_id);
+        let (chain, mark_key) = (agent.receipts(), agent.sealed());
+        loop {
+            let mut read = self.scripts.unsealed.key(&chain);
+            read.key(&mark_key).arg(SEAL_PAGE);
+            let (value, _) = self.call(&read, None).await?;
+            let (mark, entries) = unsealed(value)?;
+            if entries.is_empty() {
+                return Ok(());
+            }
+            let prev = match mark.split_once(' ') {
+                Some((_, digest)) => digest.to_owned(),
+                None => String::new(),
+            };
+            let cores: Vec<ReceiptCore> = entries.into_iter().map(|e| e.core).collect();
+            let sealed = seal(signer.as_ref(), &prev, &cores);
+            let last = cores.last().map_or(0, |c| c.seq);
+            let new_mark = format!("{last} {}", sealed.digest);
+            let mut write = self.scripts.seal.key(&chain);
+            write.key(&mark_key).arg(&mark).arg(&new_mark);
+            for (i, statement) in &sealed.heads {
+                write.arg(cores[*i].seq).arg(statement);
+            }
+            let (value, _) = self.call(&write, None).await?;
+            // 0: another replica sealed meanwhile; read again from its mark.
+            if matches!(value, Value::Int(1)) && cores.len() < SEAL_PAGE {
+                return Ok(());
+            }
+        }
     }
 
     /// Up to `limit` entries of `agent_id`'s chain after entry `after`.
@@ -109,4 +157,26 @@ impl RedisStore {
             })
             .collect()
     }
+}
+
+/// The unsealed script's answer: the seal mark and the entries after it.
+fn unsealed(value: Value) -> Result<(String, Vec<ChainEntry>), StoreError> {
+    let corrupt = |what: String| StoreError::corrupt(format!("unsealed answered {what}"));
+    let Value::Array(items) = value else {
+        return Err(corrupt(format!("{value:?}")));
+    };
+    let mut items = items.into_iter();
+    let mark = match items.next() {
+        Some(Value::BulkString(raw)) => {
+            String::from_utf8(raw).map_err(|e| corrupt(e.to_string()))?
+        }
+        other => return Err(corrupt(format!("a mark {other:?}"))),
+    };
+    let entries = items
+        .map(|item| match item {
+            Value::BulkString(raw) => decode_entry(&raw),
+            other => Err(corrupt(format!("an entry {other:?}"))),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok((mark, entries))
 }

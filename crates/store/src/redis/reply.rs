@@ -22,14 +22,12 @@ pub(super) enum Decoded {
         completion: Completion,
         recorded: bool,
         double_execution: bool,
-        /// The receipt-chain entries around a completion the script just chained: the previous
-        /// one (empty for the first) and the new one, raw.
-        chained: Option<(Vec<u8>, Vec<u8>)>,
+        /// Whether the script just appended the completion to its agent's receipt chain (which
+        /// then has an entry to seal).
+        chained: bool,
     },
     KeyReused(String),
     Released(u64),
-    /// seal.lua: whether the entry existed.
-    Sealed(bool),
     Extended(Millis),
     View(ActionView),
     Refused(Refusal),
@@ -184,17 +182,16 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             let recorded = fields.int()? == 1;
             let double_execution = fields.int()? == 1;
             let completion = fields.completion()?;
-            let (previous, entry) = (fields.bytes()?, fields.bytes()?);
+            let chained = fields.uint()? > 0;
             Decoded::Completed {
                 completion,
                 recorded,
                 double_execution,
-                chained: (!entry.is_empty()).then_some((previous, entry)),
+                chained,
             }
         }
         "key_reused" => Decoded::KeyReused(fields.string()?),
         "released" => Decoded::Released(fields.uint()?),
-        "sealed" => Decoded::Sealed(fields.int()? == 1),
         "extended" => Decoded::Extended(fields.int()?),
         "view" => {
             let state = match fields.int()? {

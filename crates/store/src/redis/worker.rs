@@ -86,7 +86,8 @@ impl RedisStore {
 
     /// Complete; acknowledged only once enough replicas confirmed the completion (a repeated
     /// Complete checks the stored one), else UNAVAILABLE so that the worker retries it. With
-    /// `receipts`, a recorded completion is chained and its statement stored before that.
+    /// `receipts`, a recorded completion is chained in the same script, and its agent's chain
+    /// marked for the next seal.
     pub async fn complete(
         &self,
         key: &ActionKey,
@@ -99,8 +100,6 @@ impl RedisStore {
         let digest = receipts
             .map(|_| receipt_digest(receipt))
             .unwrap_or_default();
-        // With a chain, the WAIT follows the statement's write, which comes last.
-        let first_wait = if receipts.is_some() { None } else { wait };
         let Ran {
             now,
             decoded,
@@ -111,26 +110,21 @@ impl RedisStore {
                 key,
                 &[Extra::Receipts],
                 &[token.as_bytes(), receipt, digest.as_bytes()],
-                first_wait,
+                wait,
             )
             .await?;
         let result = match decoded {
             Decoded::Completed {
-                mut completion,
+                completion,
                 recorded,
                 double_execution,
                 chained,
             } => {
-                match (receipts, chained) {
-                    (Some(signer), Some(chained)) => {
-                        acknowledged = self
-                            .seal(key, &mut completion, chained, signer, wait)
-                            .await?;
-                    }
-                    _ if !recorded || receipts.is_some() => {
-                        acknowledged = self.sync(key, wait, acknowledged).await?;
-                    }
-                    _ => {}
+                if let (Some(signer), true) = (receipts, chained) {
+                    self.mark_unsealed(&key.agent_id, signer);
+                }
+                if !recorded {
+                    acknowledged = self.sync(key, wait, acknowledged).await?;
                 }
                 confirmed(wait, acknowledged, "completion")?;
                 Ok(CompleteOutcome {

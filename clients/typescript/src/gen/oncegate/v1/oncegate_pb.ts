@@ -381,10 +381,9 @@ export type Completion = Message<"oncegate.v1.Completion"> & {
   seq: bigint;
 
   /**
-   * The signed receipt statement: a JWS (EdDSA), typ "oncegate-receipt+jwt", claims iss, iat,
-   * seq, agent, run, key, fingerprint, receipt_digest (hex SHA-256 of the receipt), fencing,
-   * source ("worker" or "operator"), completed_at (Unix ms) and prev (the digest of the agent's
-   * previous chain entry). Empty without signing.
+   * The entry's signed receipt statement when it is a signed chain head (see
+   * ReceiptEntry.statement); empty in a completion's reply, where no head is signed yet, and
+   * without signing. Prove a completion from the chain (ExportReceipts).
    *
    * @generated from field: string statement = 9;
    */
@@ -1630,8 +1629,12 @@ export type ReceiptEntry = Message<"oncegate.v1.ReceiptEntry"> & {
   completedAt?: Timestamp | undefined;
 
   /**
-   * Its signed receipt statement (see Completion.statement); empty when the gate stopped between
-   * recording the completion and storing the signature (the next entry's link still covers it).
+   * Its signed receipt statement when it is a chain head: a JWS (EdDSA), typ
+   * "oncegate-receipt+jwt", claims iss, iat, seq, agent, run, key, fingerprint, receipt_digest (hex
+   * SHA-256 of the receipt), fencing, source ("worker" or "operator"), completed_at (Unix ms), prev
+   * (the digest of the previous entry) and covers (the digests of the unsigned entries since the
+   * previous head; digests: docs/CONTRACT.md 4.x). Empty for the entries a later head covers, and
+   * for those after the last head (unsigned yet).
    *
    * @generated from field: string statement = 8;
    */
