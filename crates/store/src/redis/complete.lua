@@ -7,8 +7,8 @@
 -- ARGV[4]: the receipt's SHA-256 (hex) to chain a recorded completion with; '' for no chain
 -- KEYS[3]: the agent's receipt chain (used with ARGV[4])
 -- Returns: { now, 'completed', recorded (0/1), double_execution (0/1), receipt, completed_at,
---            fencing, token, source, note, operator, seq, statement, receipt_format, previous entry,
---            new entry }
+--            fencing, token, source, note, operator, seq, statement, receipt_format, chained seq
+--            (0: not chained) }
 --        | { now, 'token_unknown' } | { now, 'token_mismatch' }
 --        | { now, 'completed_by_other', fencing, completed_at }
 local key, token, receipt = KEYS[1], ARGV[2], ARGV[3]

@@ -14,7 +14,7 @@
 -- ARGV[11]: the receipt's format: 0 unspecified, 1 JSON, 2 text
 -- KEYS[3]: the agent's receipt chain (used with ARGV[10])
 -- Returns: { now, 'completed', recorded (0/1), 0, receipt, completed_at, fencing, token, source, note,
---            operator, seq, statement, receipt_format, previous entry, new entry }
+--            operator, seq, statement, receipt_format, chained seq (0: not chained) }
 --        | { now, 'key_reused', stored_digests } | { now, 'request_required' }
 --        | { now, 'already_completed' }
 local key, receipt, note, operator = KEYS[1], ARGV[2], ARGV[3], ARGV[4]

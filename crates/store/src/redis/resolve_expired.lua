@@ -13,7 +13,7 @@
 -- KEYS[3]: the agent's receipt chain (used with ARGV[6])
 -- KEYS[4]: the agent's budgets hash ('failed' gives the grant's budget reservations back)
 -- Returns: { now, 'completed', 1, 0, receipt, completed_at, fencing, token, source, note, operator,
---            seq, statement, receipt_format, previous entry, new entry }
+--            seq, statement, receipt_format, chained seq (0: not chained) }
 --        | { now, 'released', fencing }
 --        | { now, 'not_expired', state (1 absent, 2 authorized) } | { now, 'already_completed' }
 --        | { now, 'already_settled', state (1 absent, 2 authorized, 4 expired), fencing }
