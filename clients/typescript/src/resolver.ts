@@ -239,6 +239,7 @@ export class Resolver {
       answer = await this.within(lookup, unresolved);
     } catch (error) {
       if (error instanceof LookupTimeout) return { kind: "Left", why: error.message };
+      if (this.stopping?.signal.aborted) return { kind: "Left", why: "the resolver stopped during the lookup" };
       return { kind: "Left", why: `the lookup failed: ${describe(error)}` };
     }
     if (answer?.kind === "Unknown") return { kind: "Left", why: "the provider cannot tell" };
@@ -271,8 +272,8 @@ export class Resolver {
     let timer: NodeJS.Timeout | undefined;
     const timeout = new Promise<never>((_, reject) => {
       timer = setTimeout(() => {
-        abort.abort();
         reject(new LookupTimeout(`the lookup took over ${this.lookupTimeoutMs} ms`));
+        abort.abort();
       }, this.lookupTimeoutMs);
     });
     try {
