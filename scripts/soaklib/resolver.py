@@ -13,6 +13,7 @@ was answered) and ``settled`` (completed, failed, by_other, left).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any
@@ -64,9 +65,13 @@ class RecordedResolver(Resolver):
 
 
 class Resolvers:
-    """One recorded resolver per gate, each on its own thread."""
+    """One recorded resolver per gate, each on its own thread. Their log lines (one warning per
+    action left for a person, dozens a minute here) are not printed: the ``resolution`` events and
+    the summary say the same."""
 
     def __init__(self, history: History, gates: list[tuple[str, str]], api_key: str, provider_port: int) -> None:
+        logging.getLogger("oncegate.resolver").propagate = False
+        logging.getLogger("oncegate.resolver").addHandler(logging.NullHandler())
         self.resolvers = [RecordedResolver(history, gate, api_key, provider_port) for gate in gates]
         self.threads = [threading.Thread(target=r.run, daemon=True, name=f"resolver-{r.gate}")
                         for r in self.resolvers]

@@ -58,6 +58,9 @@ def settlement_latency(events: list[dict[str, Any]]) -> str | None:
     if waits:
         line += (f"; lease end → settlement: median {statistics.median(waits):.2f}s, "
                  f"p99 {percentile(waits, 0.99):.2f}s, max {waits[-1]:.2f}s (n={len(waits)})")
+    final = next((e for e in events if e.get("t") == "final_unresolved"), None)
+    if final is not None:
+        line += f"; left unresolved at the end: {len(final['keys'])}"
     return line
 
 
