@@ -212,7 +212,9 @@ export class Resolver {
   async settle(unresolved: Unresolved): Promise<Settled> {
     const { agentId, runId } = unresolved.action.scope;
     const id = JSON.stringify([agentId, runId, unresolved.action.key, unresolved.fencing]);
-    const what = `agent ${JSON.stringify(agentId)} run ${JSON.stringify(runId)} key ${JSON.stringify(unresolved.action.key)} (fencing ${unresolved.fencing}, action ${JSON.stringify(unresolved.actionName)})`;
+    const what =
+      `agent ${JSON.stringify(agentId)} run ${JSON.stringify(runId)} key ${JSON.stringify(unresolved.action.key)} ` +
+      `(fencing ${unresolved.fencing}, action ${JSON.stringify(unresolved.actionName)})`;
     if (this.busy.has(id)) return { kind: "Left", why: "already being settled here" };
     this.busy.add(id);
     let settled: Settled;
