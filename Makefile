@@ -105,7 +105,8 @@ test-mcp: $(MCP_VENV)/.installed
 ## test`): the checker's unit tests, then two minutes each on the embedded store and on Sentinel,
 ## there at durability level 2 (both replicas): at level 1 two failovers a few seconds apart lose
 ## acknowledged writes (found by `make soak`, docs/reliability.md), which would fail `make test`
-## at random. `make soak` keeps level 1.
+## at random. `make soak` keeps level 1. Then one minute on the embedded store with resolvers in
+## place of the operator (--resolver, docs/reliability.md).
 SOAK_ARGS ?=
 
 soak: deps $(VENV)/.installed
@@ -121,6 +122,8 @@ test-soak: deps $(VENV)/.installed
 	cd scripts && $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider soaklib
 	$(VENV)/bin/python scripts/soak.py --deployments embedded,sentinel --duration 120 \
 	  --durability 2 --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test
+	$(VENV)/bin/python scripts/soak.py --deployments embedded --duration 60 --resolver \
+	  --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test-resolver
 
 ## The seeds' scenarios as a story: a Python agent, a fake bank, a real gate.
 example-python: $(VENV)/.installed

@@ -37,6 +37,7 @@ from soaklib.nemesis import Nemesis  # noqa: E402
 from soaklib.operator import Operator  # noqa: E402
 from soaklib.procs import kill, kill_all, spawn  # noqa: E402
 from soaklib.provider import Provider  # noqa: E402
+from soaklib.resolver import Resolvers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE_SECONDS = 2.0
@@ -47,7 +48,7 @@ def hash_key(binary: Path, key: str) -> str:
     return out.stdout.strip()
 
 
-def config_toml(binary: Path, worker_key: str, ops_key: str) -> str:
+def config_toml(binary: Path, worker_key: str, ops_key: str, resolver_key: str) -> str:
     return f"""
 [defaults]
 lease_ttl_seconds = {LEASE_SECONDS}
@@ -68,6 +69,12 @@ api_key_sha256 = "{hash_key(binary, worker_key)}"
 name = "soak-operator"
 role = "operator"
 api_key_sha256 = "{hash_key(binary, ops_key)}"
+
+[[principals]]
+name = "soak-resolver"
+role = "resolver"
+agents = ["soak-agent-*"]
+api_key_sha256 = "{hash_key(binary, resolver_key)}"
 """
 
 
@@ -95,15 +102,16 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
     work.mkdir()
     seed = args.seed
     rng = random.Random(f"{seed}-{kind}")
-    worker_key, ops_key = secrets.token_hex(16), secrets.token_hex(16)
+    worker_key, ops_key, resolver_key = secrets.token_hex(16), secrets.token_hex(16), secrets.token_hex(16)
     config = work / "oncegate.toml"
-    config.write_text(config_toml(args.binary, worker_key, ops_key))
+    config.write_text(config_toml(args.binary, worker_key, ops_key, resolver_key))
     durability = min(args.durability, 1) if kind == "cluster" else args.durability  # one replica per shard
     deployment: Deployment = DEPLOYMENTS[kind](args.binary, work, config, durability)
     history = History(out / "history-soak.jsonl")
     provider = Provider(history, seed)
     clients: list[subprocess.Popen[bytes]] = []
     operator = None
+    resolvers = None
     finished = False
     try:
         deployment.start()
@@ -113,7 +121,7 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         deadline = started + args.duration
         history.write(t="run", time=started, deployment=kind, seed=seed, duration=args.duration,
                       gates=gates, lease_seconds=LEASE_SECONDS, durability=durability,
-                      regrant_actions=["soak.regrant"])
+                      regrant_actions=["soak.regrant"], resolver=args.resolver)
         env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent))
         for i in range(args.clients):
             settings = {"client": i, "seed": seed, "gates": gates, "api_key": worker_key,
@@ -123,6 +131,10 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         operator = Operator(history, gates, ops_key, provider.port)
         nemesis = Nemesis(deployment, clients, provider, operator, history, rng, LEASE_SECONDS)
         nemesis.kinds = [k for k in nemesis.kinds if k not in args.skip_faults]
+        if args.resolver:  # the resolvers settle what the provider can tell; the operator only lists
+            nemesis.kinds.remove("reconcile")
+            resolvers = Resolvers(history, gates, resolver_key, provider.port)
+            resolvers.start()
         print(f"[{kind}] running {args.duration:.0f}s, seed {seed}, {len(gates)} gate(s), "
               f"{args.clients}x{args.threads} clients", flush=True)
         closing = deadline - 3.0
@@ -141,12 +153,17 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
                 kill(client)
         # Every lease ends (no heartbeat is left), then the operator lists what is unresolved.
         time.sleep(LEASE_SECONDS + 1.0)
+        if resolvers is not None:  # until only what the provider cannot tell is left (or 30 s)
+            operator.settled_by_resolvers(provider.cannot_tell, time.time() + 30)
+            resolvers.stop()
         operator.final_listing(time.time() + 60)
         for gate in deployment.gates:
             history.write(t="metrics", time=time.time(), gate=gate.name, incarnation=gate.incarnation,
                           double_executions=scrape_double_executions(gate.metrics_port))
         finished = True
     finally:
+        if resolvers is not None:
+            resolvers.stop()
         if operator is not None:
             operator.close()
         for client in clients:
@@ -179,6 +196,9 @@ def main() -> int:
                              "the Cluster (1 replica per master) takes at most 1")
     parser.add_argument("--skip-faults", default="", type=lambda v: {k for k in v.split(",") if k},
                         help="comma-separated fault kinds the nemesis must not use")
+    parser.add_argument("--resolver", action="store_true",
+                        help="resolvers (one per gate, the Python client's) settle expired leases by "
+                             "asking the provider by provider key, instead of the operator's rounds")
     parser.add_argument("--binary", type=Path, default=ROOT / "target" / "release" / "oncegate")
     args = parser.parse_args()
     if args.seed is None:

@@ -20,6 +20,9 @@ Rules (``Violation.rule``):
 * ``unresolved_not_listed``: a grant that nothing could have settled (no Complete or Release with
   its token, no completion of its key, no operator call on its key since) is missing from the
   final ``ListUnresolved``, or there is no complete final listing.
+* ``resolver_left_answerable`` (runs with resolvers only): the final ``ListUnresolved`` holds an
+  action whose provider key the provider could answer (a ``lookup`` of it answered ``completed``
+  or ``failed``, or none answered at all): the resolvers should have settled it.
 * ``disallowed_error``: an error docs/CONTRACT.md §3 does not allow for that RPC (or with the wrong
   gRPC code, or ``INTERNAL``: the contract lists it for every RPC, but it means the gate could not
   read its own store, never expected in a healthy run), a status without ErrorInfo other than a
@@ -47,7 +50,7 @@ ALLOWED = {
     "ExtendLease": COMMON | {"TOKEN_MISMATCH", "TOKEN_UNKNOWN", "ALREADY_COMPLETED", "LEASE_EXPIRED_UNRESOLVED"},
     "GetAction": set(COMMON),
     "RecordExternalCompletion": COMMON | {"IDEMPOTENCY_KEY_REUSED", "ALREADY_COMPLETED"},
-    "ResolveExpired": COMMON | {"LEASE_NOT_EXPIRED", "ALREADY_COMPLETED"},
+    "ResolveExpired": COMMON | {"LEASE_NOT_EXPIRED", "ALREADY_COMPLETED", "ALREADY_SETTLED"},
     "ListUnresolved": set(COMMON),
 }
 CODE = {
@@ -55,6 +58,7 @@ CODE = {
     "LEASE_EXPIRED_UNRESOLVED": "FAILED_PRECONDITION", "TOKEN_MISMATCH": "FAILED_PRECONDITION",
     "TOKEN_UNKNOWN": "FAILED_PRECONDITION", "COMPLETED_BY_OTHER": "FAILED_PRECONDITION",
     "ALREADY_COMPLETED": "FAILED_PRECONDITION", "LEASE_NOT_EXPIRED": "FAILED_PRECONDITION",
+    "ALREADY_SETTLED": "FAILED_PRECONDITION",
     "INVALID_REQUEST": "INVALID_ARGUMENT", "UNAUTHENTICATED": "UNAUTHENTICATED",
     "FORBIDDEN_SCOPE": "PERMISSION_DENIED", "RATE_LIMITED": "RESOURCE_EXHAUSTED",
     "STORE_UNAVAILABLE": "UNAVAILABLE", "INTERNAL": "INTERNAL",
@@ -63,7 +67,7 @@ CODE = {
 # resets the stream: UNKNOWN "Stream removed" in grpc-python).
 TRANSPORT = {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN"}
 RULES = ("double_execution", "lost_completion", "overlapping_grant", "fencing_order",
-         "unresolved_not_listed", "disallowed_error")
+         "unresolved_not_listed", "resolver_left_answerable", "disallowed_error")
 
 
 @dataclass
@@ -195,6 +199,8 @@ def check(events: list[dict[str, Any]]) -> Report:
         check_completions(report, key, h, listed)
         check_executions(report, key, h, regrant_actions)
     check_listing(report, keys, final, listed)
+    if run.get("resolver"):
+        check_resolver_left(report, events, final)
     for op in (e for e in events if e.get("t") == "op" and op_key(e) is None):
         check_error_allowed(report, None, op)
     report.stats = {
@@ -382,6 +388,20 @@ def check_listing(report: Report, keys: dict[Key, KeyHistory], final: dict[str, 
                 report.add("unresolved_not_listed", key, f"token {g.token} (fencing {g.fencing}) was never "
                            "settled and is not listed by ListUnresolved at the end", g.first, final)
                 break
+
+
+def check_resolver_left(report: Report, events: list[dict[str, Any]], final: dict[str, Any] | None) -> None:
+    if final is None:
+        return
+    answers: dict[str, set[str]] = defaultdict(set)
+    for e in events:
+        if e.get("t") == "lookup":
+            answers[e["provider_key"]].add(e["answer"])
+    for key, provider_key in zip(final["keys"], final.get("provider_keys", [])):
+        if answers.get(provider_key) != {"unknown"}:
+            told = sorted(answers.get(provider_key, set())) or ["nothing: never looked up"]
+            report.add("resolver_left_answerable", tuple(key), f"left unresolved although the provider "  # type: ignore[arg-type]
+                       f"answered {', '.join(told)} for provider key {provider_key}", final)
 
 
 def main() -> int:

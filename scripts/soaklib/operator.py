@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -103,6 +104,15 @@ class Operator:
                 counts["refused"] += 1
         return counts
 
+    def settled_by_resolvers(self, cannot_tell: Callable[[str], bool], deadline: float) -> None:
+        """Waits (listing each second) until every unresolved action is one whose provider key the
+        provider cannot tell, or the deadline passes: the resolvers settle the rest within seconds."""
+        while time.time() < deadline:
+            found = self.list_unresolved(0, attempts=3)
+            if found is not None and all(cannot_tell(a.provider_key) for a in found):
+                return
+            time.sleep(1.0)
+
     def final_listing(self, deadline: float) -> None:
         """Lists until one full listing succeeds (or the deadline passes) and records it."""
         gate = 0
@@ -113,4 +123,5 @@ class Operator:
             gate += 1
             time.sleep(1.0)
         keys = [[a.action.scope.agent_id, a.action.scope.run_id, a.action.key] for a in found or []]
-        self.history.write(t="final_unresolved", time=time.time(), complete=found is not None, keys=keys)
+        self.history.write(t="final_unresolved", time=time.time(), complete=found is not None, keys=keys,
+                           provider_keys=[a.provider_key for a in found or []])

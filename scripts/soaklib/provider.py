@@ -10,7 +10,11 @@ even though the provider key kept the effect single.
 Outcomes: ``declined`` (no effect; a definite failure the guard releases), ``ambiguous`` (the
 effect is performed, then the caller sees a timeout: the nemesis turns this on for a while), or
 ``ok``. ``lookup`` answers the operator's question "did this action happen, and what was its
-receipt?". Served over loopback TCP, one JSON object per line each way.
+receipt?". ``lookup_provider_key`` answers a resolver's question, by provider key as a real
+provider's lookup by idempotency key: ``completed`` with the receipt, ``failed`` (never seen), or
+``unknown`` for a fixed, seeded share of provider keys (``unknown_rate``: the provider cannot tell);
+each answer is recorded (``lookup`` events). Served over loopback TCP, one JSON object per line
+each way.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ from soaklib.history import History
 class Provider:
     """The provider's state and its TCP server (a background thread; it starts no process)."""
 
-    def __init__(self, history: History, seed: int, decline_rate: float = 0.05) -> None:
+    def __init__(self, history: History, seed: int, decline_rate: float = 0.05, unknown_rate: float = 0.2) -> None:
         self.history = history
+        self.seed = seed
         self.rng = random.Random(seed)
         self.decline_rate = decline_rate
+        self.unknown_rate = unknown_rate
         self.ambiguous = False
         self.lock = threading.Lock()
         self.effects: dict[str, str] = {}  # provider key -> receipt
@@ -66,6 +72,8 @@ class Provider:
             return self.execute(tuple(msg["key"]), msg["provider_key"], msg["token"], msg["fencing"])
         if msg["op"] == "lookup":
             return self.lookup(tuple(msg["key"]))
+        if msg["op"] == "lookup_provider_key":
+            return self.lookup_provider_key(msg["provider_key"])
         return {"error": "unknown op"}
 
     def execute(self, key: tuple[str, ...], provider_key: str, token: str, fencing: int) -> dict[str, Any]:
@@ -93,6 +101,22 @@ class Provider:
         with self.lock:
             pk = self.by_action.get(key)
             return {"performed": pk is not None, "receipt": self.effects.get(pk) if pk else None}
+
+    def cannot_tell(self, provider_key: str) -> bool:
+        """Whether the provider cannot answer lookups of this key: the same answer every time."""
+        return random.Random(f"{self.seed}-{provider_key}").random() < self.unknown_rate
+
+    def lookup_provider_key(self, provider_key: str) -> dict[str, Any]:
+        with self.lock:
+            if self.cannot_tell(provider_key):
+                answer, receipt = "unknown", None
+            elif provider_key in self.effects:
+                answer, receipt = "completed", self.effects[provider_key]
+            else:
+                answer, receipt = "failed", None
+            self.history.write(t="lookup", time=time.time(), provider_key=provider_key, answer=answer,
+                               receipt=receipt)
+        return {"answer": answer, "receipt": receipt}
 
 
 class ProviderClient:

@@ -10,6 +10,8 @@ failure). Calls that overlap no fault are the ``no fault`` row.
 from __future__ import annotations
 
 import json
+import math
+import statistics
 from collections import Counter
 from typing import Any
 
@@ -39,6 +41,29 @@ def availability(events: list[dict[str, Any]]) -> dict[str, tuple[int, float, fl
     }
 
 
+def percentile(values: list[float], share: float) -> float:
+    """The nearest-rank percentile of sorted ``values``."""
+    return values[min(len(values) - 1, max(0, math.ceil(share * len(values)) - 1))]
+
+
+def settlement_latency(events: list[dict[str, Any]]) -> str | None:
+    """Resolver runs: how the resolvers' settlements went, and lease end → settlement."""
+    resolutions = [e for e in events if e.get("t") == "resolution"]
+    if not resolutions:
+        return None
+    by = Counter(e["settled"] for e in resolutions)
+    waits = sorted(e["time"] - e["lease_expired_at"] for e in resolutions
+                   if e["settled"] in ("completed", "failed") and e.get("lease_expired_at") is not None)
+    line = f"resolver settlements: {', '.join(f'{k} {v}' for k, v in by.most_common())}"
+    if waits:
+        line += (f"; lease end → settlement: median {statistics.median(waits):.2f}s, "
+                 f"p99 {percentile(waits, 0.99):.2f}s, max {waits[-1]:.2f}s (n={len(waits)})")
+    final = next((e for e in events if e.get("t") == "final_unresolved"), None)
+    if final is not None:
+        line += f"; left unresolved at the end: {len(final['keys'])}"
+    return line
+
+
 def summary(events: list[dict[str, Any]], report: Report, title: str = "soak") -> str:
     lines = [f"== {title}"]
     run = next((e for e in events if e.get("t") == "run"), {})
@@ -63,6 +88,9 @@ def summary(events: list[dict[str, Any]], report: Report, title: str = "soak") -
         lines.append(f"oncegate_double_executions_total at the end (since each gate's last restart): {total:g}")
     faults = [e for e in events if e.get("t") == "nemesis"]
     by_kind = Counter(f["kind"] for f in faults)
+    settle_line = settlement_latency(events)
+    if settle_line:
+        lines.append(settle_line)
     lines.append(f"faults: {len(faults)} ({', '.join(f'{k} {v}' for k, v in sorted(by_kind.items()))})")
     lines.append("availability per fault window: kind, calls, answered OK, answered definitely")
     for kind, (calls, ok, definite) in availability(events).items():

@@ -255,3 +255,34 @@ def test_wrong_answers_token_unknown_and_key_reused() -> None:
                  final(KEY)) == ["disallowed_error"]
     assert rules(rt(0, 0.1, token="t1"), rt(0.2, 0.3, holder="h2", params='{"x":2}',
                                              error=err("IDEMPOTENCY_KEY_REUSED")), final(KEY)) == []
+
+
+def lookup(at: float, answer: str, provider_key: str = "og-x") -> dict[str, Any]:
+    return {"t": "lookup", "time": T + at, "provider_key": provider_key, "answer": answer, "receipt": None}
+
+
+def resolver_run(*events: dict[str, Any]) -> list[str]:
+    return sorted(v.rule for v in check([{**RUN, "resolver": True}, *events]).violations)
+
+
+def test_resolvers_leave_only_what_the_provider_cannot_tell() -> None:
+    lapsed = rt(0.0, 0.1, token="t1")
+    listed = {**final(KEY), "provider_keys": ["og-x"]}
+    # The provider could not tell, every time it was asked: left for a person, as it should be.
+    assert resolver_run(lapsed, lookup(2.5, "unknown"), lookup(3.0, "unknown"), listed) == []
+    # It could answer (once), or nobody asked it: the resolvers should have settled it.
+    assert resolver_run(lapsed, lookup(2.5, "unknown"), lookup(3.0, "failed"), listed) == ["resolver_left_answerable"]
+    assert resolver_run(lapsed, lookup(2.5, "completed"), listed) == ["resolver_left_answerable"]
+    assert resolver_run(lapsed, listed) == ["resolver_left_answerable"]
+    # Without resolvers the rule does not apply: the operator's listing is for a person.
+    assert rules(lapsed, listed) == []
+
+
+def test_a_resolver_told_already_settled_is_allowed() -> None:
+    lapsed = rt(0.0, 0.1, token="t1")
+    settled = resolve(2.5, 2.6, {"fencing": "1"})
+    second = op("ResolveExpired", 2.7, 2.8, {"action": ref(), "resolution": "RESOLUTION_FAILED",
+                                             "expected_fencing": "1"}, error=err("ALREADY_SETTLED"))
+    assert resolver_run(lapsed, settled, second, {**final(), "provider_keys": []}) == []
+    wrong = op("ResolveExpired", 2.7, 2.8, {"action": ref()}, error=err("ALREADY_SETTLED", "ABORTED"))
+    assert resolver_run(lapsed, settled, wrong, {**final(), "provider_keys": []}) == ["disallowed_error"]

@@ -11,6 +11,7 @@
  * - `guard/`: the at-most-once protocol (`runOnce`) over `rpc.ts`.
  * - `verify.ts`: offline verification of signed grant statements (`verifyGrant`). No IO.
  * - `client.ts`: `GateClient`, the RPCs plus `runOnce`.
+ * - `resolver.ts`: `Resolver`, which settles unresolved actions by asking the provider.
  */
 
 export { GateClient } from "./client.js";
@@ -44,6 +45,16 @@ export {
   type RequestTokenResult,
   type Scope,
 } from "./models.js";
+export {
+  Lookup,
+  Resolver,
+  unresolvedFrom,
+  type LookupFn,
+  type ResolverLogger,
+  type ResolverOptions,
+  type Settled,
+  type Unresolved,
+} from "./resolver.js";
 export { GateRpc, type ActionSpec, type GateOptions } from "./rpc.js";
 export {
   GRANT_TYPE,

@@ -12,6 +12,7 @@ import { durationFromMs, timestampDate } from "@bufbuild/protobuf/wkt";
 import { createClient, type CallOptions, type Client, type Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 import type * as http2 from "node:http2";
+import { connect } from "node:net";
 
 import { fromCallError } from "./errors/status.js";
 import { encodeParams } from "./fingerprint/params.js";
@@ -63,6 +64,31 @@ export interface GateOptions {
   transport?: Transport;
 }
 
+/** The transport of `address` (see {@link GateRpc}'s constructor), and its sessions to close. */
+export function openTransport(
+  address: string,
+  options: GateOptions,
+): { transport: Transport; sessions: Http2SessionManager | undefined } {
+  if (options.transport !== undefined) return { transport: options.transport, sessions: undefined };
+  let baseUrl = /^[a-z]+:\/\//i.test(address) ? address : `http://${address}`;
+  let nodeOptions = options.nodeOptions;
+  if (address.startsWith("unix:")) {
+    const path = address.slice("unix:".length);
+    baseUrl = "http://localhost";
+    nodeOptions = { ...nodeOptions, createConnection: () => connect(path) };
+  }
+  const sessions = new Http2SessionManager(baseUrl, {}, nodeOptions);
+  return { transport: createGrpcTransport({ baseUrl, sessionManager: sessions }), sessions };
+}
+
+/** The deadline and the credential sent with every unary call. */
+export function callOptions(options: GateOptions): CallOptions {
+  return {
+    timeoutMs: options.timeoutMs ?? 10_000,
+    headers: options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {},
+  };
+}
+
 /**
  * The RPCs of one oncegate server, without the guard (`GateClient` adds it).
  *
@@ -76,20 +102,16 @@ export class GateRpc {
   private readonly sessions: Http2SessionManager | undefined;
   private readonly callOptions: CallOptions;
 
-  /** @param address `http://host:port`, `https://host:port`, or `host:port` (plaintext). */
+  /**
+   * @param address `http://host:port`, `https://host:port`, `host:port` (plaintext), or
+   *   `unix:<path>` (a Unix socket, such as the gate's admin socket).
+   */
   constructor(address: string, options: GateOptions = {}) {
     this.address = address;
-    const baseUrl = /^[a-z]+:\/\//i.test(address) ? address : `http://${address}`;
-    let transport = options.transport;
-    if (transport === undefined) {
-      this.sessions = new Http2SessionManager(baseUrl, {}, options.nodeOptions);
-      transport = createGrpcTransport({ baseUrl, sessionManager: this.sessions });
-    }
+    const { transport, sessions } = openTransport(address, options);
+    this.sessions = sessions;
     this.client = createClient(ActionGateService, transport);
-    this.callOptions = {
-      timeoutMs: options.timeoutMs ?? 10_000,
-      headers: options.apiKey ? { authorization: `Bearer ${options.apiKey}` } : {},
-    };
+    this.callOptions = callOptions(options);
   }
 
   /** Closes the connection; calls made afterwards open a new one. */

@@ -25,7 +25,7 @@ const LAYERS: string[][] = [
   ["guard/options", "guard/backoff"],
   ["guard/heartbeat"],
   ["guard/run-once"],
-  ["client"],
+  ["client", "resolver"],
   ["index"],
 ];
 const RANK = new Map(LAYERS.flatMap((layer, rank) => layer.map((module): [string, number] => [module, rank])));
