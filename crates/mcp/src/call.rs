@@ -193,7 +193,8 @@ async fn gated_call(
                 return Ok(answers::refused(
                     "REFUSED",
                     &format!(
-                        "Not executed. Your answer to approval {} could not be recorded at the                          gate ({why}); the call is still pending approval.",
+                        "the user's answer to approval {} could not be recorded ({why}); the call is \
+                         still pending approval",
                         approval.id
                     ),
                 ));
