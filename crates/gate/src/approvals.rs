@@ -10,7 +10,7 @@ use oncegate_domain::{
     ledger::{Approval, approval::Decision},
 };
 use oncegate_observe::telemetry::{self, AUDIT};
-use oncegate_store::{ApprovalPage, ListCursor};
+use oncegate_store::ApprovalPage;
 
 /// One agent's use of one budget bucket, as the operator read shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,26 +72,8 @@ impl Gate {
         page_size: u32,
     ) -> Result<ApprovalPage, GateError> {
         request::check_id(&self.policies.limits, "agent_id", agent, true)?;
-        let limit = match page_size {
-            0 => operator::DEFAULT_PAGE,
-            n if n <= operator::MAX_PAGE => n,
-            _ => {
-                return Err(GateError::invalid(
-                    "page_size",
-                    format!("must be at most {}", operator::MAX_PAGE),
-                ));
-            }
-        };
-        let after = match page_token {
-            "" => None,
-            token => Some(
-                ListCursor::decode(token)
-                    .filter(|c| c.agent_id == agent)
-                    .ok_or_else(|| {
-                        GateError::invalid("page_token", "is not a token this listing returned")
-                    })?,
-            ),
-        };
+        let limit = operator::page_limit(page_size)?;
+        let after = operator::page_cursor(page_token, |c| c.agent_id == agent)?;
         let reply = self
             .timed(
                 "list_approvals",

@@ -32,6 +32,34 @@ pub const DEFAULT_PAGE: u32 = 100;
 /// Largest ListUnresolved page.
 pub const MAX_PAGE: u32 = 1000;
 
+/// A listing's page size: `page_size`, or [`DEFAULT_PAGE`] for 0; more than [`MAX_PAGE`] is
+/// refused.
+pub(crate) fn page_limit(page_size: u32) -> Result<u32, GateError> {
+    match page_size {
+        0 => Ok(DEFAULT_PAGE),
+        n if n <= MAX_PAGE => Ok(n),
+        _ => Err(GateError::invalid(
+            "page_size",
+            format!("must be at most {MAX_PAGE}"),
+        )),
+    }
+}
+
+/// Where a listing resumes: `None` for the first page (an empty token), else the cursor the
+/// previous page returned, which must be one of this listing's (`ours`).
+pub(crate) fn page_cursor(
+    token: &str,
+    ours: impl Fn(&ListCursor) -> bool,
+) -> Result<Option<ListCursor>, GateError> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    ListCursor::decode(token)
+        .filter(|c| ours(c))
+        .map(Some)
+        .ok_or_else(|| GateError::invalid("page_token", "is not a token this listing returned"))
+}
+
 /// Who settles an expired lease: a person, or an automatic resolver that asked the provider. It
 /// is the `resolved_by` of the audit line and of `oncegate_resolutions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -209,27 +237,8 @@ impl Gate {
         if let Some(agent) = agent {
             request::check_id(&self.policies.limits, "agent_id", agent, true)?;
         }
-        let limit = match page_size {
-            0 => DEFAULT_PAGE,
-            n if n <= MAX_PAGE => n,
-            _ => {
-                return Err(GateError::invalid(
-                    "page_size",
-                    format!("must be at most {MAX_PAGE}"),
-                ));
-            }
-        };
-        let after = match page_token {
-            "" => None,
-            token => {
-                let cursor = ListCursor::decode(token)
-                    .filter(|c| agent.is_none_or(|a| a == c.agent_id))
-                    .ok_or_else(|| {
-                        GateError::invalid("page_token", "is not a token this listing returned")
-                    })?;
-                Some(cursor)
-            }
-        };
+        let limit = page_limit(page_size)?;
+        let after = page_cursor(page_token, |c| agent.is_none_or(|a| a == c.agent_id))?;
         let reply = self
             .timed(
                 "list_unresolved",
@@ -254,16 +263,7 @@ impl Gate {
         page_size: u32,
     ) -> Result<ReceiptPage, GateError> {
         request::check_id(&self.policies.limits, "agent_id", agent, true)?;
-        let limit = match page_size {
-            0 => DEFAULT_PAGE,
-            n if n <= MAX_PAGE => n,
-            _ => {
-                return Err(GateError::invalid(
-                    "page_size",
-                    format!("must be at most {MAX_PAGE}"),
-                ));
-            }
-        };
+        let limit = page_limit(page_size)?;
         // One more than asked: whether a next page exists, without a second read. The first page
         // starts with the chain sealed, so that every entry recorded so far is covered by a
         // signed head (Redis signs heads once per interval otherwise); one timed store call.
@@ -305,26 +305,8 @@ impl Gate {
         page_token: &str,
         page_size: u32,
     ) -> Result<OutboxPage, GateError> {
-        let limit = match page_size {
-            0 => DEFAULT_PAGE,
-            n if n <= MAX_PAGE => n,
-            _ => {
-                return Err(GateError::invalid(
-                    "page_size",
-                    format!("must be at most {MAX_PAGE}"),
-                ));
-            }
-        };
-        let after = match page_token {
-            "" => None,
-            token => Some(
-                ListCursor::decode(token)
-                    .filter(|c| c.agent_id.is_empty())
-                    .ok_or_else(|| {
-                        GateError::invalid("page_token", "is not a token this listing returned")
-                    })?,
-            ),
-        };
+        let limit = page_limit(page_size)?;
+        let after = page_cursor(page_token, |c| c.agent_id.is_empty())?;
         let reply = self
             .timed(
                 "list_undeliverable_events",
