@@ -72,7 +72,6 @@ def main():
                     g.stop()
                     res["disk_bytes"] = du(d)
                     res["redb_bytes"] = Path(d, "oncegate.redb").stat().st_size
-                    res["disk_bytes_per_action"] = res["disk_bytes"] / o.fill
                     # Reopened: what a restarted gate holds.
                     print(json.dumps(res), flush=True)
                     out.append(res)
