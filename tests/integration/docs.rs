@@ -1,7 +1,7 @@
 //! Every code block of the README and of docs/ is run by a test, or is output: a terminal session
 //! (`console`) is `readme.rs`'s, Python and TypeScript snippets are the clients' suites'
-//! (`test_readme.py`, `docs.test.ts`; they must read `ONCEGATE_TARGET`), the Rust snippet is this
-//! file's (verbatim in `pay_invoice_1001`, called against a real gate), a TOML file loads with the
+//! (`test_readme.py`, `docs.test.ts`; they must read `ONCEGATE_TARGET`), the Rust snippets are this
+//! file's (verbatim in `pay_invoice_1001` and `resolve_from_the_bank`, called against a real gate), a TOML file loads with the
 //! real parser (with the page's Cedar file beside it), `make` commands name real targets, the
 //! grpcurl and MCP commands and the MCP client's JSON are run by `test_docs.py` of the Python
 //! client and of `tests/mcp`; `text` and bare blocks are output and hold no `$ ` command. And the
@@ -87,14 +87,15 @@ fn every_block() -> Vec<Block> {
     pages().iter().flat_map(|p| blocks(p)).collect()
 }
 
-/// The snippet as `pay_invoice_1001` holds it, without its indentation.
-fn rust_snippet() -> String {
+/// The snippet `name` as this file holds it between its markers (`pay_invoice_1001`'s, "the Rust
+/// snippet"; `resolve_from_the_bank`'s, "the Rust resolver snippet"), without its indentation.
+fn rust_snippet(name: &str) -> String {
     let source = include_str!("docs.rs");
-    let begin = "    // docs: the Rust snippet, begin\n";
-    let start = source.find(begin).unwrap() + begin.len();
+    let begin = format!("    // docs: {name}, begin\n");
+    let start = source.find(&begin).unwrap() + begin.len();
     let end = start
         + source[start..]
-            .find("    // docs: the Rust snippet, end")
+            .find(&format!("    // docs: {name}, end"))
             .unwrap();
     source[start..end]
         .lines()
@@ -127,7 +128,10 @@ fn sh_is_run(page: &str, first: &str) -> Result<(), String> {
 
 #[test]
 fn every_block_of_the_docs_is_run_by_a_test_or_is_output() {
-    let rust = rust_snippet();
+    let rust = [
+        rust_snippet("the Rust snippet"),
+        rust_snippet("the Rust resolver snippet"),
+    ];
     let sessions: Vec<&str> = SESSIONS.iter().map(|(page, _)| *page).collect();
     let mut kinds = std::collections::BTreeSet::new();
     for block in every_block() {
@@ -135,8 +139,11 @@ fn every_block_of_the_docs_is_run_by_a_test_or_is_output() {
         let verdict: Result<(), String> = match lang.as_str() {
             "console" if sessions.contains(&page.as_str()) => Ok(()),
             "python" | "ts" if text.contains("ONCEGATE_TARGET") => Ok(()),
-            "rust" if *text == rust => Ok(()),
-            "rust" => Err(format!("not the snippet pay_invoice_1001 runs:\n{rust}")),
+            "rust" if rust.contains(text) => Ok(()),
+            "rust" => Err(format!(
+                "not a snippet pay_invoice_1001 or resolve_from_the_bank runs:\n{}",
+                rust.join("\n")
+            )),
             // Loaded below.
             "toml" | "cedar" => Ok(()),
             "json" if page == "docs/agents/mcp.md" => Ok(()), // tests/mcp/test_docs.py
@@ -295,6 +302,15 @@ impl Bank {
         paid.push(format!("{amount} with key {provider_key}"));
         Ok(format!("tx-{}", paid.len()))
     }
+
+    /// The transfer paid with `provider_key` as its idempotency key, if any.
+    async fn find(&self, provider_key: &str) -> Result<Option<String>, BankError> {
+        let paid = self.paid.lock().unwrap();
+        let at = paid
+            .iter()
+            .position(|p| p.ends_with(&format!(" with key {provider_key}")));
+        Ok(at.map(|i| format!("tx-{}", i + 1)))
+    }
 }
 
 /// The Rust snippet of the README and docs/agents/rust.md, verbatim between the markers.
@@ -342,6 +358,137 @@ async fn the_rust_snippet_pays_once_and_then_replays() {
         other => panic!("{other:?}"),
     }
     assert_eq!(bank.paid.lock().unwrap().len(), 1, "paid once");
+}
+
+/// The Rust snippet of docs/resolvers.md, verbatim between the markers: a resolver that asks the
+/// bank about each unresolved payment, until `stop` resolves.
+async fn resolve_from_the_bank(
+    gate_url: String,
+    resolver_key: &str,
+    bank: std::sync::Arc<Bank>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // docs: the Rust resolver snippet, begin
+    use std::time::Duration;
+
+    use oncegate_client::{Lookup, Resolver};
+
+    // `bank` is your provider's client, shared (an Arc); it can find a transfer by idempotency key.
+    let channel = tonic::transport::Endpoint::from_shared(gate_url)?.connect_lazy();
+    let resolver = Resolver::new(channel)
+        .with_api_key(resolver_key)? // a principal with role = "resolver"
+        .timeout(Duration::from_secs(10)) // a slower lookup leaves the action for a person
+        .lookup("payments.transfer", move |u| {
+            let bank = bank.clone();
+            async move {
+                Ok(match bank.find(&u.provider_key).await? {
+                    Some(tx) => Lookup::json(&serde_json::json!({ "tx": tx })), // it happened
+                    None => Lookup::Unknown, // left for a person (listed, notified)
+                })
+            }
+        });
+    resolver.run(stop).await; // settles what the bank knows, until `stop` resolves
+    // docs: the Rust resolver snippet, end
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_rust_resolver_snippet_settles_a_payment_whose_worker_died() {
+    use crate::support::{
+        OPS_KEY, WORKER_KEY, authed, config, principals_toml, token_request, ttl_ms,
+    };
+    use oncegate_proto as pb;
+
+    const RESOLVER_KEY: &str = "docs-resolver-key";
+    let gate = TestGate::start_with(
+        Kind::Embedded,
+        config(&format!(
+            "[limits]\nmin_lease_ttl_seconds = 0.05\n{}\n[[principals]]\nname = \"bank-resolver\"\n\
+             role = \"resolver\"\nactions = [\"payments.*\"]\napi_key_sha256 = \"{}\"\n",
+            principals_toml(""),
+            oncegate_grpc::auth::hash_key(RESOLVER_KEY)
+        )),
+    )
+    .await;
+    let mut client = gate.client().await;
+    // The worker: granted, pays the bank with the provider key, and dies before Complete.
+    let mut req = token_request(
+        "billing-docs",
+        "run-1",
+        "payments.transfer",
+        r#"{"amount":100}"#,
+    );
+    req.lease_ttl = ttl_ms(100);
+    let granted = client
+        .request_token(authed(req.clone(), Some(WORKER_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    let grant = granted.grant.unwrap();
+    let bank = std::sync::Arc::new(Bank::default());
+    bank.pay(100, &grant.provider_key).await.unwrap();
+    gate.time.pass_beyond(grant.lease_expires_at.unwrap()).await;
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let url = format!("http://{}", gate.addr);
+    let resolving = tokio::spawn({
+        let bank = bank.clone();
+        async move {
+            resolve_from_the_bank(url, RESOLVER_KEY, bank, async {
+                let _ = stopped.await;
+            })
+            .await
+            .map_err(|e| e.to_string())
+        }
+    });
+    let mut admin = gate.admin().await;
+    let get = pb::GetActionRequest {
+        action: granted.action.clone(),
+    };
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let view = client
+            .get_action(authed(get.clone(), Some(WORKER_KEY)))
+            .await
+            .unwrap()
+            .into_inner();
+        if view.state() == pb::ActionState::Completed {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not settled: {view:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let _ = stop.send(());
+    resolving.await.unwrap().unwrap();
+
+    // The agent's retry replays the bank's answer; nothing was paid twice; nothing is left.
+    req.lease_ttl = None;
+    let retry = client
+        .request_token(authed(req, Some(WORKER_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(retry.decision(), pb::Decision::AlreadyCompleted);
+    let completion = retry.completion.unwrap();
+    assert_eq!(completion.receipt, br#"{"tx":"tx-1"}"#);
+    assert_eq!(completion.operator, "bank-resolver");
+    assert_eq!(bank.paid.lock().unwrap().len(), 1);
+    let left = admin
+        .list_unresolved(authed(
+            pb::ListUnresolvedRequest {
+                agent_id: "billing-docs".into(),
+                ..Default::default()
+            },
+            Some(OPS_KEY),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .actions;
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens.

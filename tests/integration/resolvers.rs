@@ -16,19 +16,26 @@ use oncegate_proto::{
 use tonic::{Code, Streaming, transport::Channel};
 
 use crate::support::{
-    Kind, OPS_KEY, Scrape, TestGate, WORKER_KEY, authed, config, expect_error, on_stores,
-    principals_toml, token_request, ttl_ms,
+    Kind, LoggedGate, OPS_KEY, Scrape, TestGate, WORKER_KEY, authed, config, expect_error,
+    on_stores, principals_toml, token_request, ttl_ms,
 };
 
 /// The bank resolver's API key (`billing-*` agents).
 const RESOLVER_KEY: &str = "resolver-secret-key-1";
 /// A second resolver replica's key (the same scope, another principal).
 const REPLICA_KEY: &str = "resolver-secret-key-2";
+/// A resolver of payments only (`actions = ["payments.*"]`), for the same agents.
+const PAYMENTS_KEY: &str = "resolver-secret-key-3";
 /// How long a test waits for a message it expects on a stream (a failure bound, not a timing
 /// assertion: the gate scans about once a second).
 const PATIENCE: Duration = Duration::from_secs(30);
 
 fn gate_config() -> oncegate_config::ConfigFile {
+    config(&gate_config_text())
+}
+
+/// [`gate_config`] as the file says it.
+fn gate_config_text() -> String {
     let resolvers = format!(
         r#"
         [[principals]]
@@ -48,15 +55,23 @@ fn gate_config() -> oncegate_config::ConfigFile {
         role = "agent"
         agents = ["hr-*"]
         api_key_sha256 = "{}"
+
+        [[principals]]
+        name = "payments-resolver"
+        role = "resolver"
+        agents = ["billing-*"]
+        actions = ["payments.*"]
+        api_key_sha256 = "{}"
         "#,
         hash_key(RESOLVER_KEY),
         hash_key(REPLICA_KEY),
         hash_key("hr-worker-key"),
+        hash_key(PAYMENTS_KEY),
     );
-    config(&format!(
+    format!(
         "[limits]\nmin_lease_ttl_seconds = 0.05\n{}\n{resolvers}",
         principals_toml("")
-    ))
+    )
 }
 
 struct Clients {
@@ -103,6 +118,23 @@ async fn lapse(
     );
     req.lease_ttl = ttl_ms(100);
     let resp = grant(c, req.clone(), key).await;
+    gate.time
+        .pass_beyond(resp.grant.unwrap().lease_expires_at.unwrap())
+        .await;
+    req.lease_ttl = None;
+    req
+}
+
+/// Like [`lapse`], for an action of type `action` (a new action each call).
+async fn lapse_action(
+    c: &mut Clients,
+    gate: &TestGate,
+    agent: &str,
+    action: &str,
+) -> pb::RequestTokenRequest {
+    let mut req = token_request(agent, "run-1", action, r#"{"to":"someone"}"#);
+    req.lease_ttl = ttl_ms(100);
+    let resp = grant(c, req.clone(), WORKER_KEY).await;
     gate.time
         .pass_beyond(resp.grant.unwrap().lease_expires_at.unwrap())
         .await;
@@ -332,6 +364,82 @@ async fn a_resolver_settles_only_the_grant_it_was_sent(kind: Kind) {
         .unwrap();
 }
 on_stores!(a_resolver_settles_only_the_grant_it_was_sent: embedded, redis);
+
+async fn a_resolver_scoped_by_action_type_sees_and_settles_only_those(kind: Kind) {
+    let gate = TestGate::start_with(kind, gate_config()).await;
+    let mut c = clients(&gate).await;
+    // The mail lapses first, so that a stream that leaked it would send it first.
+    lapse_action(&mut c, &gate, "billing-scoped", "mail.send").await;
+    lapse_action(&mut c, &gate, "billing-scoped", "payments.transfer").await;
+    let mut stream = watch(&mut c, "", PAYMENTS_KEY).await.unwrap();
+    let payment = next(&mut stream).await;
+    assert_eq!(payment.action_name, "payments.transfer");
+    // An unscoped resolver of the same agents sees both.
+    let mut everything = watch(&mut c, "billing-scoped", RESOLVER_KEY).await.unwrap();
+    let mut seen = [
+        next(&mut everything).await.action_name,
+        next(&mut everything).await.action_name,
+    ];
+    seen.sort();
+    assert_eq!(seen, ["mail.send", "payments.transfer"]);
+    let mail = c
+        .admin
+        .list_unresolved(authed(
+            pb::ListUnresolvedRequest {
+                agent_id: "billing-scoped".into(),
+                ..Default::default()
+            },
+            Some(OPS_KEY),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .actions
+        .into_iter()
+        .find(|u| u.action_name == "mail.send")
+        .unwrap();
+
+    // Settling the mail is refused, naming its type, and leaves it unresolved.
+    let status = c
+        .admin
+        .resolve_expired(settle(&mail, None, PAYMENTS_KEY))
+        .await
+        .unwrap_err();
+    expect_error(&status, Code::PermissionDenied, "FORBIDDEN_SCOPE");
+    assert!(status.message().contains(r#""mail.send""#), "{status:?}");
+    let listed = c
+        .admin
+        .list_unresolved(authed(
+            pb::ListUnresolvedRequest {
+                agent_id: "billing-scoped".into(),
+                ..Default::default()
+            },
+            Some(OPS_KEY),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .actions;
+    assert_eq!(listed.len(), 2, "{listed:?}");
+
+    // The payment is settled; settled again (another replica), it is told so, not refused for
+    // its scope: the type of a settled action is not read.
+    c.admin
+        .resolve_expired(settle(&payment, Some(br#"{"tx":"t"}"#), PAYMENTS_KEY))
+        .await
+        .unwrap();
+    let again = c
+        .admin
+        .resolve_expired(settle(&payment, Some(br#"{"tx":"t"}"#), PAYMENTS_KEY))
+        .await
+        .unwrap_err();
+    let reason = crate::support::reason(&again);
+    assert!(
+        reason == "ALREADY_COMPLETED" || reason == "ALREADY_SETTLED",
+        "{again:?}"
+    );
+}
+on_stores!(a_resolver_scoped_by_action_type_sees_and_settles_only_those: embedded, redis);
 
 async fn a_resolver_is_refused_everything_else(kind: Kind) {
     let gate = TestGate::start_with(kind, gate_config()).await;
@@ -630,3 +738,87 @@ async fn the_rust_resolver_settles_what_the_provider_knows(kind: Kind) {
     assert_eq!(again.grant.unwrap().fencing, asked[1].1.fencing + 1);
 }
 on_stores!(the_rust_resolver_settles_what_the_provider_knows: embedded, redis);
+
+/// A gate process on the embedded store in `dir/data`, at `addr`, with [`gate_config`]'s
+/// principals (killed on drop).
+fn gate_process(dir: &tempfile::TempDir, addr: &str) -> LoggedGate {
+    let config = dir.path().join("oncegate.toml");
+    std::fs::write(&config, gate_config_text()).unwrap();
+    LoggedGate::start(
+        dir,
+        &["--listen", addr, "--config", config.to_str().unwrap()],
+    )
+}
+
+/// A lease of `agent` that ends with no outcome (200 ms, in real time: a gate process); the
+/// action it names.
+async fn lapse_on(addr: &str, agent: &str) -> pb::ActionRef {
+    let mut client = crate::support::connect(addr).await;
+    let mut req = token_request(agent, "run-1", "payments.transfer", r#"{"amount":7}"#);
+    req.lease_ttl = ttl_ms(200);
+    let resp = client
+        .request_token(authed(req, Some(WORKER_KEY)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.decision(), pb::Decision::Granted, "{resp:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    resp.action.unwrap()
+}
+
+/// Waits (at most [`PATIENCE`]) until `action` is completed.
+async fn settled(addr: &str, action: pb::ActionRef) {
+    let mut client = crate::support::connect(addr).await;
+    let get = pb::GetActionRequest {
+        action: Some(action),
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let view = client
+            .get_action(authed(get.clone(), Some(WORKER_KEY)))
+            .await
+            .unwrap()
+            .into_inner();
+        if view.state() == pb::ActionState::Completed {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not settled: {view:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_rust_resolver_reopens_its_stream_when_the_gate_comes_back() {
+    use oncegate_client::{Lookup, Resolver};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let addr = format!("127.0.0.1:{}", crate::support::free_port());
+    let gate = gate_process(&dir, &addr);
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_lazy();
+    let resolver = Resolver::new(channel)
+        .with_api_key(RESOLVER_KEY)
+        .unwrap()
+        .backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .lookup("payments.transfer", |_| async {
+            Ok(Lookup::json(&serde_json::json!({"tx": "found"})))
+        });
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(resolver.run(async {
+        let _ = stopped.await;
+    }));
+    // Settled while the stream is open.
+    settled(&addr, lapse_on(&addr, "billing-before").await).await;
+
+    // The gate crashes (SIGKILL) and comes back on the same address: the resolver's stream
+    // broke, and it reopens it, so a lease that ends afterwards is settled too.
+    drop(gate);
+    let _gate = gate_process(&dir, &addr);
+    settled(&addr, lapse_on(&addr, "billing-after").await).await;
+    let _ = stop.send(());
+    running.await.unwrap();
+}

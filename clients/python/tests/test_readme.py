@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import RealGate
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 ROOT = Path(__file__).resolve().parents[3]
 ROOT_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -49,12 +51,15 @@ def test_every_python_snippet_runs() -> None:
 @pytest.mark.parametrize(
     "block", RUNNABLE + ROOT_BLOCKS, ids=NAMES + [f"root_{n}" for n in range(len(ROOT_BLOCKS))]
 )
-def test_snippet_runs_and_prints_what_it_says(block: str, gate_target: str, tmp_path: Path) -> None:
+def test_snippet_runs_and_prints_what_it_says(
+    block: str, gate_target: str, real_gate: RealGate, tmp_path: Path
+) -> None:
     script = tmp_path / "snippet.py"
     script.write_text(block, encoding="utf-8")
+    admin = f"unix:{real_gate.data_dir / 'admin.sock'}"  # the resolvers' page: the local operator
     done = subprocess.run(
         [sys.executable, str(script)],
-        env={**os.environ, "ONCEGATE_TARGET": gate_target},
+        env={**os.environ, "ONCEGATE_TARGET": gate_target, "ONCEGATE_ADMIN_TARGET": admin},
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,7 +1,8 @@
 /**
  * The TypeScript snippets of the repository's README and of its guides under docs/ run as
  * written: each is type-checked against the built client (imported as "oncegate", the package's
- * own name), compiled, run against the real gate with `ONCEGATE_TARGET` set, and must print on its
+ * own name), compiled, run against the real gate with `ONCEGATE_TARGET` set (and
+ * `ONCEGATE_ADMIN_TARGET`, its admin socket, for the resolvers' page), and must print on its
  * last line what the comment of its `console.log(...) // expected` line says.
  */
 
@@ -97,7 +98,11 @@ describe("the docs' TypeScript snippets", () => {
       writeFileSync(file, code);
       compile(file);
       const done = spawnSync(process.execPath, [file.replace(/\.ts$/, ".js")], {
-        env: { ...process.env, ONCEGATE_TARGET: running.address },
+        env: {
+          ...process.env,
+          ONCEGATE_TARGET: running.address,
+          ONCEGATE_ADMIN_TARGET: `unix:${join(running.dataDir, "admin.sock")}`,
+        },
         encoding: "utf8",
         timeout: 60_000,
       });

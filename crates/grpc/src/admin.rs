@@ -21,8 +21,9 @@ use super::{
     status::answer,
 };
 use oncegate_domain::{
+    ActionKey,
     ledger::approval::Decision,
-    ledger::{Millis, OperatorReceipt, Resolution, Resolved},
+    ledger::{Millis, OperatorReceipt, Resolution, Resolved, State},
 };
 use oncegate_gate::{ExternalCall, Gate, GateError, ResolvedBy, Settlement};
 use oncegate_observe::telemetry;
@@ -47,6 +48,25 @@ impl AdminService {
         Self {
             gate,
             console_logins,
+        }
+    }
+}
+
+impl AdminService {
+    /// A resolver scoped by action type settles only those types: the action's type is read
+    /// first (the fingerprint covers it, so every grant of the key has the same one). An action
+    /// that is not unsettled any more is left to the store, whose answer (ALREADY_SETTLED for the
+    /// grant the resolver names) tells the resolver that someone else settled it.
+    async fn within_actions(
+        &self,
+        principal: &Principal,
+        key: &ActionKey,
+    ) -> Result<(), GateError> {
+        let view = self.gate.get(key).await?;
+        let unsettled = matches!(view.state, State::Authorized | State::Expired);
+        match !unsettled || principal.may_settle_action(&view.action) {
+            true => Ok(()),
+            false => Err(principal.forbid_action(&view.action)),
         }
     }
 }
@@ -104,6 +124,7 @@ async fn watch(
     let wanted = |u: &Unresolved| {
         agent.as_deref().is_none_or(|a| a == u.key.agent_id)
             && principal.may_act_for(&u.key.agent_id)
+            && principal.may_settle_action(&u.asked.action)
     };
     let send = |u: &Unresolved| {
         out.send(Ok(pb::WatchUnresolvedResponse {
@@ -225,6 +246,9 @@ impl GateAdminService for AdminService {
             let req = request.into_inner();
             let key = action_key(req.action)?;
             let resolved_by = settler(&principal, &key.agent_id, req.expected_fencing)?;
+            if principal.scoped_by_action() {
+                self.within_actions(&principal, &key).await?;
+            }
             let resolution = match pb::Resolution::try_from(req.resolution) {
                 Ok(pb::Resolution::Completed) => Resolution::Completed(OperatorReceipt {
                     receipt: req.receipt,

@@ -290,6 +290,11 @@ pub struct ActionView {
     /// is what settling the action needs; who may see it is the caller's business (the gRPC
     /// layer shows it to operators only).
     pub token: String,
+    /// The action type its grants were asked for, while the action is unsettled (AUTHORIZED or
+    /// EXPIRED); empty otherwise, and in records written before it was kept. The fingerprint
+    /// covers the action type, so it is the same for every grant of the key: what a resolver's
+    /// `actions` scope is checked against before it settles (docs/CONTRACT.md §7).
+    pub action: String,
 }
 
 /// A request the state machine refuses; each maps to one ErrorInfo reason.

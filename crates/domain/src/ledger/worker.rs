@@ -311,6 +311,7 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
             completion: None,
             holder: String::new(),
             token: String::new(),
+            action: String::new(),
         };
     };
     let mut fencing = rec.fencing;
@@ -355,6 +356,10 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
             None => (State::Absent, None, None, String::new(), String::new()),
         },
     };
+    let action = match state {
+        State::Authorized | State::Expired => rec.asked.action.clone(),
+        State::Absent | State::Completed => String::new(),
+    };
     ActionView {
         state,
         fencing,
@@ -363,5 +368,6 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
         completion,
         holder,
         token,
+        action,
     }
 }

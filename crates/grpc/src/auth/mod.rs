@@ -122,7 +122,7 @@ impl Interceptor for Authenticator {
 mod tests {
     use std::time::Duration;
 
-    use super::{principal::Agents, principals::limiter, *};
+    use super::{principal::Patterns, principals::limiter, *};
     use serde::Deserialize;
 
     fn config(toml_text: &str) -> Result<Principals, String> {
@@ -225,6 +225,34 @@ mod tests {
         }
         assert!(resolver.authorize("hr-1", Capability::Resolve).is_err());
         assert!(resolver.authorize_all(Capability::Resolve).is_err());
+        assert!(!resolver.scoped_by_action() && resolver.may_settle_action("anything"));
+    }
+
+    #[test]
+    fn a_resolvers_actions_scope_the_types_it_settles() {
+        let p = config(&format!(
+            r#"
+            [[principals]]
+            name = "bank-resolver"
+            role = "resolver"
+            actions = ["payments.*", "refunds.create"]
+            api_key_sha256 = "{}"
+            "#,
+            hash_key("k1")
+        ))
+        .unwrap();
+        let resolver = p.by_api_key("k1").unwrap();
+        assert!(resolver.scoped_by_action());
+        assert!(resolver.may_settle_action("payments.transfer"));
+        assert!(resolver.may_settle_action("refunds.create"));
+        for outside in ["refunds.create2", "mail.send", "payments", ""] {
+            assert!(!resolver.may_settle_action(outside), "{outside:?}");
+        }
+        let why = resolver.forbid_action("mail.send").to_string();
+        assert!(
+            why.contains("\"mail.send\"") && why.contains("`actions`"),
+            "{why}"
+        );
     }
 
     #[test]
@@ -273,6 +301,18 @@ mod tests {
                 "name = \"a\"\nrole = \"admin\"\ncert_identity = \"x\"",
                 "unknown variant",
             ),
+            (
+                &format!(
+                    "name = \"a\"\nrole = \"operator\"\napi_key_sha256 = \"{h}\"\nactions = [\"x\"]"
+                ),
+                "actions scopes a resolver only",
+            ),
+            (
+                &format!(
+                    "name = \"a\"\nrole = \"resolver\"\napi_key_sha256 = \"{h}\"\nactions = []"
+                ),
+                "actions must list",
+            ),
         ] {
             let err = config(&format!("[[principals]]\n{text}")).unwrap_err();
             assert!(err.contains(needle), "{text}: {err}");
@@ -298,7 +338,8 @@ mod tests {
         let principal = Principal {
             name: "p".into(),
             role: Role::Agent,
-            agents: Agents::All,
+            agents: Patterns::All,
+            actions: Patterns::All,
             limiter: Some(limiter),
         };
         assert!(principal.check_rate().is_ok());

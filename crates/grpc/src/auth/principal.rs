@@ -25,7 +25,8 @@ pub enum Role {
     Approver,
     /// An automatic resolver (a worker that asks the provider by provider key): WatchUnresolved
     /// and ResolveExpired with an expected fencing number, for its agents (every agent when
-    /// `agents` is unset), and nothing else.
+    /// `agents` is unset) and its action types (every type when `actions` is unset), and nothing
+    /// else.
     Resolver,
 }
 
@@ -86,9 +87,10 @@ pub const ANONYMOUS: &str = "anonymous";
 /// The name of the caller on the gate's admin socket.
 pub const LOCAL_OPERATOR: &str = "local-operator";
 
-/// The agent ids a principal may act for.
+/// The names a principal's scope admits (agent ids in `agents`, action types in `actions`):
+/// exact names and `prefix*` patterns, or `*` for every one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Agents {
+pub(super) enum Patterns {
     All,
     Some {
         exact: HashSet<String>,
@@ -96,7 +98,7 @@ pub(super) enum Agents {
     },
 }
 
-impl Agents {
+impl Patterns {
     pub(super) fn parse(patterns: &[String]) -> Self {
         if patterns.iter().any(|p| p == "*") {
             return Self::All;
@@ -111,11 +113,11 @@ impl Agents {
         }
     }
 
-    fn allows(&self, agent_id: &str) -> bool {
+    fn allows(&self, name: &str) -> bool {
         match self {
             Self::All => true,
             Self::Some { exact, prefixes } => {
-                exact.contains(agent_id) || prefixes.iter().any(|p| agent_id.starts_with(p))
+                exact.contains(name) || prefixes.iter().any(|p| name.starts_with(p))
             }
         }
     }
@@ -127,7 +129,9 @@ pub struct Principal {
     /// The configured name (`anonymous` on an open gate).
     pub name: String,
     pub role: Role,
-    pub(super) agents: Agents,
+    pub(super) agents: Patterns,
+    /// The action types it may settle (a resolver's `actions`; every type for other roles).
+    pub(super) actions: Patterns,
     pub(super) limiter: Option<DefaultDirectRateLimiter>,
 }
 
@@ -140,7 +144,8 @@ impl Principal {
         Self {
             name: ANONYMOUS.into(),
             role: Role::Agent,
-            agents: Agents::All,
+            agents: Patterns::All,
+            actions: Patterns::All,
             limiter: None,
         }
     }
@@ -151,7 +156,8 @@ impl Principal {
         Self {
             name: LOCAL_OPERATOR.into(),
             role: Role::Operator,
-            agents: Agents::All,
+            agents: Patterns::All,
+            actions: Patterns::All,
             limiter: None,
         }
     }
@@ -161,12 +167,37 @@ impl Principal {
         self.agents.allows(agent_id)
     }
 
+    /// Whether it may settle actions of type `action` (a resolver's `actions` scope). An empty
+    /// type (a settled action, or a record written before the type was kept) is within an
+    /// unscoped principal's reach only.
+    pub fn may_settle_action(&self, action: &str) -> bool {
+        self.actions == Patterns::All || (!action.is_empty() && self.actions.allows(action))
+    }
+
+    /// Whether its `actions` scope is narrower than every action type.
+    pub fn scoped_by_action(&self) -> bool {
+        self.actions != Patterns::All
+    }
+
+    /// `FORBIDDEN_SCOPE` for an action type outside its `actions`.
+    pub fn forbid_action(&self, action: &str) -> GateError {
+        let what = match action {
+            "" => "an action whose type the gate does not know (settled, or granted before the \
+                   gate kept action types)"
+                .to_owned(),
+            action => format!("action type {action:?}"),
+        };
+        self.forbidden(format!(
+            "it may not settle {what}: its `actions` in [[principals]] do not name it"
+        ))
+    }
+
     /// The agent ids its `agents` name exactly (not its `prefix*` patterns), sorted: where a
     /// listing by agent can start without being told one.
     pub fn named_agents(&self) -> Vec<String> {
         match &self.agents {
-            Agents::All => Vec::new(),
-            Agents::Some { exact, .. } => {
+            Patterns::All => Vec::new(),
+            Patterns::Some { exact, .. } => {
                 let mut named: Vec<String> = exact.iter().cloned().collect();
                 named.sort();
                 named
@@ -176,7 +207,7 @@ impl Principal {
 
     /// Whether it may act for every agent (list unresolved actions without naming an agent).
     pub fn acts_for_all(&self) -> bool {
-        self.agents == Agents::All
+        self.agents == Patterns::All
     }
 
     /// The scope check: `FORBIDDEN_SCOPE` unless its role grants `what` and it may act for

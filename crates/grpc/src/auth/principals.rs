@@ -8,7 +8,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use super::principal::{Agents, Principal, Role};
+use super::principal::{Patterns, Principal, Role};
 
 /// One `[[principals]]` entry of the config file, as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -21,6 +21,9 @@ pub struct PrincipalConfig {
     /// Agent ids it may act for: exact ids, `prefix*` patterns, or `*`. Required for agents;
     /// operators, approvers and resolvers act for every agent when unset.
     pub agents: Option<Vec<String>>,
+    /// Action types a resolver may watch and settle: exact types, `prefix*` patterns, or `*`
+    /// (every type when unset). Only for resolvers.
+    pub actions: Option<Vec<String>>,
     /// Lowercase hex SHA-256 of its API key (`oncegate hash-key` prints it).
     pub api_key_sha256: Option<String>,
     /// Subject CN or SAN (DNS, URI, e-mail) of its client certificate, under mutual TLS.
@@ -81,12 +84,32 @@ impl Principals {
             }
             let agents = match (&c.agents, c.role) {
                 (Some(list), _) if !list.is_empty() && list.iter().all(|a| !a.is_empty()) => {
-                    Agents::parse(list)
+                    Patterns::parse(list)
                 }
-                (None, Role::Operator | Role::Approver | Role::Resolver) => Agents::All,
+                (None, Role::Operator | Role::Approver | Role::Resolver) => Patterns::All,
                 _ => {
                     return Err(format!(
                         "{at}: agents must list at least one non-empty agent id or pattern"
+                    ));
+                }
+            };
+            let actions = match (&c.actions, c.role) {
+                (None, _) => Patterns::All,
+                (Some(list), Role::Resolver)
+                    if !list.is_empty() && list.iter().all(|a| !a.is_empty()) =>
+                {
+                    Patterns::parse(list)
+                }
+                (Some(_), Role::Resolver) => {
+                    return Err(format!(
+                        "{at}: actions must list at least one non-empty action type or pattern"
+                    ));
+                }
+                (Some(_), role) => {
+                    return Err(format!(
+                        "{at}: actions scopes a resolver only (this principal's role is {}); \
+                         remove it",
+                        role.as_str()
                     ));
                 }
             };
@@ -102,6 +125,7 @@ impl Principals {
                     name: c.name.clone(),
                     role: c.role,
                     agents,
+                    actions,
                     limiter,
                 }),
                 key_sha256,

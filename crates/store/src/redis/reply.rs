@@ -208,6 +208,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             let has_completion = fields.int()? == 1;
             let completion = fields.completion()?;
             let token = fields.string()?;
+            let action = fields.string()?;
             Decoded::View(ActionView {
                 state,
                 fencing,
@@ -217,6 +218,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                 completion: has_completion.then_some(completion),
                 holder,
                 token,
+                action,
             })
         }
         "in_progress" => Decoded::Refused(Refusal::InProgress {
@@ -313,6 +315,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                     action: fields.string()?,
                     params: fields.string()?,
                 };
+                let action = asked.action.clone();
                 checked.push(match status {
                     0 => listing::Checked::Stale,
                     1 => listing::Checked::Unresolved(Box::new((
@@ -324,6 +327,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                             completion: None,
                             holder,
                             token,
+                            action,
                         },
                         asked,
                     ))),
