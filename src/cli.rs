@@ -41,7 +41,12 @@ pub enum Command {
     /// Load a running gate on this machine and report throughput, latency and correctness.
     Bench(super::bench::BenchArgs),
     /// An MCP proxy that puts the gate in front of an MCP server: gated tools run at most once.
+    #[cfg(feature = "mcp")]
     Mcp(Box<oncegate_mcp::McpArgs>),
+    /// An MCP proxy that puts the gate in front of an MCP server (not in this build: `make run`
+    /// leaves it out; `cargo build --release --bin oncegate` builds it).
+    #[cfg(not(feature = "mcp"))]
+    Mcp(McpLeftOut),
     /// The signing keys: generate a key file, export the public keys as JWKS.
     Keys(super::keys::KeysArgs),
     /// Check a grant statement offline, as the action's executor would; prints its claims.
@@ -66,4 +71,13 @@ pub struct FingerprintArgs {
     /// The policies file, so the action's key fields apply exactly as on the server.
     #[arg(long, env = "ONCEGATE_CONFIG")]
     pub config: Option<PathBuf>,
+}
+
+/// `oncegate mcp` in a build without the `mcp` feature: whatever follows is taken, and the command
+/// says how to get the gateway.
+#[cfg(not(feature = "mcp"))]
+#[derive(Debug, clap::Args)]
+pub struct McpLeftOut {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+    pub args: Vec<String>,
 }

@@ -3,10 +3,11 @@
 //! subcommands are the tools that talk to a gate from outside: the worker calls (`oncegate call`,
 //! [`call_cli`]) and the operator client (`oncegate admin`, [`admin`]) over what they share
 //! ([`remote`], [`views`]), the load generator ([`bench`]), the signing keys and `oncegate verify`
-//! ([`keys`]), `oncegate fingerprint`, and the MCP gateway (the `oncegate-mcp` crate).
+//! ([`keys`]), `oncegate fingerprint`, and the MCP gateway (the `oncegate-mcp` crate, with the
+//! default `mcp` feature).
 //!
-//! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc, notify →
-//! config, console → client, mcp → this binary. `--console-listen` serves the operator console
+//! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc, notify,
+//! rules → config, console → client, mcp → this binary. `--console-listen` serves the operator console
 //! (`oncegate-console`) beside the gRPC server.
 
 mod admin;
@@ -57,10 +58,21 @@ fn main() -> ExitCode {
         Command::Call(args) => with_runtime(|runtime| runtime.block_on(call_cli::run(*args))),
         Command::Admin(args) => with_runtime(|runtime| runtime.block_on(admin::run(*args))),
         Command::Bench(args) => bench::main(args),
+        #[cfg(feature = "mcp")]
         Command::Mcp(args) => with_runtime(|runtime| {
             let _telemetry = telemetry::init(args.log_format, None);
             runtime.block_on(oncegate_mcp::run(*args))
         }),
+        #[cfg(not(feature = "mcp"))]
+        Command::Mcp(_) => {
+            eprintln!(
+                "oncegate mcp: this oncegate was built without the MCP gateway (`make run` leaves \
+                 it out to make the first build shorter). Build it with `cargo build --release \
+                 --bin oncegate` (the default features include `mcp`) and run \
+                 target/release/oncegate mcp."
+            );
+            ExitCode::from(exit::USAGE)
+        }
         Command::Serve(args) => with_runtime(|runtime| {
             // Inside the runtime: an OTLP exporter's channel lives on it.
             let _runtime = runtime.enter();

@@ -19,7 +19,7 @@ use std::{
 };
 
 /// The crates, bottom up. A crate may depend only on crates of a lower rank.
-const RANKS: [(&str, u8); 12] = [
+const RANKS: [(&str, u8); 13] = [
     ("oncegate-proto", 0),
     ("oncegate-domain", 0),
     ("oncegate-store", 1),
@@ -28,6 +28,7 @@ const RANKS: [(&str, u8); 12] = [
     ("oncegate-client", 2),
     ("oncegate-grpc", 3),
     ("oncegate-notify", 3),
+    ("oncegate-rules", 3),
     ("oncegate-config", 4),
     ("oncegate-console", 4),
     ("oncegate-mcp", 5),

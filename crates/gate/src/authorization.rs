@@ -3,7 +3,7 @@
 //! The stateful decisions (approvals, budget windows) are the store step's
 //! ([`oncegate_domain::authorization`]); this module only prepares them.
 
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 
 use base64::Engine as _;
 use serde_json::Value;
@@ -117,7 +117,7 @@ impl From<Settings> for Authorization {
 pub struct Authorization {
     /// The rules, swapped whole on reload; `None`: no `[authorization] policies`, every action
     /// allowed.
-    rules: Option<RwLock<Arc<Rules>>>,
+    rules: Option<RwLock<Rules>>,
     /// The global mode (an action policy's `shadow = true` shadows that action alone).
     pub mode: Mode,
     /// How long an approval waits (and, approved, stays usable).
@@ -137,7 +137,7 @@ impl Authorization {
         budgets: Vec<Budget>,
     ) -> Self {
         Self {
-            rules: rules.map(|r| RwLock::new(Arc::new(r))),
+            rules: rules.map(RwLock::new),
             mode,
             approval_ttl,
             budgets,
@@ -150,7 +150,7 @@ impl Authorization {
     }
 
     /// The rules as they stand (`None` when none are configured).
-    pub fn rules(&self) -> Option<Arc<Rules>> {
+    pub fn rules(&self) -> Option<Rules> {
         let lock = self.rules.as_ref()?;
         Some(lock.read().unwrap_or_else(|e| e.into_inner()).clone())
     }
@@ -173,7 +173,7 @@ impl Authorization {
         let current = lock.read().unwrap_or_else(|e| e.into_inner()).clone();
         let fresh = current.reload()?;
         let count = fresh.len();
-        *lock.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(fresh);
+        *lock.write().unwrap_or_else(|e| e.into_inner()) = fresh;
         Ok(count)
     }
 

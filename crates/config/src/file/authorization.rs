@@ -12,10 +12,8 @@ use super::{
     policy::{pointer, seconds},
 };
 use oncegate_domain::ledger::budget::MAX_UNITS;
-use oncegate_gate::{
-    authorization::{Budget, Mode, Settings, scaled},
-    rules::Rules,
-};
+use oncegate_gate::authorization::{Budget, Mode, Settings, scaled};
+use oncegate_rules::CedarRules;
 
 /// Default approval lifetime: one hour.
 pub const DEFAULT_APPROVAL_TTL_SECONDS: f64 = 3600.0;
@@ -71,7 +69,7 @@ pub(super) fn settings(
     } else {
         let files: Vec<PathBuf> = table.policies.iter().map(|p| base.join(p)).collect();
         Some(
-            Rules::load(&files)
+            CedarRules::shared(&files)
                 .map_err(|e| FileError::new(format!("authorization.policies: {e}")))?,
         )
     };
