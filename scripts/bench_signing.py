@@ -2,7 +2,8 @@
 """Issue 25's measurements (BENCHMARKS.md, "Signing"): grant-complete at 32 callers, signed and unsigned, Redis and embedded,
 for two oncegate binaries (before, after) interleaved in one window; gate and Redis CPU per call
 as make bench counts them (scripts/bench.py's meters). Then RSS and on-disk bytes after filling
-the embedded store. Usage: scripts/bench_signing.py BEFORE AFTER [--duration 6] [--rounds 2] [--fill 150000]"""
+the embedded store. Usage: scripts/bench_signing.py BEFORE AFTER [--duration 6] [--rounds 2] [--fill 150000]
+[--only "redis unsigned"] [--after-args "--worker-threads 1"] (the after gate's extra flags)"""
 import argparse, json, os, sys, tempfile, time
 from pathlib import Path
 
@@ -30,6 +31,8 @@ def main():
     p.add_argument("--fill", type=int, default=0)
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--connections", type=int, default=1)
+    p.add_argument("--only", action="append", default=[], help="run only these rows (repeatable)")
+    p.add_argument("--after-args", default="", help="extra `oncegate serve` flags for AFTER")
     o = p.parse_args()
     bins = {"before": o.before, "after": o.after}
     out = []
@@ -45,8 +48,12 @@ def main():
                     ("embedded unsigned", dict(extra=["--unsigned"])),
                     ("embedded signed", dict(extra=["--signing-key", key])),
                 ]:
+                    if o.only and row not in o.only:
+                        continue
                     for name, binary in bins.items():
                         kw2 = dict(kw)
+                        if name == "after" and o.after_args:
+                            kw2["extra"] = [*kw2["extra"], *o.after_args.split()]
                         if "redis_url" not in kw2:
                             kw2["data_dir"] = os.path.join(tmp, f"{name}-{row}-{r}".replace(" ", "-"))
                         g = gate(binary, **kw2)

@@ -73,7 +73,7 @@ fn main() -> ExitCode {
             );
             ExitCode::from(exit::USAGE)
         }
-        Command::Serve(args) => with_runtime(|runtime| {
+        Command::Serve(args) => with_runtime_of(args.worker_threads, |runtime| {
             // Inside the runtime: an OTLP exporter's channel lives on it.
             let _runtime = runtime.enter();
             let _telemetry = telemetry::init(args.log_format, args.otlp_endpoint());
@@ -83,7 +83,20 @@ fn main() -> ExitCode {
 }
 
 fn with_runtime(run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode) -> ExitCode {
-    match tokio::runtime::Runtime::new() {
+    with_runtime_of(None, run)
+}
+
+/// [`with_runtime`] with `workers` threads (one per CPU when `None`).
+fn with_runtime_of(
+    workers: Option<u16>,
+    run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode,
+) -> ExitCode {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(workers) = workers {
+        builder.worker_threads(usize::from(workers));
+    }
+    match builder.build() {
         Ok(runtime) => run(&runtime),
         Err(e) => {
             eprintln!("oncegate: cannot start the async runtime: {e}");
@@ -200,6 +213,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         config = %config_file, policies = config.policies.names().count(),
         strict = config.policies.strict, principals = config.server.principals.len(),
         budgets = config.authorization.budgets.len(),
+        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
         "oncegate serving");
     if let Some(rules) = &config.authorization.rules {

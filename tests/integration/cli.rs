@@ -369,3 +369,26 @@ fn make_run_passes_flags_and_clean_data_keeps_the_build() {
     let clean = make_dry_run(&["clean-data"]);
     assert_eq!(clean.trim(), "rm -rf oncegate-data");
 }
+
+#[test]
+fn worker_threads_are_what_the_flag_says_and_zero_is_refused() {
+    let out = oncegate(&["serve", "--worker-threads", "0"]);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--worker-threads"),
+        "{out:?}"
+    );
+    let dir = TempDir::new().unwrap();
+    let gate = crate::support::LoggedGate::start(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--worker-threads",
+            "1",
+            "--no-admin-socket",
+        ],
+    );
+    let log = gate.wait_for_log("oncegate serving", 1);
+    assert!(log.contains("worker_threads=1"), "{log}");
+}

@@ -45,6 +45,14 @@ pub struct ServeArgs {
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_CONSOLE_LISTEN")]
     pub console_listen: Option<SocketAddr>,
 
+    /// Threads that run calls (the async runtime's workers). Default: one per CPU available to
+    /// the process. Where the gate shares a small machine with its Redis or its workers, fewer
+    /// threads spend less CPU per call (on 2 cores, 1 thread: about a quarter less, and more
+    /// calls per second; BENCHMARKS.md).
+    #[arg(help_heading = LISTENER, long, env = "ONCEGATE_WORKER_THREADS",
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub worker_threads: Option<u16>,
+
     /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = defaults::DRAIN_SECONDS)]
     pub drain_seconds: u64,
