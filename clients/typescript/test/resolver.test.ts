@@ -121,6 +121,34 @@ const mustNotRun = () => {
 };
 
 describe("the resolver", () => {
+  it("reopens its stream when the gate crashes and comes back", async () => {
+    const agentId = `resolved-${freshRunId()}`;
+    const runId = "run-1";
+    const logger = recording();
+    const resolver = new Resolver(running.address, {
+      apiKey: RESOLVER_KEY,
+      agentId,
+      backoffMs: [50, 500],
+      logger,
+    });
+    resolver.lookup("payments.transfer", () => Lookup.json({ tx: "found" }));
+    const worker = resolver.run();
+    await lapse(agentId, runId, [1]);
+    await waitFor(() => amountsLeft(agentId).length === 0, "the first payment settled");
+
+    // The gate is killed and restarted on the same address and data: the stream broke, and the
+    // resolver reopens it, so a lease that ends afterwards is settled too.
+    await running.restart();
+    await lapse(agentId, runId, [2]);
+    await waitFor(() => amountsLeft(agentId).length === 0, "the second payment settled, after the restart");
+    resolver.stop();
+    await worker;
+    resolver.close();
+    const replay = await gate.runOnce(transfer(agentId, runId, 2), mustNotRun);
+    assert.equal(replay.kind, "Replayed");
+    assert.deepEqual(replay.result, { tx: "found" });
+  });
+
   it("settles what the bank knows and leaves the rest for a person", async () => {
     const agentId = `resolved-${freshRunId()}`;
     const runId = "run-1";

@@ -36,6 +36,9 @@ export interface RunningGate {
   readonly dataDir: string;
   /** Stops the process and removes its directory. */
   stop(): Promise<void>;
+  /** Kills the process (SIGKILL, as a crash would) and starts it again on the same address, data
+   * directory and policy. */
+  restart(): Promise<void>;
 }
 
 /** The gate binary the tests run. */
@@ -54,19 +57,28 @@ export async function startGate(policy: string = POLICY): Promise<RunningGate> {
   writeFileSync(config, policy);
   const logPath = join(workdir, "gate.log");
   const dataDir = join(workdir, "data");
-  const child = spawn(
-    gateBinary(),
-    ["serve", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--config", config],
-    { stdio: ["ignore", "pipe", "pipe"] },
-  );
-  child.stderr.pipe(createWriteStream(logPath));
+  const launch = (listen: string) => {
+    const started = spawn(gateBinary(), ["serve", "--listen", listen, "--data-dir", dataDir, "--config", config], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    started.stderr.pipe(createWriteStream(logPath, { flags: "a" }));
+    return started;
+  };
+  let child = launch("127.0.0.1:0");
   const stop = async () => {
     await terminate(child);
     rmSync(workdir, { recursive: true, force: true });
   };
   try {
     const address = await listeningAddress(child, () => readFileSync(logPath, "utf8"));
-    return { address, dataDir, stop };
+    const restart = async () => {
+      const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+      child.kill("SIGKILL");
+      await exited;
+      child = launch(address);
+      await listeningAddress(child, () => readFileSync(logPath, "utf8"));
+    };
+    return { address, dataDir, stop, restart };
   } catch (error) {
     await stop();
     throw error;
