@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import re
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from oncegate.rpc import GateRpc
 from oncegate.v1 import oncegate_pb2_grpc as pb_grpc
 from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
 
+from conftest import REPO_ROOT
 from fake_gate import FakeGate, serve
 
 NATIVE = os.environ.get(native.PURE_PYTHON) != "1"
@@ -172,6 +175,33 @@ def test_a_connection_lost_while_idle_is_replaced() -> None:
     finally:
         server.stop(grace=None)
         rpc.close()
+
+
+def test_a_gate_shutting_down_does_not_wait_for_an_idle_client(tmp_path: Any) -> None:
+    # A gate shutting down asks each connection to acknowledge a PING before it closes it: a
+    # client that answered only while it called would hold the gate for its whole drain.
+    binary = os.environ.get("ONCEGATE_BIN", str(REPO_ROOT / "target" / "debug" / "oncegate"))
+    command = [binary, "serve", "--listen", "127.0.0.1:0", "--data-dir", str(tmp_path / "data")]
+    process = subprocess.Popen(
+        [*command, "--no-admin-socket", "--drain-seconds", "120"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "RUST_LOG": "warn"},
+    )
+    try:
+        assert process.stdout is not None
+        found = re.search(r"listening on (\S+)", process.stdout.readline())
+        assert found, "the gate did not start"
+        rpc = GateRpc(found.group(1))
+        assert rpc.get_action(ActionRef(key="k", scope=Scope("a", "r"))).state is ActionState.ABSENT
+        time.sleep(0.5)  # idle
+        process.terminate()
+        assert process.wait(timeout=60) == 0  # far less than the drain it was given
+        rpc.close()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
 
 
 def _in_child(out: Any) -> None:

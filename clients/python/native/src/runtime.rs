@@ -2,14 +2,21 @@
 //! threaded caller drives itself while it waits (no hand-off to another thread on the way in or
 //! out), and a one-worker runtime whose thread answers the asyncio callers.
 //!
+//! Between calls nobody drives the current-thread runtime, so a thread of its own does, briefly,
+//! every [`IDLE_TICK`]: an idle connection still answers the gate's PINGs (a gate shutting down
+//! waits for that acknowledgement before it closes) and notices a GOAWAY or a closed socket.
+//!
 //! A forked child inherits the parent's runtimes without their threads. [`forked`] (called by
 //! Python after every fork) starts a new generation: the next call builds new runtimes and every
 //! channel reconnects on them. The old ones are leaked, not dropped: dropping them would wait for
 //! threads that do not exist in the child.
 
-use std::sync::{
-    Mutex, PoisonError,
-    atomic::{AtomicU64, Ordering},
+use std::{
+    sync::{
+        Mutex, PoisonError,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::Duration,
 };
 
 use tokio::runtime::{Builder, Runtime};
@@ -24,6 +31,9 @@ pub enum Mode {
 }
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
+
+/// How often the idle driver runs the current-thread runtime's pending work.
+const IDLE_TICK: Duration = Duration::from_millis(200);
 
 struct Runtimes {
     generation: u64,
@@ -75,6 +85,19 @@ pub fn get(mode: Mode) -> std::io::Result<&'static Runtime> {
             .build()?,
     };
     let runtime: &'static Runtime = Box::leak(Box::new(runtime));
+    if mode == Mode::Blocking {
+        std::thread::Builder::new()
+            .name("oncegate-idle".into())
+            .spawn(move || {
+                loop {
+                    std::thread::sleep(IDLE_TICK);
+                    // Parks for a millisecond: runs what arrived (a PING, a GOAWAY, an EOF) and
+                    // the tasks it wakes. A caller that comes meanwhile is driven by this thread
+                    // until then.
+                    runtime.block_on(async { tokio::time::sleep(Duration::from_millis(1)).await });
+                }
+            })?;
+    }
     *slot = Some(runtime);
     Ok(runtime)
 }
