@@ -75,11 +75,19 @@ $(VENV)/.installed: clients/python/pyproject.toml
 	$(VENV)/bin/pip install -q './clients/python[test,openai-agents,langgraph,pydantic-ai]'
 	touch $@
 
+## The client's whole suite on its native core (oncegate._native, built by pip through maturin into
+## this workspace's target/, so a warm run rebuilds nothing), then on grpcio alone
+## (ONCEGATE_PURE_PYTHON=1, the fallback for TLS channels and channels with gRPC options): every
+## suite that calls a gate, fake or real.
+PURE_PYTHON_TESTS := test_native.py test_guard.py test_aio.py test_integration.py test_resolver.py \
+  test_settle.py test_operator_receipts.py test_authorization.py test_errors.py
+
 test-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
-	rm -rf clients/python/build
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q clients/python/tests
+	ONCEGATE_PURE_PYTHON=1 ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(VENV)/bin/python -m pytest -q \
+	  $(addprefix clients/python/tests/,$(PURE_PYTHON_TESTS))
 	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate > /dev/null
 
 ## `oncegate mcp` between the Python MCP SDK's real client (stdio and Streamable HTTP) and a real
@@ -113,13 +121,11 @@ SOAK_ARGS ?=
 
 soak: deps $(VENV)/.installed
 	$(CARGO) build --release --locked --bin oncegate
-	rm -rf clients/python/build
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	$(VENV)/bin/python scripts/soak.py $(SOAK_ARGS)
 
 test-soak: deps $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
-	rm -rf clients/python/build
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	cd scripts && $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider soaklib
 	$(VENV)/bin/python scripts/soak.py --deployments embedded,sentinel --duration 120 \
@@ -130,7 +136,6 @@ test-soak: deps $(VENV)/.installed
 ## The seeds' scenarios as a story: a Python agent, a fake bank, a real gate.
 example-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
-	rm -rf clients/python/build
 	$(VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	$(VENV)/bin/python examples/python/agent_payment.py --spawn $(CURDIR)/target/debug/oncegate
 
@@ -154,12 +159,12 @@ test-typescript: $(TS_CLIENT)/node_modules/.installed $(TS_EXAMPLES)/node_module
 	cd $(TS_CLIENT) && ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate npm test
 	cd $(TS_EXAMPLES) && npm run build && node dist/ai-sdk-tool.js --spawn $(CURDIR)/target/debug/oncegate > /dev/null
 
-## The installable artifacts in ./dist: the Python wheel (pip wheel) and the TypeScript client's npm
-## tarball (npm pack, with its built dist/).
+## The installable artifacts in ./dist: the Python wheel (pip wheel through maturin: the package and
+## its native core, one abi3 wheel for CPython 3.10 and later on this platform) and the TypeScript
+## client's npm tarball (npm pack, with its built dist/).
 dist: $(VENV)/.installed $(TS_CLIENT)/node_modules/.installed
-	rm -rf dist clients/python/build && mkdir -p dist
+	rm -rf dist && mkdir -p dist
 	$(VENV)/bin/pip wheel -q --no-deps --wheel-dir dist ./clients/python
-	rm -rf clients/python/build
 	cd $(TS_CLIENT) && npm pack --silent --pack-destination $(CURDIR)/dist > /dev/null
 	@ls dist
 
@@ -208,7 +213,6 @@ fuzz:
 ## --runs 5).
 bench: deps $(BENCH_VENV)/.installed
 	$(CARGO) build --release --locked --bin oncegate
-	rm -rf clients/python/build
 	$(BENCH_VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	$(PYTHON) scripts/bench.py --python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
 

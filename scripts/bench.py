@@ -187,18 +187,21 @@ def rounds(redis, gates, opts):
                 print(f"  {row}, {scenario}: {tok:.0f} RequestToken/s", flush=True)
         if opts.python_seconds > 0 and Path(opts.python).exists():
             redis.cli("FLUSHALL")
-            python.append(python_side(redis, gates["gate on Redis"][0], opts))
+            python.append(python_side(redis, gates["gate on Redis"][0],
+                                      gates["gate on Redis, signed"][0], opts))
             print("  Python: " + ", ".join(f"{c} {r['cycles_per_s']:.0f}/s"
                                            for c, r in python[-1].items()), flush=True)
     return lim, results, python
 
 
-def python_side(redis, gate, opts):
+def python_side(redis, gate, signed_gate, opts):
     """scripts/bench_python.py in the bench's virtualenv: Powertools, the seeds' authorizer, the
-    oncegate decorator and the raw stubs, on this Redis and the gate on it."""
+    oncegate decorator (native core, signing gate, grpcio alone) and the bare stubs, on this Redis
+    and the gates on it."""
     out = run([opts.python, str(ROOT / "scripts" / "bench_python.py"), "--redis-url", redis.url(),
-               "--gate", gate.addr, "--workers", str(opts.python_workers),
-               "--seconds", str(opts.python_seconds)], timeout=opts.python_seconds * 8 + 300)
+               "--gate", gate.addr, "--signed-gate", signed_gate.addr,
+               "--workers", str(opts.python_workers), "--seconds", str(opts.python_seconds)],
+              timeout=opts.python_seconds * 12 + 300)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -346,8 +349,11 @@ def table(lim, results, python, mem, fsync, opts):
 PYTHON_ROWS = {
     "powertools": "AWS Lambda Powertools `@idempotent_function`, Redis persistence",
     "seed-authorizer": "the seeds' redis-py authorizer (check-then-set race included)",
-    "oncegate-decorator": "oncegate Python decorator, through the gate on Redis",
-    "oncegate-raw-stubs": "the generated stubs alone (RequestToken + Complete), through the gate",
+    "oncegate-decorator": "oncegate Python decorator (native core), through the gate on Redis",
+    "oncegate-decorator-signed": "the same, through the gate on Redis signing (`--signing-key`)",
+    "oncegate-decorator-grpcio": "the same on grpcio alone (`ONCEGATE_PURE_PYTHON=1`)",
+    "oncegate-native-stubs": "the native core's stubs alone (RequestToken + Complete)",
+    "oncegate-raw-stubs": "the generated grpcio stubs alone (RequestToken + Complete)",
 }
 
 
@@ -360,13 +366,23 @@ def python_table(python, opts):
              f"{opts.python_seconds:g} s:", "",
              "| contender | cycles/s | client CPU µs per cycle |", "| --- | ---: | ---: |"]
     for contender, label in PYTHON_ROWS.items():
-        lines.append(f"| {label} | {med(contender, 'cycles_per_s'):,.0f} | "
-                     f"{med(contender, 'client_cpu_us_per_cycle'):,.0f} |")
-    overhead = statistics.median(run["oncegate-decorator"]["client_cpu_us_per_cycle"]
-                                 / run["oncegate-raw-stubs"]["client_cpu_us_per_cycle"] - 1
-                                 for run in python)
-    lines += ["", f"- what the guard adds to the raw stubs, client CPU per cycle: {overhead:+.0%} "
-              f"(target < +10%: {'met' if overhead < 0.10 else 'MISSED'})"]
+        if all(contender in run for run in python):
+            lines.append(f"| {label} | {med(contender, 'cycles_per_s'):,.0f} | "
+                         f"{med(contender, 'client_cpu_us_per_cycle'):,.0f} |")
+    same_run = lambda f: statistics.median(f(run) for run in python)
+    ratio = same_run(lambda run: run["oncegate-decorator"]["cycles_per_s"]
+                     / run["powertools"]["cycles_per_s"])
+    cpu = med("oncegate-decorator", "client_cpu_us_per_cycle")
+    overhead = same_run(lambda run: run["oncegate-decorator"]["client_cpu_us_per_cycle"]
+                        / run["oncegate-native-stubs"]["client_cpu_us_per_cycle"] - 1)
+    verdict = lambda ok: "met" if ok else "MISSED"
+    lines += ["",
+              f"- the decorator's cycles/s ÷ Powertools', same run: {ratio:.2f} (target ≥ 1.0: "
+              f"{verdict(ratio >= 1.0)}); its client CPU per cycle: {cpu:.0f} µs (target ≤ 120: "
+              f"{verdict(cpu <= 120)})",
+              f"- what the guard adds to the native core's bare stubs, client CPU per cycle: "
+              f"{overhead:+.0%} (in {opts.python_workers} processes; issue 24's < +10% is for one "
+              f"process: scripts/bench_python_guard.py)"]
     return lines
 
 
@@ -384,6 +400,37 @@ def write_benchmarks(text, path):
     path.write_text(new)
 
 
+def python_only(opts, began, load_before, info):
+    """`--python-only`: the Python table alone, its rounds against one Redis and the two gates on
+    it (unsigned and signing), printed with the conditions it was measured in."""
+    with tempfile.TemporaryDirectory(prefix="oncegate-bench-") as tmp:
+        redis = Redis(tmp)
+        key = os.path.join(tmp, "signing-key.pem")
+        run([str(BIN), "keys", "generate", "--out", key])
+        gates = []
+        try:
+            gates.append(Gate(redis_url=redis.url()))
+            gates.append(Gate(redis_url=redis.url(), extra=["--signing-key", key]))
+            python = []
+            for i in range(opts.runs):
+                redis.cli("FLUSHALL")
+                python.append(python_side(redis, gates[0], gates[1], opts))
+                print(f"round {i + 1} of {opts.runs}: " + ", ".join(
+                    f"{c} {r['cycles_per_s']:.0f}/s" for c, r in python[-1].items()), flush=True)
+        finally:
+            for process in (*gates, redis):
+                process.stop()
+    load_after = os.getloadavg()
+    command = shlex.join(["python3", "scripts/bench.py", *sys.argv[1:]])
+    print("\n".join([
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))} in "
+        f"{time.time() - began:.0f} s with `{command}`",
+        f"- machine: {info['cores']} cores, {info['cpu']}; load average before / after: "
+        f"{load_before[0]:.2f} / {load_after[0]:.2f}" + (f"; {opts.note}" if opts.note else ""),
+        f"- {info['redis']}; oncegate {info['commit']} (release build)",
+        *python_table(python, opts)]))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=3, help="runs per row; medians are quoted")
@@ -399,6 +446,9 @@ def main():
     parser.add_argument("--python-workers", type=int, default=8)
     parser.add_argument("--python-seconds", type=float, default=4.0,
                         help="seconds per contender per round; 0 skips the Python comparison")
+    parser.add_argument("--python-only", action="store_true",
+                        help="only the Python comparison (Redis and the gates on it), printed, "
+                             "BENCHMARKS.md left as it is")
     opts = parser.parse_args()
     for tool in ("redis-server", "redis-benchmark", "redis-cli"):
         if not shutil.which(tool):
@@ -408,6 +458,8 @@ def main():
 
     began, load_before = time.time(), os.getloadavg()
     info = machine()
+    if opts.python_only:
+        return python_only(opts, began, load_before, info)
     with tempfile.TemporaryDirectory(prefix="oncegate-bench-") as tmp:
         redis = Redis(tmp)
         key = os.path.join(tmp, "signing-key.pem")

@@ -9,9 +9,14 @@ for `--seconds`, every cycle a new action (nothing is replayed):
 - `powertools`: AWS Lambda Powertools' `@idempotent_function` with `RedisCachePersistenceLayer`;
 - `seed-authorizer`: the seeds' redis-py authorizer (EXISTS, EXISTS, SETEX, the tool, SETEX,
   DEL; its check-then-set race left as the seed wrote it);
-- `oncegate-decorator`: `@gate.action(...)` of the oncegate client, through the gate;
-- `oncegate-raw-stubs`: the generated stubs alone, RequestToken + Complete, through the gate;
-  what the guard adds on top of this is the guard's overhead.
+- `oncegate-decorator`: `@gate.action(...)` of the oncegate client, through the gate, on the
+  client's native core (`oncegate._native`);
+- `oncegate-decorator-signed`: the same through a gate that signs grants and receipts
+  (`--signed-gate`; skipped without it);
+- `oncegate-decorator-grpcio`: the same on grpcio alone (`ONCEGATE_PURE_PYTHON=1`);
+- `oncegate-native-stubs`: the native core's stubs alone (`oncegate.native.Stub`), RequestToken +
+  Complete, through the gate; what the guard adds on top of this is the guard's overhead;
+- `oncegate-raw-stubs`: the generated grpcio stubs alone, RequestToken + Complete.
 
 Prints one JSON object: per contender, cycles/s (all workers together) and client CPU µs per
 cycle (user + system of the worker processes, divided by their cycles).
@@ -29,7 +34,15 @@ import time
 import uuid
 from typing import Any
 
-CONTENDERS = ["powertools", "seed-authorizer", "oncegate-decorator", "oncegate-raw-stubs"]
+CONTENDERS = [
+    "powertools",
+    "seed-authorizer",
+    "oncegate-decorator",
+    "oncegate-decorator-signed",
+    "oncegate-decorator-grpcio",
+    "oncegate-native-stubs",
+    "oncegate-raw-stubs",
+]
 
 
 def cpu() -> float:
@@ -103,13 +116,17 @@ def decorator_cycle(gate_addr: str):
     return cycle
 
 
-def raw_cycle(gate_addr: str):
+def raw_cycle(gate_addr: str, native: bool = False):
     import grpc
 
+    from oncegate import native as transport
     from oncegate.v1 import oncegate_pb2 as pb
     from oncegate.v1 import oncegate_pb2_grpc as pb_grpc
 
-    stub = pb_grpc.ActionGateServiceStub(grpc.insecure_channel(gate_addr))
+    if native:
+        stub = transport.Stub(transport.open_channel(f"http://{gate_addr}", 10.0))
+    else:
+        stub = pb_grpc.ActionGateServiceStub(grpc.insecure_channel(gate_addr))
     scope = pb.Scope(agent_id="bench-agent", run_id=f"run-{os.getpid()}")
 
     def cycle(n: int) -> None:
@@ -126,6 +143,8 @@ def raw_cycle(gate_addr: str):
 
 def worker(contender: str, redis_url: str, gate_addr: str, seconds: float, out) -> None:
     try:
+        if contender == "oncegate-decorator-grpcio":
+            os.environ["ONCEGATE_PURE_PYTHON"] = "1"  # before oncegate is imported
         out.put(run_worker(contender, redis_url, gate_addr, seconds))
     except BaseException as error:  # noqa: BLE001 - reported to the parent, which fails
         import traceback
@@ -138,6 +157,9 @@ def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float) -
         "powertools": lambda: powertools_cycle(redis_url),
         "seed-authorizer": lambda: seed_cycle(redis_url),
         "oncegate-decorator": lambda: decorator_cycle(gate_addr),
+        "oncegate-decorator-signed": lambda: decorator_cycle(gate_addr),
+        "oncegate-decorator-grpcio": lambda: decorator_cycle(gate_addr),
+        "oncegate-native-stubs": lambda: raw_cycle(gate_addr, native=True),
         "oncegate-raw-stubs": lambda: raw_cycle(gate_addr),
     }[contender]
     cycle = make()
@@ -151,10 +173,11 @@ def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float) -
 
 
 def measure(contender: str, args) -> dict:
+    gate = args.signed_gate if contender == "oncegate-decorator-signed" else args.gate
     out = multiprocessing.Queue()
     procs = [
         multiprocessing.Process(
-            target=worker, args=(contender, args.redis_url, args.gate, args.seconds, out)
+            target=worker, args=(contender, args.redis_url, gate, args.seconds, out)
         )
         for _ in range(args.workers)
     ]
@@ -180,11 +203,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--gate", required=True, help="host:port of a gate on that Redis")
+    parser.add_argument("--signed-gate", help="host:port of a signing gate on that Redis")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--only", choices=CONTENDERS, action="append")
     args = parser.parse_args()
-    print(json.dumps({c: measure(c, args) for c in (args.only or CONTENDERS)}))
+    chosen = [c for c in (args.only or CONTENDERS) if c != "oncegate-decorator-signed" or args.signed_gate]
+    print(json.dumps({c: measure(c, args) for c in chosen}))
 
 
 if __name__ == "__main__":

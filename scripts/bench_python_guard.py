@@ -1,7 +1,9 @@
 """Where the Python guard's cost goes, in one process: client CPU per cycle (RequestToken +
-Complete around a no-op) through the bare stubs, the RPC layer (`oncegate.rpc.GateRpc`) and the
-decorator, against a running gate. An A/B aid for BENCHMARKS.md's Python section; `make bench`
-is the reproducible comparison.
+Complete around a no-op) through the bare grpcio stubs, the native core's bare stubs
+(`oncegate.native.Stub`), the RPC layer (`oncegate.rpc.GateRpc`) and the decorator, against a
+running gate. The RPC layer and the decorator run on the native core, or on grpcio with
+ONCEGATE_PURE_PYTHON=1 (then the native row is skipped). An A/B aid for BENCHMARKS.md's Python
+section; `make bench` is the reproducible comparison.
 
     target/release/oncegate serve --listen 127.0.0.1:50999 --data-dir /tmp/ab --unsigned &
     .venv-bench/bin/python scripts/bench_python_guard.py --target 127.0.0.1:50999 --rounds 3
@@ -22,7 +24,7 @@ from typing import Any, Callable
 
 import grpc
 
-from oncegate import Gate
+from oncegate import Gate, native
 from oncegate.rpc import GateRpc
 from oncegate.v1 import oncegate_pb2 as pb
 from oncegate.v1 import oncegate_pb2_grpc as pb_grpc
@@ -30,8 +32,11 @@ from oncegate.v1 import oncegate_pb2_grpc as pb_grpc
 RUN = f"run-{os.getpid()}"
 
 
-def stubs(target: str) -> Callable[[str], None]:
-    stub = pb_grpc.ActionGateServiceStub(grpc.insecure_channel(target))
+def stubs(target: str, native_core: bool = False) -> Callable[[str], None]:
+    if native_core:
+        stub = native.Stub(native.open_channel(f"http://{target}", 10.0))
+    else:
+        stub = pb_grpc.ActionGateServiceStub(grpc.insecure_channel(target))
     scope = pb.Scope(agent_id="bench-agent", run_id=RUN)
 
     def cycle(key: str) -> None:
@@ -67,7 +72,12 @@ def decorator(target: str) -> Callable[[str], None]:
     return cycle
 
 
-LAYERS = {"stubs": stubs, "rpc": rpc_layer, "decorator": decorator}
+LAYERS = {
+    "grpcio": stubs,
+    "native": lambda target: stubs(target, native_core=True),
+    "rpc": rpc_layer,
+    "decorator": decorator,
+}
 
 
 def measure(name: str, cycle: Callable[[str], None], cycles: int, round_: int) -> None:
@@ -87,7 +97,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--profile", action="store_true", help="cProfile the decorator instead")
     args = parser.parse_args()
-    cycles = {name: make(args.target) for name, make in LAYERS.items()}
+    cycles = {
+        name: make(args.target) for name, make in LAYERS.items() if name != "native" or native.enabled()
+    }
     if args.profile:
         profile = cProfile.Profile()
         profile.enable()

@@ -54,6 +54,8 @@ def run(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedP
 
 def test_the_wheel_installs_into_a_clean_virtualenv_and_guards_an_action(tmp_path: Path, gate: str) -> None:
     wheel = the_one("oncegate-*.whl")
+    # One wheel for every CPython from 3.10 on: the native core is built against the stable ABI.
+    assert "-cp310-abi3-" in wheel.name, wheel.name
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], tmp_path)
     python = str(venv / "bin" / "python")
@@ -61,8 +63,10 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_guards_an_action(tmp_pat
     app = tmp_path / "app"
     app.mkdir()
     (app / "agent.py").write_text(textwrap.dedent(f"""
+        import sys
+
         import oncegate
-        from oncegate import Gate, Grant
+        from oncegate import Gate, Grant, native
 
         gate = Gate({gate!r})
         paid = []
@@ -72,17 +76,31 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_guards_an_action(tmp_pat
             paid.append(grant.provider_key)
             return {{"transfer_id": f"tr-{{len(paid)}}"}}
 
-        with gate.scope(agent_id="billing-agent", run_id="wheel-run"):
+        with gate.scope(agent_id="billing-agent", run_id=sys.argv[1]):
             first = transfer(5000, "DE89", idempotency_key="invoice-42")
             again = transfer(5000, "DE89", idempotency_key="invoice-42")
         print(oncegate.__file__)
+        print(type(gate._open()).__module__, native.enabled())
         print(first == again, len(paid), first["transfer_id"])
     """))
-    out = run([python, "agent.py"], app, timeout=60).stdout.splitlines()
-    installed, result = out[-2], out[-1]
-    # The installed package, not the checkout's source.
+    out = run([python, "agent.py", "wheel-run"], app, timeout=60).stdout.splitlines()
+    installed, transport, result = out[-3:]
+    # The installed package, not the checkout's source, on its native core.
     assert installed.startswith(str(venv)) and str(ROOT) not in installed, installed
+    assert transport == "oncegate.native True", out
     assert result == "True 1 tr-1", out
+    # The same wheel on grpcio alone.
+    pure = subprocess.run(
+        [python, "agent.py", "pure-run"],
+        cwd=app,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "ONCEGATE_PURE_PYTHON": "1"},
+        check=False,
+    )
+    assert pure.returncode == 0, pure.stderr
+    assert pure.stdout.splitlines()[-2:] == ["oncegate.v1.oncegate_pb2_grpc False", "True 1 tr-1"], pure.stdout
 
 
 def test_the_npm_tarball_installs_into_a_clean_project_and_guards_an_action(tmp_path: Path, gate: str) -> None:

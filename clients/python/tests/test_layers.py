@@ -13,7 +13,12 @@ import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "src" / "oncegate"
 
+NATIVE = {"oncegate._native"}
+"""The extension modules (Rust, clients/python/native): no Python source to read, nothing of the
+package imported."""
+
 LAYERS: list[set[str]] = [
+    NATIVE,
     {"oncegate.v1", "oncegate.v1.oncegate_pb2", "oncegate.v1.oncegate_pb2_grpc"},
     {"oncegate.fingerprints", "oncegate.models"},
     {"oncegate.statements"},
@@ -22,6 +27,7 @@ LAYERS: list[set[str]] = [
     {"oncegate.errors.deprecated"},
     {"oncegate.errors"},
     {"oncegate.wire"},
+    {"oncegate.native"},
     {"oncegate.channel"},
     {"oncegate.rpc"},
     {"oncegate.guard.options", "oncegate.guard.context", "oncegate.guard.backoff"},
@@ -52,7 +58,7 @@ LAYERS: list[set[str]] = [
 package; only the generated stubs import each other."""
 
 RANK = {module: rank for rank, layer in enumerate(LAYERS) for module in layer}
-GENERATED = LAYERS[0]
+GENERATED = LAYERS[1]
 
 
 def module_name(path: Path) -> str:
@@ -89,7 +95,16 @@ SOURCES = {
 
 
 def test_every_module_has_a_layer() -> None:
-    assert set(SOURCES) == set(RANK)
+    assert set(SOURCES) | NATIVE == set(RANK)
+
+
+def test_only_the_native_module_loads_the_extension() -> None:
+    loaders = {
+        module
+        for module, path in SOURCES.items()
+        if NATIVE & package_imports(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
+    }
+    assert loaders == {"oncegate.native"}
 
 
 @pytest.mark.parametrize("module", sorted(SOURCES))
@@ -108,6 +123,7 @@ def test_the_layers_are_used() -> None:
     assert "oncegate.rpc" in imports_of("oncegate.guard.attempt")
     assert not any(name.startswith("oncegate.guard") for name in imports_of("oncegate.rpc"))
     assert {"oncegate.aio.rpc", "oncegate.aio.attempt"} <= imports_of("oncegate.aio.client")
+    assert "oncegate.native" in imports_of("oncegate.channel") & imports_of("oncegate.aio.channel")
     assert "oncegate.guard.protocol" in imports_of("oncegate.aio.attempt") & imports_of(
         "oncegate.guard.attempt"
     )
@@ -124,6 +140,8 @@ def test_the_layers_are_used() -> None:
         ("oncegate.errors.gate", "import oncegate.errors", ["oncegate.errors"]),
         ("oncegate.models", "from oncegate.fingerprints import fingerprint", ["oncegate.fingerprints"]),
         ("oncegate.rpc", "import grpc\nfrom oncegate.errors import from_rpc_error", []),
+        ("oncegate.native", "from oncegate import _native", []),
+        ("oncegate.native", "from oncegate import channel", ["oncegate.channel"]),
     ],
 )
 def test_the_check_sees_upward_imports(module: str, source: str, upward: list[str]) -> None:

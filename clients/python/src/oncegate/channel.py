@@ -1,10 +1,13 @@
-"""The threaded client's channel to one gate: opened when the client is made, closed by
-:meth:`Channel.close` or by leaving a ``with`` block.
+"""The threaded client's channel to one gate: made with the client (it connects on the first
+call), closed by :meth:`Channel.close` or by leaving a ``with`` block.
 
-It owns the gRPC channel, its stub, and the deadline and metadata every call carries; the calls
-are :class:`~oncegate.rpc.GateRpc`'s, which builds on it. This is what differs in kind between
-threads and an event loop, so it is written by hand for each (:mod:`oncegate.aio.channel`): a
-``grpc`` channel is thread-safe and serves every thread of the process.
+It owns the channel, its stub, and the deadline and metadata every call carries; the calls are
+:class:`~oncegate.rpc.GateRpc`'s, which builds on it. The worker RPCs go through the native core
+(:mod:`oncegate.native`) unless it does not serve this channel (TLS, gRPC options, a ``unix:``
+target, ``ONCEGATE_PURE_PYTHON=1``), and then through a ``grpc`` channel; the operator API (a
+resolver's) always through a ``grpc`` channel, opened when first needed. This is what differs in
+kind between threads and an event loop, so it is written by hand for each
+(:mod:`oncegate.aio.channel`): either channel is thread-safe and serves every thread of the process.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from oncegate import native
 from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub, GateAdminServiceStub
 from oncegate.wire import call_metadata
 
@@ -60,7 +64,7 @@ _Self = TypeVar("_Self", bound="Channel")
 
 
 class Channel:
-    """One gRPC channel to one gate (see :class:`~oncegate.rpc.GateRpc` for the arguments)."""
+    """One channel to one gate (see :class:`~oncegate.rpc.GateRpc` for the arguments)."""
 
     def __init__(
         self,
@@ -73,25 +77,42 @@ class Channel:
     ) -> None:
         self.target = target
         self.timeout = timeout
-        if credentials is not None:
-            self._channel = grpc.secure_channel(target, credentials, options=channel_options(target, options))
-        else:
-            self._channel = grpc.insecure_channel(target, options=channel_options(target, options))
-        self._stub = ActionGateServiceStub(self._channel)  # type: ignore[no-untyped-call]
-        self._admin_stub = GateAdminServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self._credentials = credentials
+        self._options = channel_options(target, options)
         self._metadata = call_metadata(api_key)
+        self._channel: grpc.Channel | None = None
+        self._admin_stub: GateAdminServiceStub | None = None
+        uri = native.endpoint(target, credentials, options)
+        self._native = native.open_channel(uri, timeout) if uri is not None else None
+        self._stub: ActionGateServiceStub | native.Stub = (
+            native.Stub(self._native) if self._native is not None else ActionGateServiceStub(self._grpc())  # type: ignore[no-untyped-call]
+        )
 
-    def _open(self) -> ActionGateServiceStub:
-        """The stub to call through (the channel is open from the start)."""
+    def _grpc(self) -> grpc.Channel:
+        """The ``grpc`` channel, opened on first use."""
+        if self._channel is None:
+            if self._credentials is not None:
+                self._channel = grpc.secure_channel(self.target, self._credentials, options=self._options)
+            else:
+                self._channel = grpc.insecure_channel(self.target, options=self._options)
+        return self._channel
+
+    def _open(self) -> ActionGateServiceStub | native.Stub:
+        """The stub to call the worker RPCs through (the channel is open from the start)."""
         return self._stub
 
     def _admin(self) -> GateAdminServiceStub:
-        """The operator API's stub (a resolver's), on the same channel."""
+        """The operator API's stub (a resolver's), on the ``grpc`` channel."""
+        if self._admin_stub is None:
+            self._admin_stub = GateAdminServiceStub(self._grpc())  # type: ignore[no-untyped-call]
         return self._admin_stub
 
     def close(self) -> None:
         """Closes the channel."""
-        self._channel.close()
+        if self._native is not None:
+            self._native.close()
+        if self._channel is not None:
+            self._channel.close()
 
     def __enter__(self: _Self) -> _Self:
         return self

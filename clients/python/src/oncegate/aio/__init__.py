@@ -1,4 +1,5 @@
-"""oncegate on an event loop: the asyncio client (over ``grpc.aio``) with the same guard.
+"""oncegate on an event loop: the asyncio client (over the native core, or ``grpc.aio``) with the
+same guard.
 
 Quick start::
 
@@ -16,11 +17,11 @@ Quick start::
 Everything but the awaiting is the threaded client's: the values (:mod:`oncegate.models`), the
 errors (:mod:`oncegate.errors`), the options (:class:`~oncegate.GuardOptions`) and the protocol
 (:mod:`oncegate.guard`, whose decisions both clients share through
-:mod:`oncegate.guard.protocol`). The modules, bottom up: ``channel`` (the ``grpc.aio`` channel),
-``rpc`` (the five RPCs), ``heartbeat`` (a task), ``attempt``, ``decorator``, ``client``. All but
-``channel`` and ``heartbeat`` are the one source of both clients: ``generate_sync.py`` writes the
-threaded ``oncegate.rpc``, ``oncegate.guard.attempt``, ``oncegate.guard.decorator`` and
-``oncegate.client`` from them with unasync.
+:mod:`oncegate.guard.protocol`). The modules, bottom up: ``channel`` (the native core's or a
+``grpc.aio`` channel), ``rpc`` (the five RPCs), ``heartbeat`` (a task), ``attempt``,
+``decorator``, ``client``. All but ``channel`` and ``heartbeat`` are the one source of both
+clients: ``generate_sync.py`` writes the threaded ``oncegate.rpc``, ``oncegate.guard.attempt``,
+``oncegate.guard.decorator`` and ``oncegate.client`` from them with unasync.
 """
 
 from oncegate.aio.attempt import Attempt

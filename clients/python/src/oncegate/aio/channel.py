@@ -1,11 +1,14 @@
-"""The asyncio client's channel to one gate: a ``grpc.aio`` channel, opened on first use inside
-the event loop that uses it, closed by ``await close()`` or by leaving an ``async with`` block.
+"""The asyncio client's channel to one gate, opened on first use inside the event loop that uses
+it, closed by ``await close()`` or by leaving an ``async with`` block.
 
 It owns the channel, its stub, and the deadline and metadata every call carries; the calls are
-:class:`~oncegate.aio.rpc.GateRpc`'s, which builds on it. A ``grpc.aio`` channel belongs to one
-loop, so a client must not be shared between loops (each ``asyncio.run`` needs its own). This is
-what differs in kind between an event loop and threads, so it is written by hand for each
-(:mod:`oncegate.channel`).
+:class:`~oncegate.aio.rpc.GateRpc`'s, which builds on it. The worker RPCs go through the native
+core (:mod:`oncegate.native`) unless it does not serve this channel (TLS, gRPC options, a
+``unix:`` target, ``ONCEGATE_PURE_PYTHON=1``), and then through a ``grpc.aio`` channel; the
+operator API (a resolver's) always through a ``grpc.aio`` channel. A ``grpc.aio`` channel belongs
+to one loop, and so, to behave alike on both, does this one: a client must not be shared between
+loops (each ``asyncio.run`` needs its own). This is what differs in kind between an event loop and
+threads, so it is written by hand for each (:mod:`oncegate.channel`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from oncegate import native
 from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub, GateAdminServiceStub
 from oncegate.wire import call_metadata
 
@@ -51,8 +55,7 @@ _Self = TypeVar("_Self", bound="Channel")
 
 
 class Channel:
-    """One ``grpc.aio`` channel to one gate (see :class:`~oncegate.aio.rpc.GateRpc` for the
-    arguments)."""
+    """One channel to one gate (see :class:`~oncegate.aio.rpc.GateRpc` for the arguments)."""
 
     def __init__(
         self,
@@ -67,14 +70,17 @@ class Channel:
         self.timeout = timeout
         self._credentials = credentials
         self._options = channel_options(target, options)
+        self._native_uri = native.endpoint(target, credentials, options)
+        self._native: Any = None
         self._channel: grpc.aio.Channel | None = None
-        self._stub: ActionGateServiceStub | None = None
+        self._stub: ActionGateServiceStub | native.AioStub | None = None
         self._admin_stub: GateAdminServiceStub | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._metadata = call_metadata(api_key)
 
-    def _open(self) -> ActionGateServiceStub:
-        """The stub to call through, on a channel of the running loop (opened on first use)."""
+    def _open(self) -> ActionGateServiceStub | native.AioStub:
+        """The stub to call the worker RPCs through, on a channel of the running loop (opened on
+        first use)."""
         loop = asyncio.get_running_loop()
         if self._stub is None or self._loop is not loop:
             if self._loop is not None and self._loop is not loop and not self._loop.is_closed():
@@ -82,26 +88,38 @@ class Channel:
                     "oncegate.aio: this client's channel belongs to another event loop; "
                     "create one client per loop"
                 )
+            self._channel = self._admin_stub = None
+            if self._native_uri is not None:
+                self._native = native.open_channel(self._native_uri, self.timeout)
+                self._stub = native.AioStub(self._native)
+            else:
+                self._stub = ActionGateServiceStub(self._grpc())  # type: ignore[no-untyped-call]
+            self._loop = loop
+        return self._stub
+
+    def _grpc(self) -> grpc.aio.Channel:
+        """The ``grpc.aio`` channel of the running loop, opened on first use."""
+        if self._channel is None:
             if self._credentials is not None:
                 self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
             else:
                 self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
-            self._stub = ActionGateServiceStub(self._channel)  # type: ignore[no-untyped-call]
-            self._admin_stub = GateAdminServiceStub(self._channel)  # type: ignore[no-untyped-call]
-            self._loop = loop
-        return self._stub
+        return self._channel
 
     def _admin(self) -> GateAdminServiceStub:
-        """The operator API's stub (a resolver's), on the same channel."""
+        """The operator API's stub (a resolver's), on the ``grpc.aio`` channel."""
         self._open()
-        assert self._admin_stub is not None
+        if self._admin_stub is None:
+            self._admin_stub = GateAdminServiceStub(self._grpc())  # type: ignore[no-untyped-call]
         return self._admin_stub
 
     async def close(self) -> None:
         """Closes the channel (a later call opens a new one)."""
+        if self._native is not None:
+            self._native.close()
         if self._channel is not None:
             await self._channel.close()
-        self._channel = self._stub = self._admin_stub = self._loop = None
+        self._native = self._channel = self._stub = self._admin_stub = self._loop = None
 
     async def __aenter__(self: _Self) -> _Self:
         return self

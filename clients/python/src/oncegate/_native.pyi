@@ -1,0 +1,33 @@
+# The native core's interface (clients/python/native/src): the extension module oncegate._native.
+# Only oncegate.native uses it.
+
+from collections.abc import Callable, Sequence
+
+class Channel:
+    """A channel to one gate at an ``http://host:port`` address, connected on the first call."""
+
+    def __init__(
+        self, uri: str, connect_timeout: float, error: Callable[[int, str, bytes], BaseException]
+    ) -> None: ...
+    def call(
+        self, path: str, request: bytes, timeout: float | None, metadata: Sequence[tuple[str, str]]
+    ) -> bytes:
+        """One unary call, blocking with the GIL released; raises ``error(code, message, details)``."""
+    def start(
+        self,
+        path: str,
+        request: bytes,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+        done: Callable[[bytes | BaseException], object],
+    ) -> Call:
+        """The same call in the background: ``done`` gets the answer, on the native core's thread."""
+    def close(self) -> None:
+        """Drops the connections; later calls raise ``ValueError``."""
+
+class Call:
+    def cancel(self) -> None:
+        """Drops the call; its ``done`` is not called afterwards."""
+
+def forked() -> None:
+    """To call in a forked child: the next call starts new runtimes and connections."""
