@@ -19,13 +19,15 @@ use std::{
 };
 
 /// The crates, bottom up. A crate may depend only on crates of a lower rank.
-const RANKS: [(&str, u8); 13] = [
+const RANKS: [(&str, u8); 14] = [
     ("oncegate-proto", 0),
     ("oncegate-domain", 0),
     ("oncegate-store", 1),
     ("oncegate-observe", 1),
     ("oncegate-gate", 2),
     ("oncegate-client", 2),
+    // The Python client's native core (clients/python/native): no crate of the gate below it.
+    ("oncegate-native", 2),
     ("oncegate-grpc", 3),
     ("oncegate-notify", 3),
     ("oncegate-rules", 3),

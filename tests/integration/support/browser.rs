@@ -102,6 +102,14 @@ impl Browser {
 
     /// One WebDriver command; its `value`. Panics with the driver's error.
     async fn call(&self, method: &str, path: &str, body: Value) -> Value {
+        match self.try_call(method, path, body).await {
+            Ok(value) => value,
+            Err(answer) => panic!("WebDriver {method} {path}: {answer}"),
+        }
+    }
+
+    /// One WebDriver command: its `value`, or the driver's error answer.
+    async fn try_call(&self, method: &str, path: &str, body: Value) -> Result<Value, Value> {
         let url = format!("{}{path}", self.base);
         let request = match method {
             "GET" => self.http.get(url),
@@ -115,8 +123,10 @@ impl Browser {
         let response = request.send().await.unwrap();
         let status = response.status();
         let answer: Value = serde_json::from_slice(&response.bytes().await.unwrap()).unwrap();
-        assert!(status.is_success(), "WebDriver {method} {path}: {answer}");
-        answer["value"].clone()
+        match status.is_success() {
+            true => Ok(answer["value"].clone()),
+            false => Err(answer),
+        }
     }
 
     fn at(&self, path: &str) -> String {
@@ -153,11 +163,21 @@ impl Browser {
             .collect()
     }
 
-    /// The one element matching `css`; panics when none does.
+    /// The first element matching `css`, waiting up to 10 s for one (a page a click submitted
+    /// may still be loading when the click returns); panics when none comes.
     pub async fn find(&self, css: &str) -> Element {
-        let mut found = self.all(css).await;
-        assert!(!found.is_empty(), "no element matches {css:?}");
-        found.remove(0)
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let mut found = self.all(css).await;
+            if !found.is_empty() {
+                return found.remove(0);
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no element matches {css:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     /// The rendered text of the first element matching `css`.
@@ -183,8 +203,31 @@ impl Browser {
     /// Clicks the first element matching `css` (a submit button waits for the next page).
     pub async fn click(&self, css: &str) {
         let element = self.find(css).await;
+        // Every click of these tests submits a form: wait until the page it loads is there (the
+        // click may return before the navigation ends), so that the next look is at the new page.
+        self.run("window.__oncegateClicked = true; return true")
+            .await;
         let path = self.at(&format!("/element/{}/click", element.0));
         self.call("POST", &path, json!({})).await;
+        let loaded = json!({
+            "script": "return window.__oncegateClicked === undefined && document.readyState === 'complete'",
+            "args": [],
+        });
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            // While the page changes, the script may find no document: ask again.
+            let answer = self
+                .try_call("POST", &self.at("/execute/sync"), loaded.clone())
+                .await;
+            if answer == Ok(Value::Bool(true)) {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "clicking {css:?} loaded no new page: {answer:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     /// Runs `script` in the page (what a tampering user could do in the developer tools).
