@@ -7,8 +7,8 @@
 //! default `mcp` feature).
 //!
 //! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc, notify,
-//! rules → config, console → client, mcp → this binary. `--console-listen` serves the operator console
-//! (`oncegate-console`) beside the gRPC server.
+//! rules → config, console → client, mcp → this binary. `--console-listen` serves the operator
+//! console (`oncegate-console`) beside the gRPC server.
 
 mod admin;
 mod bench;

@@ -35,7 +35,7 @@ class RecordedResolver(Resolver):
         self.history = history
         self.gate = name
         self._admin_stub = GateAdminServiceStub(  # type: ignore[no-untyped-call]
-            intercepted(self._channel, Recorder(history, "resolver", name)))
+            intercepted(self._grpc(), Recorder(history, "resolver", name)))
         self.provider_port = provider_port
         self.lookup("soak.reconcile")(self.ask)
         self.lookup("soak.regrant")(self.ask)

@@ -50,9 +50,7 @@ impl AdminService {
             console_logins,
         }
     }
-}
 
-impl AdminService {
     /// A resolver scoped by action type settles only those types: the action's type is read
     /// first (the fingerprint covers it, so every grant of the key has the same one). An action
     /// that is not unsettled any more is left to the store, whose answer (ALREADY_SETTLED for the
