@@ -1,4 +1,4 @@
-"""The native core: the worker RPCs over ``oncegate._native`` (Rust, tonic) instead of grpcio.
+"""The native core: the worker RPCs over ``oncegate._native`` (Rust, h2) instead of grpcio.
 
 grpcio's cost per call is most of a guarded cycle's CPU; the native core does the same unary call
 for a fraction of it. It moves bytes only: the requests are serialized and the responses parsed
