@@ -395,7 +395,8 @@ async fn resolve_from_the_bank(
 #[tokio::test]
 async fn the_rust_resolver_snippet_settles_a_payment_whose_worker_died() {
     use crate::support::{
-        OPS_KEY, WORKER_KEY, authed, config, principals_toml, token_request, ttl_ms,
+        OPS_KEY, WORKER_KEY, authed, config, principals_toml, token_request, ttl_ms, unresolved_of,
+        wait_until_completed,
     };
     use oncegate_proto as pb;
 
@@ -441,26 +442,9 @@ async fn the_rust_resolver_snippet_settles_a_payment_whose_worker_died() {
             .map_err(|e| e.to_string())
         }
     });
-    let mut admin = gate.admin().await;
-    let get = pb::GetActionRequest {
-        action: granted.action.clone(),
-    };
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let view = client
-            .get_action(authed(get.clone(), Some(WORKER_KEY)))
-            .await
-            .unwrap()
-            .into_inner();
-        if view.state() == pb::ActionState::Completed {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not settled: {view:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let action = granted.action.clone().unwrap();
+    let patience = std::time::Duration::from_secs(30);
+    wait_until_completed(&mut client, &action, Some(WORKER_KEY), patience).await;
     let _ = stop.send(());
     resolving.await.unwrap().unwrap();
 
@@ -476,18 +460,7 @@ async fn the_rust_resolver_snippet_settles_a_payment_whose_worker_died() {
     assert_eq!(completion.receipt, br#"{"tx":"tx-1"}"#);
     assert_eq!(completion.operator, "bank-resolver");
     assert_eq!(bank.paid.lock().unwrap().len(), 1);
-    let left = admin
-        .list_unresolved(authed(
-            pb::ListUnresolvedRequest {
-                agent_id: "billing-docs".into(),
-                ..Default::default()
-            },
-            Some(OPS_KEY),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .actions;
+    let left = unresolved_of(&mut gate.admin().await, "billing-docs", OPS_KEY).await;
     assert!(left.is_empty(), "{left:?}");
 }
 

@@ -17,7 +17,7 @@ use tonic::{Code, Streaming, transport::Channel};
 
 use crate::support::{
     Kind, LoggedGate, OPS_KEY, Scrape, TestGate, WORKER_KEY, authed, config, expect_error,
-    on_stores, principals_toml, token_request, ttl_ms,
+    on_stores, principals_toml, token_request, ttl_ms, unresolved_of, wait_until_completed,
 };
 
 /// The bank resolver's API key (`billing-*` agents).
@@ -314,19 +314,8 @@ async fn two_resolvers_racing_settle_one_grant_once(kind: Kind) {
         .map(|(_, v)| v)
         .sum();
     assert_eq!(total, f64::from(settled));
-    let left = c
-        .admin
-        .list_unresolved(authed(
-            pb::ListUnresolvedRequest {
-                agent_id: "billing-race".into(),
-                ..Default::default()
-            },
-            Some(OPS_KEY),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(left.actions.is_empty(), "{left:?}");
+    let left = unresolved_of(&mut c.admin, "billing-race", OPS_KEY).await;
+    assert!(left.is_empty(), "{left:?}");
 }
 on_stores!(two_resolvers_racing_settle_one_grant_once: embedded, redis);
 
@@ -382,19 +371,8 @@ async fn a_resolver_scoped_by_action_type_sees_and_settles_only_those(kind: Kind
     ];
     seen.sort();
     assert_eq!(seen, ["mail.send", "payments.transfer"]);
-    let mail = c
-        .admin
-        .list_unresolved(authed(
-            pb::ListUnresolvedRequest {
-                agent_id: "billing-scoped".into(),
-                ..Default::default()
-            },
-            Some(OPS_KEY),
-        ))
+    let mail = unresolved_of(&mut c.admin, "billing-scoped", OPS_KEY)
         .await
-        .unwrap()
-        .into_inner()
-        .actions
         .into_iter()
         .find(|u| u.action_name == "mail.send")
         .unwrap();
@@ -407,19 +385,7 @@ async fn a_resolver_scoped_by_action_type_sees_and_settles_only_those(kind: Kind
         .unwrap_err();
     expect_error(&status, Code::PermissionDenied, "FORBIDDEN_SCOPE");
     assert!(status.message().contains(r#""mail.send""#), "{status:?}");
-    let listed = c
-        .admin
-        .list_unresolved(authed(
-            pb::ListUnresolvedRequest {
-                agent_id: "billing-scoped".into(),
-                ..Default::default()
-            },
-            Some(OPS_KEY),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .actions;
+    let listed = unresolved_of(&mut c.admin, "billing-scoped", OPS_KEY).await;
     assert_eq!(listed.len(), 2, "{listed:?}");
 
     // The payment is settled; settled again (another replica), it is told so, not refused for
@@ -451,20 +417,7 @@ async fn a_resolver_is_refused_everything_else(kind: Kind) {
     let mut stream = watch(&mut c, "", RESOLVER_KEY).await.unwrap();
     let mine = next(&mut stream).await;
     assert_eq!(agent(&mine), "billing-scope");
-    let hr = c
-        .admin
-        .list_unresolved(authed(
-            pb::ListUnresolvedRequest {
-                agent_id: "hr-1".into(),
-                ..Default::default()
-            },
-            Some(OPS_KEY),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .actions
-        .remove(0);
+    let hr = unresolved_of(&mut c.admin, "hr-1", OPS_KEY).await.remove(0);
 
     let refused = |status: tonic::Status| {
         expect_error(&status, Code::PermissionDenied, "FORBIDDEN_SCOPE");
@@ -668,26 +621,9 @@ async fn the_rust_resolver_settles_what_the_provider_knows(kind: Kind) {
         let _ = stopped.await;
     }));
     // Wait until every payment was looked up and the two the bank knows are settled.
-    let unresolved = |c: &mut Clients| {
-        let mut admin = c.admin.clone();
-        async move {
-            admin
-                .list_unresolved(authed(
-                    pb::ListUnresolvedRequest {
-                        agent_id: "billing-rust".into(),
-                        ..Default::default()
-                    },
-                    Some(OPS_KEY),
-                ))
-                .await
-                .unwrap()
-                .into_inner()
-                .actions
-        }
-    };
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let left = loop {
-        let left = unresolved(&mut c).await;
+        let left = unresolved_of(&mut c.admin, "billing-rust", OPS_KEY).await;
         if looked.lock().unwrap().len() >= 5 && left.len() == 4 {
             break left;
         }
@@ -766,28 +702,10 @@ async fn lapse_on(addr: &str, agent: &str) -> pb::ActionRef {
     resp.action.unwrap()
 }
 
-/// Waits (at most [`PATIENCE`]) until `action` is completed.
+/// Waits (at most [`PATIENCE`]) until `action` is completed, on the gate at `addr`.
 async fn settled(addr: &str, action: pb::ActionRef) {
     let mut client = crate::support::connect(addr).await;
-    let get = pb::GetActionRequest {
-        action: Some(action),
-    };
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        let view = client
-            .get_action(authed(get.clone(), Some(WORKER_KEY)))
-            .await
-            .unwrap()
-            .into_inner();
-        if view.state() == pb::ActionState::Completed {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not settled: {view:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_until_completed(&mut client, &action, Some(WORKER_KEY), PATIENCE).await;
 }
 
 #[tokio::test]

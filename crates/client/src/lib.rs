@@ -13,6 +13,7 @@
 //! ```
 
 pub mod channel;
+mod credentials;
 mod error;
 pub mod guard;
 pub mod receipt;
@@ -21,10 +22,11 @@ pub mod verify;
 
 use std::time::Duration;
 
-use tonic::{Code, metadata::MetadataValue, transport::Channel};
+use tonic::{Code, transport::Channel};
 
 use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
 
+use credentials::ApiKey;
 pub use error::{BudgetRefusal, ClientError};
 pub use guard::{Failure, GateCalls, GuardError, GuardHooks, GuardOptions, Outcome, run_once_on};
 pub use receipt::{Receipt, Replay};
@@ -189,7 +191,7 @@ impl TokenReply {
 #[derive(Debug, Clone)]
 pub struct GateClient {
     inner: ActionGateServiceClient<Channel>,
-    api_key: Option<MetadataValue<tonic::metadata::Ascii>>,
+    api_key: Option<ApiKey>,
 }
 
 impl GateClient {
@@ -219,22 +221,12 @@ impl GateClient {
 
     /// Sends `authorization: Bearer <key>` with every call.
     pub fn with_api_key(mut self, key: &str) -> Result<Self, ClientError> {
-        let value = format!("Bearer {key}")
-            .parse()
-            .map_err(|_| ClientError::Invalid {
-                field: "api_key".into(),
-                description: "not valid header text".into(),
-            })?;
-        self.api_key = Some(value);
+        self.api_key = Some(ApiKey::new(key)?);
         Ok(self)
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        if let Some(key) = &self.api_key {
-            request.metadata_mut().insert("authorization", key.clone());
-        }
-        request
+        credentials::request(self.api_key.as_ref(), message)
     }
 
     /// RequestToken.

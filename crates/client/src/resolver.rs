@@ -20,9 +20,12 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use tonic::{metadata::MetadataValue, transport::Channel};
+use tonic::transport::Channel;
 
-use crate::ClientError;
+use crate::{
+    ClientError,
+    credentials::{self, ApiKey},
+};
 use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
 
 /// What the provider says about one action.
@@ -130,7 +133,7 @@ type GrantId = (String, String, String, u64);
 #[derive(Clone)]
 pub struct Resolver {
     admin: GateAdminServiceClient<Channel>,
-    api_key: Option<MetadataValue<tonic::metadata::Ascii>>,
+    api_key: Option<ApiKey>,
     lookups: HashMap<String, LookupFn>,
     agent_id: String,
     timeout: Duration,
@@ -156,13 +159,7 @@ impl Resolver {
 
     /// Sends `authorization: Bearer <key>` (a resolver principal's key) with every call.
     pub fn with_api_key(mut self, key: &str) -> Result<Self, ClientError> {
-        let value = format!("Bearer {key}")
-            .parse()
-            .map_err(|_| ClientError::Invalid {
-                field: "api_key".into(),
-                description: "not valid header text".into(),
-            })?;
-        self.api_key = Some(value);
+        self.api_key = Some(ApiKey::new(key)?);
         Ok(self)
     }
 
@@ -202,11 +199,7 @@ impl Resolver {
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
-        let mut request = tonic::Request::new(message);
-        if let Some(key) = &self.api_key {
-            request.metadata_mut().insert("authorization", key.clone());
-        }
-        request
+        credentials::request(self.api_key.as_ref(), message)
     }
 
     /// Asks the action's lookup (within the timeout) and settles what it answers; never panics

@@ -1,7 +1,13 @@
 //! One worker RPC each, without credentials as most tests call them or with an API key (`_as`):
-//! the reply unwrapped, or the error status to check.
+//! the reply unwrapped, or the error status to check; and the operator's listing of what is
+//! unresolved, and a wait for an action to complete, which the resolver tests share.
 
-use oncegate_proto::{self as pb, action_gate_service_client::ActionGateServiceClient};
+use std::time::Duration;
+
+use oncegate_proto::{
+    self as pb, action_gate_service_client::ActionGateServiceClient,
+    gate_admin_service_client::GateAdminServiceClient,
+};
 use tonic::{Status, transport::Channel};
 
 use super::authed;
@@ -88,4 +94,53 @@ pub async fn state(
         .await
         .unwrap()
         .into_inner()
+}
+
+/// ListUnresolved of `agent` (its first page) with `key`'s credential, which must answer.
+pub async fn unresolved_of(
+    admin: &mut GateAdminServiceClient<Channel>,
+    agent: &str,
+    key: &str,
+) -> Vec<pb::UnresolvedAction> {
+    admin
+        .list_unresolved(authed(
+            pb::ListUnresolvedRequest {
+                agent_id: agent.into(),
+                ..Default::default()
+            },
+            Some(key),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .actions
+}
+
+/// Waits, reading GetAction with `key`'s credential every 100 ms, until `action` is COMPLETED;
+/// fails the test after `patience` (a failure bound, not a timing assertion).
+pub async fn wait_until_completed(
+    client: &mut ActionGateServiceClient<Channel>,
+    action: &pb::ActionRef,
+    key: Option<&str>,
+    patience: Duration,
+) {
+    let get = pb::GetActionRequest {
+        action: Some(action.clone()),
+    };
+    let deadline = tokio::time::Instant::now() + patience;
+    loop {
+        let view = client
+            .get_action(authed(get.clone(), key))
+            .await
+            .unwrap()
+            .into_inner();
+        if view.state() == pb::ActionState::Completed {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not settled: {view:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

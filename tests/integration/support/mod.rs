@@ -67,7 +67,9 @@ pub mod topology;
 )]
 pub use self::{
     browser::Browser,
-    calls::{complete, complete_as, grant, grant_as, release, state},
+    calls::{
+        complete, complete_as, grant, grant_as, release, state, unresolved_of, wait_until_completed,
+    },
     clock::{StoreTime, TestClock, millis_of},
     errors::{expect_error, reason},
     gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command, serve_to_exit},

@@ -1,4 +1,5 @@
-"""The worker RPCs' request messages, built from plain values, and the metadata every call sends.
+"""The worker RPCs' request messages, built from plain values, the metadata every call sends and the
+options a ``grpc`` channel is opened with.
 
 Shared by both clients' RPC layers (:mod:`oncegate.rpc`, :mod:`oncegate.aio.rpc`) and their
 channels; no IO. :data:`Seconds` is how a duration is given to any of them.
@@ -6,7 +7,7 @@ channels; no IO. :data:`Seconds` is how a duration is given to any of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -19,6 +20,7 @@ from oncegate.v1 import oncegate_pb2 as pb
 __all__ = [
     "Seconds",
     "call_metadata",
+    "channel_options",
     "complete_request",
     "extend_lease_request",
     "get_action_request",
@@ -35,6 +37,16 @@ Seconds = float | timedelta
 def call_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
     """The metadata of every call: ``authorization: Bearer <key>`` when there is a key."""
     return (("authorization", f"Bearer {api_key}"),) if api_key else ()
+
+
+def channel_options(target: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """``options``, plus an ``:authority`` of ``localhost`` for a ``unix:`` target (the gate's
+    admin socket) that sets none: gRPC would send the socket's path, which the gate's HTTP/2
+    server refuses."""
+    chosen = list(options)
+    if target.startswith("unix:") and not any(name == "grpc.default_authority" for name, _ in chosen):
+        chosen.append(("grpc.default_authority", "localhost"))
+    return chosen
 
 
 def request_token_request(

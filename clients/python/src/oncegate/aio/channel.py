@@ -23,19 +23,9 @@ import grpc.aio
 
 from oncegate import native
 from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub, GateAdminServiceStub
-from oncegate.wire import call_metadata
+from oncegate.wire import call_metadata, channel_options
 
 __all__ = ["Channel", "channel_options", "within"]
-
-
-def channel_options(target: str, options: Sequence[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """``options``, plus an ``:authority`` of ``localhost`` for a ``unix:`` target (the gate's
-    admin socket) that sets none: gRPC would send the socket's path, which the gate's HTTP/2
-    server refuses."""
-    chosen = list(options)
-    if target.startswith("unix:") and not any(name == "grpc.default_authority" for name, _ in chosen):
-        chosen.append(("grpc.default_authority", "localhost"))
-    return chosen
 
 
 _T = TypeVar("_T")
