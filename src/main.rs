@@ -1,5 +1,6 @@
-//! The `oncegate` binary: parse the command line, start tracing, build the [`Config`] (exit 64 when
-//! it is bad), open the store (exit 69 when it cannot), and hand over to `server::run`. The other
+//! The `oncegate` binary: parse the command line, start tracing, and start the server
+//! (`oncegate-server`: exit 64 when the configuration is bad, 69 when the store cannot be opened or
+//! an address bound), print the bound address and serve until SIGTERM or SIGINT. The other
 //! subcommands are the tools that talk to a gate from outside: the worker calls (`oncegate call`,
 //! [`call_cli`]) and the operator client (`oncegate admin`, [`admin`]) over what they share
 //! ([`remote`], [`views`]), the load generator ([`bench`]), the signing keys and `oncegate verify`
@@ -7,7 +8,7 @@
 //! default `mcp` feature).
 //!
 //! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc, notify,
-//! rules → config, console → client, mcp → this binary. `--console-listen` serves the operator
+//! rules → config, console → server, mcp → this binary. `--console-listen` serves the operator
 //! console (`oncegate-console`) beside the gRPC server.
 
 mod admin;
@@ -19,19 +20,13 @@ mod keys;
 mod remote;
 mod views;
 
-use std::{process::ExitCode, sync::Arc};
+use std::process::ExitCode;
 
 use clap::Parser;
 use cli::{Cli, Command};
-use oncegate_config::{Config, Notice, ServeArgs, exit};
-use oncegate_gate::{Emitter, Gate};
-use oncegate_grpc::{auth, server};
-use oncegate_observe::{
-    metrics::{self, Metrics},
-    telemetry,
-};
-use oncegate_store::{Store, StoreError};
-use prometheus_client::registry::Registry;
+use oncegate_config::{ServeArgs, exit};
+use oncegate_grpc::auth;
+use oncegate_observe::telemetry;
 
 /// mimalloc instead of the system allocator: malloc/free were about 17% of the gate's CPU per call
 /// (perf); with mimalloc the gate runs 12% fewer instructions per call (callgrind, BENCHMARKS.md).
@@ -125,131 +120,15 @@ fn hash_key_command() -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
-    let mut config = match Config::from_flags(&args) {
-        Ok(config) => config,
-        Err(e) => {
-            tracing::error!("bad configuration: {e}");
-            return ExitCode::from(exit::USAGE);
-        }
+    let server = match oncegate_server::start(&args, true).await {
+        Ok(server) => server,
+        // Logged where it happened, with its fields.
+        Err(e) => return ExitCode::from(e.exit_code()),
     };
-    for notice in &config.notices {
-        match notice {
-            Notice::Info(message) => tracing::info!("{message}"),
-            Notice::Warn(message) => tracing::warn!("{message}"),
-        }
-    }
-    let store = match config.store.open().await {
-        Ok(store) => store,
-        Err(StoreError::Misconfigured(why)) => {
-            tracing::error!("bad configuration: {why}");
-            return ExitCode::from(exit::USAGE);
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "cannot open the store");
-            return ExitCode::from(exit::UNAVAILABLE);
-        }
-    };
-    report_durability(&store).await;
-    let signer = match config.signing.as_ref().map(|s| s.signer()).transpose() {
-        Ok(signer) => signer,
-        Err(e) => {
-            tracing::error!("bad configuration: {e}");
-            return ExitCode::from(exit::USAGE);
-        }
-    };
-    if let Some(signer) = &signer {
-        tracing::info!(
-            kid = signer.active_kid(),
-            issuer = signer.issuer(),
-            published = signer.public_keys().kids().count(),
-            "signing grants and receipts"
-        );
-    }
-    let jwks = signer
-        .as_ref()
-        .map(|s| Arc::new(s.public_keys().to_jwks().to_string()));
-    let mut registry = Registry::default();
-    let metrics = Metrics::register(
-        &mut registry,
-        config.policies.names(),
-        &config.metrics_other_action_label,
-    );
-    if let Some(addr) = config.metrics_listen
-        && let Err(code) = serve_metrics(addr, registry, jwks).await
-    {
-        return code;
-    }
-    let console_listener = match config.console_listen {
-        Some(addr) => match tokio::net::TcpListener::bind(addr).await {
-            Ok(listener) => Some(listener),
-            Err(e) => {
-                tracing::error!(console_listen = %addr, error = %e, "cannot listen for the console");
-                return ExitCode::from(exit::UNAVAILABLE);
-            }
-        },
-        None => None,
-    };
-    // The console's one-time codes: issued over the admin API, redeemed by the console.
-    let console_logins = console_listener
-        .as_ref()
-        .map(|_| auth::LoginCodes::default());
-    config.server.console_logins = console_logins.clone();
-    let listener = match tokio::net::TcpListener::bind(config.listen).await {
-        Ok(listener) => listener,
-        Err(e) => {
-            tracing::error!(listen = %config.listen, error = %e, "cannot listen");
-            return ExitCode::from(exit::UNAVAILABLE);
-        }
-    };
-    let addr = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    let config_file = args
-        .config
-        .as_ref()
-        .map_or_else(|| "none".to_owned(), |p| p.display().to_string());
-    tracing::info!(%addr, store = config.store.name(), durability_replicas = config.durability_replicas,
-        config = %config_file, policies = config.policies.names().count(),
-        strict = config.policies.strict, principals = config.server.principals.len(),
-        budgets = config.authorization.budgets.len(),
-        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
-        admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
-        "oncegate serving");
-    if let Some(rules) = &config.authorization.rules {
-        tracing::info!(
-            policies = rules.len(),
-            mode = config.authorization.mode.as_str(),
-            "authorization policies loaded (SIGHUP reloads them)"
-        );
-    }
     // Standard output carries this one line, the port-0 discovery contract (tests and clients
-    // read it); every log line goes to standard error, the start-up line above before it.
-    println!("listening on {addr}");
-    let mut gate = Gate::with_metrics(store.clone(), config.policies, metrics.clone())
-        .with_authorization(config.authorization);
-    if let Some(signer) = signer {
-        gate = gate.with_signer(signer);
-    }
-    if console_listener.is_some() {
-        gate = gate.with_recent_decisions(oncegate_console::RECENT_DECISIONS);
-    }
-    // Webhooks: the gate's events go through a bounded queue to the outbox writer; the delivery
-    // worker and the scan run beside the server. Nothing at all without a webhook.
-    let _notify = config.notifications.is_active().then(|| {
-        let (emitter, events) = Emitter::channel(config.notifications.wanted());
-        gate = gate.clone().with_events(emitter);
-        tracing::info!(
-            webhooks = config.notifications.webhooks.len(),
-            "webhooks: delivering events from the outbox"
-        );
-        oncegate_notify::start(store, metrics, config.notifications, events)
-    });
-    if let (Some(listener), Some(logins)) = (console_listener, console_logins) {
-        serve_console(listener, &gate, &config.server, logins);
-    }
-    reload_on_hangup(gate.clone());
-    match server::run(listener, gate, config.server, shutdown_signal()).await {
+    // read it); every log line goes to standard error, the start-up line before it.
+    println!("listening on {}", server.addr());
+    match server.run(shutdown_signal()).await {
         Ok(()) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
@@ -259,96 +138,6 @@ async fn serve(args: ServeArgs) -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logs what the store keeps across a restart, and warns when it may lose completions.
-async fn report_durability(store: &Store) {
-    match store.durability().await {
-        Ok(d) if d.persistent => tracing::info!(store = %d.summary, "store ready"),
-        Ok(d) => {
-            tracing::warn!(store = %d.summary, "the store may lose acknowledged completions on restart")
-        }
-        Err(e) => tracing::warn!(error = %e, "could not read the store's durability settings"),
-    }
-}
-
-/// Serves `GET /metrics` (and the public keys, when the gate signs) on `addr`; exit 69 when the
-/// address cannot be bound.
-async fn serve_metrics(
-    addr: std::net::SocketAddr,
-    registry: Registry,
-    jwks: Option<Arc<String>>,
-) -> Result<(), ExitCode> {
-    match tokio::net::TcpListener::bind(addr).await {
-        Ok(listener) => {
-            let bound = listener
-                .local_addr()
-                .map(|a| a.to_string())
-                .unwrap_or_default();
-            tracing::info!(addr = %bound, "metrics at http://{bound}/metrics");
-            tokio::spawn(metrics::endpoint::serve_with_keys(
-                listener,
-                Arc::new(registry),
-                jwks,
-                std::future::pending(),
-            ));
-            Ok(())
-        }
-        Err(e) => {
-            tracing::error!(metrics_listen = %addr, error = %e, "cannot listen for metrics");
-            Err(ExitCode::from(exit::UNAVAILABLE))
-        }
-    }
-}
-
-/// Serves the operator console on `listener`; its people log in with an operator's or
-/// approver's API key, or a code from `oncegate admin console-login`.
-fn serve_console(
-    listener: tokio::net::TcpListener,
-    gate: &Gate,
-    server: &server::ServerOptions,
-    logins: auth::LoginCodes,
-) {
-    let bound = listener
-        .local_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
-    tracing::info!(
-        url = %format!("http://{bound}/"),
-        "operator console at http://{bound}/ (log in with an operator's or approver's API key, \
-         or a code from `oncegate admin console-login` on this machine)"
-    );
-    let console = oncegate_console::Console::new(gate.clone(), server.principals.clone(), logins);
-    tokio::spawn(oncegate_console::serve(
-        listener,
-        console,
-        std::future::pending(),
-    ));
-}
-
-/// On SIGHUP, reads the authorization policy files again: a valid set replaces the old one for
-/// every later request (calls in flight finish with the one they started with); a broken one is
-/// logged with Cedar's reason and the old set stays.
-fn reload_on_hangup(gate: Gate) {
-    #[cfg(unix)]
-    tokio::spawn(async move {
-        let Ok(mut hangups) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            tracing::warn!("cannot listen for SIGHUP; policies will not be reloaded");
-            return;
-        };
-        while hangups.recv().await.is_some() {
-            match gate.authorization().reload() {
-                Ok(count) => tracing::info!(policies = count, "authorization policies reloaded"),
-                Err(why) => tracing::error!(
-                    "authorization policies not reloaded, keeping the previous ones: {why}"
-                ),
-            }
-        }
-    });
-    #[cfg(not(unix))]
-    drop(gate);
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -103,6 +103,48 @@ def test_the_wheel_installs_into_a_clean_virtualenv_and_guards_an_action(tmp_pat
     assert pure.stdout.splitlines()[-2:] == ["oncegate.v1.oncegate_pb2_grpc False", "True 1 tr-1"], pure.stdout
 
 
+def test_the_wheel_runs_the_gate_in_process_without_a_server_or_a_toolchain(tmp_path: Path) -> None:
+    # oncegate.local from the installed wheel alone: no gate process, no gate binary, and no cargo
+    # or rustc on the PATH (a second process on the same directory then replays the receipt).
+    wheel = the_one("oncegate-*.whl")
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    python = str(venv / "bin" / "python")
+    run([python, "-m", "pip", "install", "-q", str(wheel)], tmp_path)
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "agent.py").write_text(textwrap.dedent("""
+        import shutil
+        import sys
+
+        import oncegate
+
+        paid = []
+        with oncegate.local("data") as gate:
+            @gate.action("payments.transfer")
+            def transfer(amount: int, to: str, *, grant: oncegate.Grant) -> dict:
+                paid.append(grant.provider_key)
+                return {"transfer_id": f"tr-{sys.argv[1]}"}
+
+            with gate.scope(agent_id="billing-agent", run_id="run-1"):
+                receipt = transfer(5000, "DE89", idempotency_key="invoice-42")
+        print(shutil.which("cargo"), shutil.which("rustc"), shutil.which("oncegate"))
+        print(len(paid), receipt["transfer_id"])
+    """))
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:/usr/bin:/bin"}
+    env.pop("ONCEGATE_BIN", None)
+    first = subprocess.run(
+        [python, "agent.py", "first"], cwd=app, capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines()[-2:] == ["None None None", "1 tr-first"], first.stdout
+    again = subprocess.run(
+        [python, "agent.py", "again"], cwd=app, capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == "0 tr-first", again.stdout
+
+
 def test_the_npm_tarball_installs_into_a_clean_project_and_guards_an_action(tmp_path: Path, gate: str) -> None:
     tarball = the_one("oncegate-*.tgz")
     project = tmp_path / "project"

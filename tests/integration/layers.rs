@@ -19,22 +19,25 @@ use std::{
 };
 
 /// The crates, bottom up. A crate may depend only on crates of a lower rank.
-const RANKS: [(&str, u8); 14] = [
+const RANKS: [(&str, u8); 15] = [
     ("oncegate-proto", 0),
     ("oncegate-domain", 0),
     ("oncegate-store", 1),
     ("oncegate-observe", 1),
     ("oncegate-gate", 2),
     ("oncegate-client", 2),
-    // The Python client's native core (clients/python/native): no crate of the gate below it.
-    ("oncegate-native", 2),
     ("oncegate-grpc", 3),
     ("oncegate-notify", 3),
     ("oncegate-rules", 3),
     ("oncegate-config", 4),
     ("oncegate-console", 4),
+    // The server as `oncegate serve` assembles it, for the binary and for `oncegate.local`.
+    ("oncegate-server", 5),
     ("oncegate-mcp", 5),
     ("oncegate", 6),
+    // The Python client's native core (clients/python/native): its calls, and the server in
+    // process for `oncegate.local`, beside the binary.
+    ("oncegate-native", 6),
 ];
 
 fn rank(name: &str) -> Option<u8> {

@@ -37,6 +37,7 @@ LAYERS: list[set[str]] = [
     {"oncegate.guard"},
     {"oncegate.client"},
     {"oncegate.resolver"},
+    {"oncegate.local_gate"},
     {"oncegate.aio.channel"},
     {"oncegate.aio.rpc"},
     {"oncegate.aio.heartbeat"},
@@ -44,6 +45,7 @@ LAYERS: list[set[str]] = [
     {"oncegate.aio.decorator"},
     {"oncegate.aio.client"},
     {"oncegate.aio.resolver"},
+    {"oncegate.aio.local_gate"},
     {"oncegate.aio"},
     {"oncegate.integrations.messages"},
     {

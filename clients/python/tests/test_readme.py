@@ -24,8 +24,10 @@ def python_blocks(readme: Path) -> list[str]:
     return re.findall(r"```python\n(.*?)```", readme.read_text(encoding="utf-8"), flags=re.DOTALL)
 
 
-RUNNABLE = [block for block in python_blocks(README) if "ONCEGATE_TARGET" in block]
-NAMES = ["decorator", "reconcile", "aio", "openai_agents", "langgraph", "pydantic_ai"]
+RUNNABLE = [
+    block for block in python_blocks(README) if "ONCEGATE_TARGET" in block or "oncegate.local(" in block
+]
+NAMES = ["decorator", "reconcile", "aio", "local", "openai_agents", "langgraph", "pydantic_ai"]
 ROOT_BLOCKS = [block for page in ROOT_PAGES for block in python_blocks(page)]
 
 
@@ -38,12 +40,13 @@ def expected_output(block: str) -> str:
 def test_every_adapter_has_a_snippet() -> None:
     assert len(RUNNABLE) == len(NAMES)
     for name, block in zip(NAMES, RUNNABLE, strict=True):
-        assert name in ("decorator", "reconcile", "aio") or f"oncegate.integrations.{name}" in block
+        assert name in ("decorator", "reconcile", "aio", "local") or f"oncegate.integrations.{name}" in block
 
 
 def test_every_python_snippet_runs() -> None:
-    # A snippet that cannot run against the gate (no ONCEGATE_TARGET) is one that was not tested.
-    untested = [b for b in python_blocks(README) if "ONCEGATE_TARGET" not in b and "fingerprint(" not in b]
+    # A snippet that cannot run against the gate (no ONCEGATE_TARGET, no gate of its own) is one
+    # that was not tested.
+    untested = [b for b in python_blocks(README) if b not in RUNNABLE and "fingerprint(" not in b]
     assert not untested, untested
     assert len(ROOT_BLOCKS) >= 2 and all("ONCEGATE_TARGET" in b for b in ROOT_BLOCKS)
 
@@ -60,6 +63,7 @@ def test_snippet_runs_and_prints_what_it_says(
     done = subprocess.run(
         [sys.executable, str(script)],
         env={**os.environ, "ONCEGATE_TARGET": gate_target, "ONCEGATE_ADMIN_TARGET": admin},
+        cwd=tmp_path,  # where a snippet's own data directory (oncegate.local's) goes
         capture_output=True,
         text=True,
         timeout=120,

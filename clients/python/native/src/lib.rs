@@ -12,6 +12,7 @@
 
 mod channel;
 mod link;
+mod local;
 mod runtime;
 mod unary;
 
@@ -24,6 +25,7 @@ use pyo3::prelude::*;
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<channel::Channel>()?;
     module.add_class::<channel::Call>()?;
+    module.add_class::<local::LocalServer>()?;
     module.add_function(wrap_pyfunction!(forked, module)?)?;
     Ok(())
 }

@@ -28,6 +28,7 @@ The modules, bottom up; each imports only those below it (``tests/test_layers.py
 - ``guard``: the at-most-once protocol (attempt, heartbeat, decorator) over ``rpc``.
 - ``client``: :class:`Gate`, the RPCs plus the guard's entry points.
 - ``resolver``: :class:`Resolver`, settling unresolved actions by asking the provider.
+- ``local_gate``: :func:`local`, the gate server itself in this process (the native extension's).
 - ``aio``: the same client on an event loop; its ``rpc``, ``attempt``, ``decorator`` and ``client``
   are the one source the threaded ``rpc``, ``guard.attempt``, ``guard.decorator`` and ``client``
   are generated from (``generate_sync.py``, unasync).
@@ -62,6 +63,7 @@ from oncegate.errors import deprecated as _deprecated
 from oncegate.errors.deprecated import *  # noqa: F403 - the aliases, named by its __all__
 from oncegate.fingerprints import ParamsError, canonical_form, fingerprint, parse_params
 from oncegate.guard import Attempt, GuardOptions, current_scope, scope
+from oncegate.local_gate import LocalGate, LocalServer, local
 from oncegate.models import (
     ActionRecord,
     ActionRef,
@@ -110,6 +112,8 @@ __all__ = [
     "InvalidRequestError",
     "KeyReusedError",
     "LeaseExpiredUnresolvedError",
+    "LocalGate",
+    "LocalServer",
     "OncegateError",
     "OutcomeUnknownError",
     "ParamsError",
@@ -135,6 +139,7 @@ __all__ = [
     "canonical_form",
     "current_scope",
     "fingerprint",
+    "local",
     "parse_params",
     "scope",
     "verify_grant",

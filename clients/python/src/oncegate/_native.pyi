@@ -1,5 +1,5 @@
 # The native core's interface (clients/python/native/src): the extension module oncegate._native.
-# Only oncegate.native uses it.
+# Only oncegate.native uses it (LocalServer on behalf of oncegate.local_gate).
 
 from collections.abc import Callable, Sequence
 
@@ -31,3 +31,16 @@ class Call:
 
 def forked() -> None:
     """To call in a forked child: the next call starts new runtimes and connections."""
+
+class LocalServer:
+    """The gate server of ``oncegate serve`` in this process, on its own runtime: ``flags`` are
+    ``oncegate serve``'s (no environment fallbacks), ``log`` a ``RUST_LOG`` filter or ``None``.
+    Raises ``ValueError`` for bad flags or configuration, ``OSError`` when the store cannot be
+    opened or an address bound."""
+
+    address: str
+    admin_socket: str | None
+    running: bool
+    def __init__(self, flags: Sequence[str], log: str | None = None) -> None: ...
+    def stop(self) -> None:
+        """Drains the calls in flight and closes the store; idempotent."""

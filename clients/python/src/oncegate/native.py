@@ -28,7 +28,16 @@ import grpc
 
 from oncegate.v1 import oncegate_pb2 as pb
 
-__all__ = ["PURE_PYTHON", "AioStub", "NativeRpcError", "Stub", "enabled", "endpoint", "open_channel"]
+__all__ = [
+    "PURE_PYTHON",
+    "AioStub",
+    "NativeRpcError",
+    "Stub",
+    "enabled",
+    "endpoint",
+    "local_server",
+    "open_channel",
+]
 
 PURE_PYTHON = "ONCEGATE_PURE_PYTHON"
 """The environment variable that, set to ``1``, sends every call through grpcio."""
@@ -99,6 +108,21 @@ class NativeRpcError(grpc.RpcError):
 
     def __str__(self) -> str:
         return f"{self._code.name}: {self._message}"
+
+
+def local_server(flags: Sequence[str], log: str | None) -> Any:
+    """The gate server in this process (``oncegate._native.LocalServer``, for
+    :mod:`oncegate.local_gate`), started with ``oncegate serve``'s ``flags``. Loaded whatever
+    ``ONCEGATE_PURE_PYTHON`` says: it is the gate itself, not a transport (its clients may still
+    call it through grpcio)."""
+    try:
+        from oncegate import _native as extension
+    except ImportError as err:
+        raise ImportError(
+            f"oncegate.local needs the native extension (oncegate._native), which is missing: {err}. "
+            "Install the oncegate wheel, or run a gate with `oncegate serve` and connect with Gate(target)."
+        ) from err
+    return extension.LocalServer(list(flags), log)
 
 
 def open_channel(uri: str, timeout: float) -> Any:

@@ -162,15 +162,9 @@ impl Drop for TelemetryGuard {
 /// (the exporter's gRPC channel lives on it). Without the feature the endpoint is always `None`.
 pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> TelemetryGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(false);
-    let fmt = match format {
-        LogFormat::Text => fmt.boxed(),
-        // The current span (the RPC's) is enough: the span list would repeat it.
-        LogFormat::Json => fmt.json().flatten_event(true).with_span_list(false).boxed(),
-    };
-    let registry = tracing_subscriber::registry().with(filter).with(fmt);
+    let registry = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines(format));
     #[cfg(feature = "otel")]
     {
         let (pipeline, layer) = match otlp_endpoint.map(otel::Pipeline::start) {
@@ -190,6 +184,34 @@ pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> TelemetryGuard {
         registry.init();
         TelemetryGuard {}
     }
+}
+
+/// The log lines of [`init`] (to stderr, text or JSON), as a layer.
+fn lines<S>(format: LogFormat) -> Box<dyn tracing_subscriber::Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+{
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false);
+    match format {
+        LogFormat::Text => fmt.boxed(),
+        // The current span (the RPC's) is enough: the span list would repeat it.
+        LogFormat::Json => fmt.json().flatten_event(true).with_span_list(false).boxed(),
+    }
+}
+
+/// [`init`]'s log lines for a gate that runs inside another program (the Python client's
+/// `oncegate.local`), filtered by `directives` (`RUST_LOG`'s syntax: `info`,
+/// `warn,oncegate::audit=info`, ...), no OTLP. Installed only when the program has no tracing
+/// subscriber yet: `Ok(false)` when it has one (its own then receives the gate's events).
+pub fn try_init_embedded(format: LogFormat, directives: &str) -> Result<bool, String> {
+    let filter = EnvFilter::try_new(directives).map_err(|e| format!("{directives:?}: {e}"))?;
+    Ok(tracing_subscriber::registry()
+        .with(filter)
+        .with(lines(format))
+        .try_init()
+        .is_ok())
 }
 
 #[cfg(test)]

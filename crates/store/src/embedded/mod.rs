@@ -88,6 +88,36 @@ pub fn system_clock() -> Clock {
 pub struct EmbeddedStore {
     tx: mpsc::Sender<Job>,
     call_timeout: Duration,
+    closed: Closed,
+}
+
+/// Whether the writer thread has ended and closed the file, which it does once every handle is
+/// dropped: a program that opens the same directory again in the same process (the Python
+/// client's in-process gate after a stop) waits for it, since the file stays locked until then.
+/// Holding it keeps nothing open.
+#[derive(Clone, Default)]
+pub struct Closed(Arc<(std::sync::Mutex<bool>, std::sync::Condvar)>);
+
+impl Closed {
+    /// Waits at most `timeout` for the file to be closed; whether it is.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let (done, changed) = &*self.0;
+        let done = done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (done, _) = changed
+            .wait_timeout_while(done, timeout, |done| !*done)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *done
+    }
+
+    fn set(&self) {
+        let (done, changed) = &*self.0;
+        *done
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = true;
+        changed.notify_all();
+    }
 }
 
 /// One queued call: a step to run against the stored record, and where to send its answer.
@@ -251,11 +281,26 @@ impl EmbeddedStore {
             wal,
             checkpointed: std::time::Instant::now(),
         };
+        let closed = Closed::default();
+        let on_exit = closed.clone();
         thread::Builder::new()
             .name("oncegate-embedded-writer".into())
-            .spawn(move || writer.run(rx))
+            .spawn(move || {
+                // `run` owns the database: it is closed when `run` returns.
+                writer.run(rx);
+                on_exit.set();
+            })
             .map_err(|e| StoreError::unavailable_by("starting the writer thread", e))?;
-        Ok(Self { tx, call_timeout })
+        Ok(Self {
+            tx,
+            call_timeout,
+            closed,
+        })
+    }
+
+    /// What tells when the file is closed (every handle dropped, the writer ended).
+    pub fn closed(&self) -> Closed {
+        self.closed.clone()
     }
 
     async fn call<T>(

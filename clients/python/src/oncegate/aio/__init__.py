@@ -26,7 +26,8 @@ clients: ``generate_sync.py`` writes the threaded ``oncegate.rpc``, ``oncegate.g
 
 from oncegate.aio.attempt import Attempt
 from oncegate.aio.client import Gate
+from oncegate.aio.local_gate import LocalGate, local
 from oncegate.aio.resolver import Resolver
 from oncegate.aio.rpc import GateRpc
 
-__all__ = ["Attempt", "Gate", "GateRpc", "Resolver"]
+__all__ = ["Attempt", "Gate", "GateRpc", "LocalGate", "Resolver", "local"]

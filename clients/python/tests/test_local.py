@@ -1,0 +1,198 @@
+"""``oncegate.local``: the gate server itself inside this process, on the embedded store.
+
+No gate binary here: every test starts the server through the native extension, so it shows what
+an installed wheel gives without ``oncegate serve``. The answers and errors are the server's own
+(the same code behind the same gRPC listener), checked here on the guard's main paths: the first
+call runs, a retry replays, changed arguments are refused, a restart keeps what was completed, and
+many threads at once run an action once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import oncegate
+import oncegate.aio
+from oncegate import InvalidRequestError, KeyReusedError, LocalGate, LocalServer
+
+SCOPE = {"agent_id": "billing-agent", "run_id": "run-local"}
+TRANSFER = {"amount": 5000, "currency": "EUR", "to": "DE89370400440532013000"}
+
+
+def test_a_guarded_action_runs_once_and_its_retry_gets_the_receipt(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    with oncegate.local(tmp_path / "data") as gate:
+        assert isinstance(gate, LocalGate) and gate.server.running
+
+        @gate.action("payments.transfer")
+        def transfer(*, amount: int, currency: str, to: str, grant: oncegate.Grant) -> dict[str, Any]:
+            ran.append({"amount": amount, "provider_key": grant.provider_key})
+            return {"transfer_id": f"tr-{len(ran)}", "provider_key": grant.provider_key}
+
+        with oncegate.scope(**SCOPE):
+            first = transfer(**TRANSFER, idempotency_key="invoice-42")
+            again = transfer(**TRANSFER, idempotency_key="invoice-42")
+    assert first == again == {"transfer_id": "tr-1", "provider_key": ran[0]["provider_key"]}
+    assert len(ran) == 1
+    assert not gate.server.running
+
+
+def test_changed_arguments_under_the_same_key_are_refused(tmp_path: Path) -> None:
+    with oncegate.local(tmp_path) as gate:
+        gate.run("payments.transfer", TRANSFER, lambda grant: "ok", idempotency_key="invoice-7", **SCOPE)
+        ran: list[int] = []
+        with pytest.raises(KeyReusedError):
+            gate.run(
+                "payments.transfer",
+                {**TRANSFER, "amount": 5100},
+                lambda grant: ran.append(1),
+                idempotency_key="invoice-7",
+                **SCOPE,
+            )
+        assert not ran
+
+
+def test_what_was_completed_survives_a_restart_on_the_same_directory(tmp_path: Path) -> None:
+    ran: list[int] = []
+
+    def pay(grant: oncegate.Grant) -> dict[str, str]:
+        ran.append(1)
+        return {"transfer_id": "tr-9"}
+
+    with oncegate.local(tmp_path) as gate:
+        first = gate.run("payments.transfer", TRANSFER, pay, idempotency_key="invoice-9", **SCOPE)
+    with oncegate.local(tmp_path) as gate:
+        again = gate.run("payments.transfer", TRANSFER, pay, idempotency_key="invoice-9", **SCOPE)
+    assert first == again == {"transfer_id": "tr-9"}
+    assert ran == [1]
+
+
+def test_many_threads_at_once_run_an_action_once(tmp_path: Path) -> None:
+    ran: list[int] = []
+    lock = threading.Lock()
+    start = threading.Barrier(16)
+    results: list[Any] = []
+
+    def pay(grant: oncegate.Grant) -> str:
+        with lock:
+            ran.append(1)
+        return "paid"
+
+    with oncegate.local(tmp_path) as gate:
+
+        def worker() -> None:
+            start.wait()
+            results.append(
+                gate.run(
+                    "payments.transfer",
+                    TRANSFER,
+                    pay,
+                    idempotency_key="invoice-race",
+                    lease_ttl=10,
+                    max_wait=30,  # beyond the lease: the others wait for the winner's receipt
+                    poll_interval=0.05,
+                    **SCOPE,
+                )
+            )
+
+        threads = [threading.Thread(target=worker) for _ in range(16)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert results == ["paid"] * 16
+    assert ran == [1]
+
+
+def test_it_signs_grants_by_default_and_takes_serves_flags(tmp_path: Path) -> None:
+    with oncegate.local(tmp_path / "signed") as gate:
+        signed = gate.request_token("payments.transfer", TRANSFER, **SCOPE)
+    assert signed.decision == oncegate.Decision.GRANTED
+    assert signed.grant is not None and signed.grant.statement.count(".") == 2
+    with oncegate.local(tmp_path / "unsigned", flags=["--unsigned"]) as gate:
+        unsigned = gate.request_token("payments.transfer", TRANSFER, **SCOPE)
+    assert unsigned.grant is not None and unsigned.grant.statement == ""
+
+
+def test_its_config_file_is_the_gates(tmp_path: Path) -> None:
+    config = tmp_path / "oncegate.toml"
+    config.write_text('strict = true\n\n[actions."payments.transfer"]\nkey_fields = ["/amount", "/to"]\n')
+    with oncegate.local(tmp_path / "data", config=config) as gate:
+        assert gate.request_token("payments.transfer", TRANSFER, **SCOPE).grant is not None
+        with pytest.raises(InvalidRequestError, match="action"):
+            gate.request_token("crm.delete_everything", {}, **SCOPE)
+
+
+def test_a_directory_another_gate_holds_is_refused_and_free_again_after_stop(tmp_path: Path) -> None:
+    server = LocalServer(tmp_path)
+    with pytest.raises(OSError, match="cannot open the store"):
+        LocalServer(tmp_path)
+    server.stop()
+    server.stop()  # idempotent
+    with LocalServer(tmp_path) as again:
+        assert again.running
+
+
+def test_bad_flags_and_redis_are_refused_with_the_reason(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--no-such-flag"):
+        LocalServer(tmp_path, flags=["--no-such-flag"])
+    with pytest.raises(ValueError, match="embedded store"):
+        LocalServer(tmp_path, flags=["--redis-url", "redis://127.0.0.1:6379"])
+    with pytest.raises(TypeError, match="one per word"):
+        LocalServer(tmp_path, flags="--unsigned")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bad configuration"):
+        LocalServer(tmp_path, config=tmp_path / "missing.toml")
+    with pytest.raises(ValueError, match="log"):
+        LocalServer(tmp_path, log="[not a filter")
+
+
+def test_the_environment_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A process's ONCEGATE_* variables belong to whatever else it runs: none of them may move the
+    # in-process gate onto Redis, another address or another directory.
+    monkeypatch.setenv("ONCEGATE_REDIS_URL", "redis://127.0.0.1:1")
+    monkeypatch.setenv("ONCEGATE_LISTEN", "0.0.0.0:1")
+    monkeypatch.setenv("ONCEGATE_DATA_DIR", str(tmp_path / "elsewhere"))
+    with oncegate.local(tmp_path / "data") as gate:
+        assert gate.server.target.startswith("127.0.0.1:")
+        assert gate.run("payments.transfer", TRANSFER, lambda grant: "ok", **SCOPE) == "ok"
+    assert (tmp_path / "data").is_dir() and not (tmp_path / "elsewhere").exists()
+
+
+def test_it_listens_on_loopback_and_on_its_admin_socket(tmp_path: Path) -> None:
+    with LocalServer(tmp_path) as server:
+        host, port = server.target.rsplit(":", 1)
+        assert host == "127.0.0.1"
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+        assert server.admin_target is not None
+        assert Path(server.admin_target.removeprefix("unix:")).parent == tmp_path
+        # A second client on the same server, as a resolver or another thread pool would be.
+        with oncegate.Gate(server.target) as other:
+            assert other.request_token("payments.transfer", TRANSFER, **SCOPE).grant is not None
+    with LocalServer(tmp_path, flags=["--no-admin-socket"]) as server:
+        assert server.admin_target is None
+
+
+def test_the_asyncio_client_has_one_too(tmp_path: Path) -> None:
+    ran: list[int] = []
+
+    async def main() -> tuple[Any, Any]:
+        async with oncegate.aio.local(tmp_path) as gate:
+            assert isinstance(gate, oncegate.aio.LocalGate)
+
+            async def pay(grant: oncegate.Grant) -> str:
+                ran.append(1)
+                return "paid"
+
+            first = await gate.run("payments.transfer", TRANSFER, pay, idempotency_key="invoice-a", **SCOPE)
+            again = await gate.run("payments.transfer", TRANSFER, pay, idempotency_key="invoice-a", **SCOPE)
+            return first, again
+
+    assert asyncio.run(main()) == ("paid", "paid")
+    assert ran == [1]
