@@ -196,3 +196,17 @@ def test_the_asyncio_client_has_one_too(tmp_path: Path) -> None:
 
     assert asyncio.run(main()) == ("paid", "paid")
     assert ran == [1]
+
+
+def test_its_log_lines_go_to_stderr_only_when_asked(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    with oncegate.local(tmp_path / "quiet") as gate:
+        gate.run("payments.transfer", TRANSFER, lambda grant: "ok", **SCOPE)
+    assert "oncegate serving" not in capfd.readouterr().err
+    # The first subscriber of the process wins: this is the one test that installs one.
+    with oncegate.local(tmp_path / "loud", log="info") as gate:
+        gate.run("payments.transfer", TRANSFER, lambda grant: "ok", **SCOPE)
+    err = capfd.readouterr().err
+    assert "oncegate serving" in err and "store=embedded" in err, err
+    assert "payments.transfer" in err, err  # the audit line of the grant
