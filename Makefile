@@ -57,8 +57,10 @@ lint: fmt-check clippy lint-proto
 fmt-check:
 	$(CARGO) fmt --check
 
+## The second line checks `make run`'s build (no `mcp` feature): the code only it compiles.
 clippy:
 	$(CARGO) clippy --locked --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --locked --bin oncegate --no-default-features -- -D warnings
 
 ## buf lint, STANDARD rules (buf comes from the npm registry and runs offline).
 lint-proto:
