@@ -14,6 +14,7 @@ mod channel;
 mod link;
 mod runtime;
 mod unary;
+mod worker;
 
 use pyo3::prelude::*;
 
@@ -25,6 +26,10 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<channel::Channel>()?;
     module.add_class::<channel::Call>()?;
     module.add_function(wrap_pyfunction!(forked, module)?)?;
+    module.add_function(wrap_pyfunction!(worker::request_token, module)?)?;
+    module.add_function(wrap_pyfunction!(worker::complete, module)?)?;
+    module.add_function(wrap_pyfunction!(worker::release, module)?)?;
+    module.add_function(wrap_pyfunction!(worker::extend_lease, module)?)?;
     Ok(())
 }
 

@@ -7,8 +7,11 @@ here, with the generated messages, and a failed call raises :class:`NativeRpcErr
 does, so :func:`oncegate.errors.from_rpc_error` reads both alike.
 
 The stubs here (:class:`Stub`, :class:`AioStub`) are called as the generated grpcio stubs are
-(``stub.RequestToken(request, timeout=..., metadata=...)``), so the RPC layer does not know which
-one it calls through: the channels (:mod:`oncegate.channel`, :mod:`oncegate.aio.channel`) choose,
+(``stub.RequestToken(request, timeout=..., metadata=...)``); the RPC layer calls the guard's hot
+RPCs (RequestToken, Complete, Release, ExtendLease) through their plain-value methods instead
+(``stub.request_token(...)``): the native core builds the request and reads the answer itself, and
+the models are made here from the plain values it returns, with no protobuf object in Python. The
+channels (:mod:`oncegate.channel`, :mod:`oncegate.aio.channel`) choose,
 with :func:`endpoint`. A channel goes through grpcio when ``ONCEGATE_PURE_PYTHON=1`` is set, when
 it has TLS credentials or gRPC channel options (the native core speaks plaintext HTTP/2 and knows
 none of grpcio's options), or when its target is not ``host:port`` (a ``unix:`` socket, a grpcio
@@ -22,10 +25,22 @@ import functools
 import os
 import re
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import grpc
 
+from oncegate.models import (
+    ActionRef,
+    Approval,
+    Completion,
+    CompletionSource,
+    Decision,
+    Grant,
+    ReceiptFormat,
+    RequestTokenResult,
+    Scope,
+)
 from oncegate.v1 import oncegate_pb2 as pb
 
 __all__ = ["PURE_PYTHON", "AioStub", "NativeRpcError", "Stub", "enabled", "endpoint", "open_channel"]
@@ -132,16 +147,29 @@ class _AioUnary(_Unary):
     async def __call__(  # type: ignore[override]
         self, request: Any, timeout: float | None = None, metadata: Sequence[tuple[str, str]] | None = None
     ) -> Any:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        done = functools.partial(loop.call_soon_threadsafe, _settle, future)
-        call = self._channel.start(self._path, request.SerializeToString(), timeout, metadata or (), done)
-        try:
-            answer = await future
-        except asyncio.CancelledError:
-            call.cancel()
-            raise
+        answer = await _started(
+            self._channel.start, (self._path, request.SerializeToString()), timeout, metadata
+        )
         return self._parse(answer)
+
+
+async def _started(
+    start: Callable[..., Any],
+    fields: tuple[Any, ...],
+    timeout: float | None,
+    metadata: Sequence[tuple[str, str]] | None,
+) -> Any:
+    """What ``start(*fields, timeout, metadata, done)`` answers through ``done``, awaited;
+    cancelling the awaiting task drops the call."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+    done = functools.partial(loop.call_soon_threadsafe, _settle, future)
+    call = start(*fields, timeout, metadata or (), done)
+    try:
+        return await future
+    except asyncio.CancelledError:
+        call.cancel()
+        raise
 
 
 def _settle(future: asyncio.Future[bytes], answer: bytes | BaseException) -> None:
@@ -154,7 +182,9 @@ def _settle(future: asyncio.Future[bytes], answer: bytes | BaseException) -> Non
 
 
 class Stub:
-    """The worker RPCs over one native channel, each called as the grpcio stub's is."""
+    """The worker RPCs over one native channel, each called as the grpcio stub's is, and the hot
+    ones with plain values (:meth:`request_token`, :meth:`complete`, :meth:`release`,
+    :meth:`extend_lease`), answered with the models."""
 
     RequestToken: Callable[..., Any]
     Complete: Callable[..., Any]
@@ -165,8 +195,89 @@ class Stub:
     _method: type[_Unary] = _Unary
 
     def __init__(self, channel: Any) -> None:
+        self._channel = channel
         for name in _RESPONSES:
             setattr(self, name, self._method(channel, name))
+
+    def request_token(
+        self,
+        action: str,
+        params_json: str,
+        agent_id: str,
+        run_id: str,
+        intent_id: str,
+        idempotency_key: str,
+        holder: str,
+        lease_ttl: int | None,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> RequestTokenResult:
+        """RequestToken (empty strings are unset fields; ``lease_ttl`` in nanoseconds)."""
+        return _request_token_result(
+            _native.request_token(
+                self._channel,
+                action,
+                params_json,
+                agent_id,
+                run_id,
+                intent_id,
+                idempotency_key,
+                holder,
+                lease_ttl,
+                timeout,
+                metadata,
+            )
+        )
+
+    def complete(
+        self,
+        action: ActionRef,
+        token: str,
+        receipt: bytes,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> Completion:
+        """Complete: the stored completion."""
+        scope = action.scope
+        return _completion(
+            _native.complete(
+                self._channel, scope.agent_id, scope.run_id, action.key, token, receipt, timeout, metadata
+            )
+        )
+
+    def release(
+        self,
+        action: ActionRef,
+        token: str,
+        reason: int,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> int:
+        """Release: the released grant's fencing."""
+        scope = action.scope
+        fencing: int = _native.release(
+            self._channel, scope.agent_id, scope.run_id, action.key, token, reason, timeout, metadata
+        )
+        return fencing
+
+    def extend_lease(
+        self,
+        action: ActionRef,
+        token: str,
+        ttl: int,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> datetime:
+        """ExtendLease by ``ttl`` nanoseconds: the new lease end."""
+        scope = action.scope
+        stamp = _native.extend_lease(
+            self._channel, scope.agent_id, scope.run_id, action.key, token, ttl, timeout, metadata
+        )
+        return _EPOCH if stamp is None else _time(stamp)
 
 
 class AioStub(Stub):
@@ -179,3 +290,121 @@ class AioStub(Stub):
     GetAction: Callable[..., Awaitable[Any]]
 
     _method = _AioUnary
+
+    async def request_token(  # type: ignore[override]
+        self,
+        action: str,
+        params_json: str,
+        agent_id: str,
+        run_id: str,
+        intent_id: str,
+        idempotency_key: str,
+        holder: str,
+        lease_ttl: int | None,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> RequestTokenResult:
+        fields = (
+            self._channel,
+            action,
+            params_json,
+            agent_id,
+            run_id,
+            intent_id,
+            idempotency_key,
+            holder,
+            lease_ttl,
+        )
+        return _request_token_result(await _started(_native.request_token, fields, timeout, metadata))
+
+    async def complete(  # type: ignore[override]
+        self,
+        action: ActionRef,
+        token: str,
+        receipt: bytes,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> Completion:
+        scope = action.scope
+        fields = (self._channel, scope.agent_id, scope.run_id, action.key, token, receipt)
+        return _completion(await _started(_native.complete, fields, timeout, metadata))
+
+    async def release(  # type: ignore[override]
+        self,
+        action: ActionRef,
+        token: str,
+        reason: int,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> int:
+        scope = action.scope
+        fields = (self._channel, scope.agent_id, scope.run_id, action.key, token, reason)
+        fencing: int = await _started(_native.release, fields, timeout, metadata)
+        return fencing
+
+    async def extend_lease(  # type: ignore[override]
+        self,
+        action: ActionRef,
+        token: str,
+        ttl: int,
+        *,
+        timeout: float | None,
+        metadata: Sequence[tuple[str, str]],
+    ) -> datetime:
+        scope = action.scope
+        fields = (self._channel, scope.agent_id, scope.run_id, action.key, token, ttl)
+        stamp = await _started(_native.extend_lease, fields, timeout, metadata)
+        return _EPOCH if stamp is None else _time(stamp)
+
+
+# The models of the plain values the native core answers with (see clients/python/native/src/
+# worker.rs for their order), as the models' from_proto makes them of the messages.
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def _time(stamp: tuple[int, int] | None) -> datetime | None:
+    """A Timestamp's ``(seconds, nanos)`` as an aware UTC datetime, as the models read it."""
+    if stamp is None:
+        return None
+    return _EPOCH + timedelta(seconds=stamp[0], microseconds=stamp[1] // 1000)
+
+
+def _member(enum: Any, members: dict[int, Any], value: int) -> Any:
+    """``enum(value)`` without its metaclass's call, for the values the enum knows."""
+    found = members.get(value)
+    return found if found is not None else enum(value)
+
+
+_DECISIONS: dict[int, Decision] = {int(member): member for member in Decision}
+_SOURCES: dict[int, CompletionSource] = {int(member): member for member in CompletionSource}
+_FORMATS: dict[int, ReceiptFormat] = {int(member): member for member in ReceiptFormat}
+
+
+def _completion(fields: tuple[Any, ...]) -> Completion:
+    receipt, completed_at, fencing, token, source, operator, receipt_format = fields
+    return Completion(
+        receipt,
+        _time(completed_at),
+        fencing,
+        token,
+        _member(CompletionSource, _SOURCES, source),
+        operator,
+        _member(ReceiptFormat, _FORMATS, receipt_format),
+    )
+
+
+def _request_token_result(fields: tuple[Any, ...]) -> RequestTokenResult:
+    decision, agent_id, run_id, key, fingerprint, grant, completion, redelivered, approval = fields
+    return RequestTokenResult(
+        _member(Decision, _DECISIONS, decision),
+        ActionRef(Scope(agent_id, run_id), key),
+        fingerprint,
+        None if grant is None else Grant(grant[0], grant[1], _time(grant[2]), grant[3], grant[4]),
+        None if completion is None else _completion(completion),
+        redelivered,
+        None if approval is None else Approval(approval[0], _time(approval[1]), approval[2], approval[3]),
+    )
