@@ -361,8 +361,9 @@ def _time(message: object, field: str) -> datetime | None:
     if not message.HasField(field):  # type: ignore[attr-defined]
         return None
     stamp: timestamp_pb2.Timestamp = getattr(message, field)
-    # What Timestamp.ToDatetime(tzinfo=timezone.utc) returns, at a fraction of its cost.
-    return _EPOCH + timedelta(seconds=stamp.seconds, microseconds=stamp.nanos // 1000)
+    # What Timestamp.ToDatetime(tzinfo=timezone.utc) returns, at a fraction of its cost
+    # (timedelta's arguments positional: half the cost of keywords).
+    return _EPOCH + timedelta(0, stamp.seconds, stamp.nanos // 1000)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

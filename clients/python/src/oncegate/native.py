@@ -370,15 +370,11 @@ def _time(stamp: tuple[int, int] | None) -> datetime | None:
     """A Timestamp's ``(seconds, nanos)`` as an aware UTC datetime, as the models read it."""
     if stamp is None:
         return None
-    return _EPOCH + timedelta(seconds=stamp[0], microseconds=stamp[1] // 1000)
+    return _EPOCH + timedelta(0, stamp[0], stamp[1] // 1000)  # positional: half the cost of keywords
 
 
-def _member(enum: Any, members: dict[int, Any], value: int) -> Any:
-    """``enum(value)`` without its metaclass's call, for the values the enum knows."""
-    found = members.get(value)
-    return found if found is not None else enum(value)
-
-
+# Each enum's members by number: a lookup, where calling the enum goes through its metaclass's
+# Python code. A number the enum does not know still raises as the call does.
 _DECISIONS: dict[int, Decision] = {int(member): member for member in Decision}
 _SOURCES: dict[int, CompletionSource] = {int(member): member for member in CompletionSource}
 _FORMATS: dict[int, ReceiptFormat] = {int(member): member for member in ReceiptFormat}
@@ -391,16 +387,16 @@ def _completion(fields: tuple[Any, ...]) -> Completion:
         _time(completed_at),
         fencing,
         token,
-        _member(CompletionSource, _SOURCES, source),
+        _SOURCES[source] if source in _SOURCES else CompletionSource(source),
         operator,
-        _member(ReceiptFormat, _FORMATS, receipt_format),
+        _FORMATS[receipt_format] if receipt_format in _FORMATS else ReceiptFormat(receipt_format),
     )
 
 
 def _request_token_result(fields: tuple[Any, ...]) -> RequestTokenResult:
     decision, agent_id, run_id, key, fingerprint, grant, completion, redelivered, approval = fields
     return RequestTokenResult(
-        _member(Decision, _DECISIONS, decision),
+        _DECISIONS[decision] if decision in _DECISIONS else Decision(decision),
         ActionRef(Scope(agent_id, run_id), key),
         fingerprint,
         None if grant is None else Grant(grant[0], grant[1], _time(grant[2]), grant[3], grant[4]),
