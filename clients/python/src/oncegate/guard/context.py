@@ -61,6 +61,8 @@ def resolve_scope(caller: str, agent_id: str | None, run_id: str | None) -> Scop
     """The scope of one call: its own ``agent_id`` and ``run_id`` where given, else the ambient
     scope's; a :class:`TypeError` naming ``caller`` when neither gives both."""
     ambient = _current_scope.get()
+    if not agent_id and not run_id and ambient is not None and ambient.agent_id and ambient.run_id:
+        return ambient  # a frozen value: the ambient one itself, not a copy
     agent_id = agent_id or (ambient.agent_id if ambient else None)
     run_id = run_id or (ambient.run_id if ambient else None)
     if not agent_id or not run_id:
