@@ -1,22 +1,21 @@
 """The native core: the worker RPCs over ``oncegate._native`` (Rust, h2) instead of grpcio.
 
 grpcio's cost per call is most of a guarded cycle's CPU; the native core does the same unary call
-for a fraction of it. It moves bytes only: the requests are serialized and the responses parsed
-here, with the generated messages, and a failed call raises :class:`NativeRpcError`, a
-``grpc.RpcError`` that answers ``code()``, ``details()`` and ``trailing_metadata()`` as grpcio's
-does, so :func:`oncegate.errors.from_rpc_error` reads both alike.
+for a fraction of it. The stubs here (:class:`Stub`, :class:`AioStub`) are called as the generated
+grpcio stubs are (``stub.RequestToken(request, timeout=..., metadata=...)``, the request
+serialized and the answer parsed here with the generated messages), and the RPC layer calls the
+guard's hot RPCs (RequestToken, Complete, Release, ExtendLease) through their plain-value methods
+instead (``stub.request_token(...)``): the native core builds the request and reads the answer
+with the Rust messages, and the models are made here of the plain values it returns, with no
+protobuf object in Python. A failed call raises :class:`NativeRpcError`, a ``grpc.RpcError`` that
+answers ``code()``, ``details()`` and ``trailing_metadata()`` as grpcio's does, so
+:func:`oncegate.errors.from_rpc_error` reads both alike.
 
-The stubs here (:class:`Stub`, :class:`AioStub`) are called as the generated grpcio stubs are
-(``stub.RequestToken(request, timeout=..., metadata=...)``); the RPC layer calls the guard's hot
-RPCs (RequestToken, Complete, Release, ExtendLease) through their plain-value methods instead
-(``stub.request_token(...)``): the native core builds the request and reads the answer itself, and
-the models are made here from the plain values it returns, with no protobuf object in Python. The
-channels (:mod:`oncegate.channel`, :mod:`oncegate.aio.channel`) choose,
-with :func:`endpoint`. A channel goes through grpcio when ``ONCEGATE_PURE_PYTHON=1`` is set, when
+The channels (:mod:`oncegate.channel`, :mod:`oncegate.aio.channel`) choose with
+:func:`endpoint`. A channel goes through grpcio when ``ONCEGATE_PURE_PYTHON=1`` is set, when
 it has TLS credentials or gRPC channel options (the native core speaks plaintext HTTP/2 and knows
 none of grpcio's options), or when its target is not ``host:port`` (a ``unix:`` socket, a grpcio
-resolver scheme). The operator API (a resolver's calls, its stream) always goes through grpcio.
-"""
+resolver scheme). The operator API (a resolver's calls, its stream) always goes through grpcio."""
 
 from __future__ import annotations
 
