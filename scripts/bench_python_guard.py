@@ -1,9 +1,11 @@
 """Where the Python guard's cost goes, in one process: client CPU per cycle (RequestToken +
 Complete around a no-op) through the bare grpcio stubs, the native core's bare stubs
-(`oncegate.native.Stub`), the RPC layer (`oncegate.rpc.GateRpc`) and the decorator, against a
-running gate. The RPC layer and the decorator run on the native core, or on grpcio with
-ONCEGATE_PURE_PYTHON=1 (then the native row is skipped). An A/B aid for BENCHMARKS.md's Python
-section; `make bench` is the reproducible comparison.
+(`oncegate.native.Stub`, with the generated messages), its plain-value calls
+(`Stub.request_token`, `Stub.complete`: what the RPC layer calls on it), the RPC layer
+(`oncegate.rpc.GateRpc`) and the decorator, against a running gate. The RPC layer and the
+decorator run on the native core, or on grpcio with ONCEGATE_PURE_PYTHON=1 (then the native and
+plain rows are skipped). An A/B aid for BENCHMARKS.md's Python section; `make bench` is the
+reproducible comparison.
 
     target/release/oncegate serve --listen 127.0.0.1:50999 --data-dir /tmp/ab --unsigned &
     .venv-bench/bin/python scripts/bench_python_guard.py --target 127.0.0.1:50999 --rounds 3
@@ -47,6 +49,21 @@ def stubs(target: str, native_core: bool = False) -> Callable[[str], None]:
     return cycle
 
 
+def plain(target: str) -> Callable[[str], None]:
+    """The native core's plain-value calls alone (what the RPC layer calls on it): no protobuf
+    object in Python, no error translation, no guard."""
+    stub = native.Stub(native.open_channel(f"http://{target}", 10.0))
+    call = {"timeout": 10.0, "metadata": ()}
+
+    def cycle(key: str) -> None:
+        params = json.dumps({"order_id": key, "amount": 100})
+        answer = stub.request_token("bench.noop", params, "bench-agent", RUN, "", "", "", None, **call)
+        assert answer.grant is not None
+        stub.complete(answer.action, answer.grant.token, b'{"ok":true}', **call)
+
+    return cycle
+
+
 def rpc_layer(target: str) -> Callable[[str], None]:
     rpc = GateRpc(target)
 
@@ -75,6 +92,7 @@ def decorator(target: str) -> Callable[[str], None]:
 LAYERS = {
     "grpcio": stubs,
     "native": lambda target: stubs(target, native_core=True),
+    "plain": plain,
     "rpc": rpc_layer,
     "decorator": decorator,
 }
@@ -98,7 +116,9 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="cProfile the decorator instead")
     args = parser.parse_args()
     cycles = {
-        name: make(args.target) for name, make in LAYERS.items() if name != "native" or native.enabled()
+        name: make(args.target)
+        for name, make in LAYERS.items()
+        if name not in ("native", "plain") or native.enabled()
     }
     if args.profile:
         profile = cProfile.Profile()

@@ -10,6 +10,7 @@ messages both ways, cancellation, a connection lost between calls, a closed chan
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import multiprocessing
 import os
 import re
@@ -18,13 +19,26 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent import futures
+from datetime import timezone
 from typing import Any
 
 import grpc
 import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
 
 from oncegate import Gate, TransportError, aio, native
-from oncegate.models import ActionRef, ActionState, Scope
+from oncegate.models import (
+    ActionRef,
+    ActionState,
+    Approval,
+    Completion,
+    CompletionSource,
+    Decision,
+    Grant,
+    ReceiptFormat,
+    RequestTokenResult,
+    Scope,
+)
 from oncegate.rpc import GateRpc
 from oncegate.v1 import oncegate_pb2_grpc as pb_grpc
 from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
@@ -241,3 +255,45 @@ def test_a_forked_child_uses_the_parents_client(gate_target: str) -> None:
         _PARENT_RPC.clear()
         rpc.close()
     assert child.exitcode == 0
+
+
+def test_the_models_of_plain_values_equal_those_their_init_makes() -> None:
+    """The plain-value calls' models are made without the dataclasses' ``__init__``
+    (``native._made``): each must equal, field for field, what the ``__init__`` makes."""
+    lease, done = (1_796_000_000, 123_456_789), (1_796_000_001, 999)
+    lease_at, done_at = native._time(lease), native._time(done)
+    assert lease_at == Timestamp(seconds=lease[0], nanos=lease[1]).ToDatetime(tzinfo=timezone.utc)
+    assert done_at == Timestamp(seconds=done[0], nanos=done[1]).ToDatetime(tzinfo=timezone.utc)
+    completion = (b'{"ok":true}', done, 7, "tok", 2, "ops-alice", 1)
+    answer = native._request_token_result(
+        (2, "agent", "run", "key-1", "v1-ab", ("tok", 7, lease, "pk", "jws"), completion, True, None)
+    )
+    expected_completion = Completion(
+        b'{"ok":true}', done_at, 7, "tok", CompletionSource.OPERATOR, "ops-alice", ReceiptFormat.JSON
+    )
+    expected = RequestTokenResult(
+        Decision.ALREADY_COMPLETED,
+        ActionRef(Scope("agent", "run"), "key-1"),
+        "v1-ab",
+        Grant("tok", 7, lease_at, "pk", "jws"),
+        expected_completion,
+        True,
+        None,
+    )
+    assert answer == expected
+    assert hash(answer.action) == hash(expected.action)
+    for made, built in [
+        (answer, expected),
+        (answer.action, expected.action),
+        (answer.action.scope, expected.action.scope),
+        (answer.grant, expected.grant),
+        (answer.completion, expected.completion),
+    ]:
+        assert type(made) is type(built)
+        assert vars(made) == vars(built)
+        assert [field.name for field in dataclasses.fields(built)] == list(vars(made))
+    bare = native._request_token_result((1, "", "", "", "", None, None, False, ("ap-1", None, "p", "why")))
+    assert bare.grant is None and bare.completion is None
+    assert bare.approval == Approval("ap-1", None, "p", "why")
+    with pytest.raises(ValueError):
+        native._request_token_result((99, "", "", "", "", None, None, False, None))

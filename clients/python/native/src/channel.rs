@@ -79,12 +79,9 @@ impl Channel {
         timeout: Option<f64>,
         metadata: Vec<(String, String)>,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let call = self.prepare(path, request, timeout, metadata)?;
-        let (link, runtime) = self.link(Mode::Blocking)?;
-        match py.detach(|| runtime.block_on(unary::call(&link, call))) {
-            Ok(response) => Ok(PyBytes::new(py, &response)),
-            Err(status) => Err(failure(py, &self.error, &status)),
-        }
+        let call = self.prepare(path, Bytes::copy_from_slice(request), timeout, metadata)?;
+        let response = self.block(py, call)?;
+        Ok(PyBytes::new(py, &response))
     }
 
     /// Starts the same call on the background runtime and returns at once; `done` is called with
@@ -101,27 +98,9 @@ impl Channel {
         metadata: Vec<(String, String)>,
         done: Py<PyAny>,
     ) -> PyResult<Call> {
-        let call = self.prepare(path, request, timeout, metadata)?;
-        let (link, runtime) = self.link(Mode::Background)?;
-        let error = self.error.clone_ref(py);
-        let task = runtime.spawn(async move {
-            let outcome = unary::call(&link, call).await;
-            // None only while the interpreter shuts down: nobody is waiting any more.
-            Python::try_attach(|py| {
-                let answer = match outcome {
-                    Ok(response) => PyBytes::new(py, &response).into_any(),
-                    Err(status) => failure(py, &error, &status)
-                        .into_value(py)
-                        .into_bound(py)
-                        .into_any(),
-                };
-                if let Err(err) = done.call1(py, (answer,)) {
-                    err.write_unraisable(py, None);
-                }
-            });
-        });
-        Ok(Call {
-            task: task.abort_handle(),
+        let call = self.prepare(path, Bytes::copy_from_slice(request), timeout, metadata)?;
+        self.spawn(py, call, done, |py, response| {
+            Ok(PyBytes::new(py, &response).into_any().unbind())
         })
     }
 
@@ -173,10 +152,48 @@ impl Channel {
         Ok((Arc::clone(link), runtime))
     }
 
-    fn prepare(
+    /// Blocks on `call` with the GIL released; the response's bytes, or the exception the
+    /// factory makes of its status.
+    pub(crate) fn block(&self, py: Python<'_>, call: unary::Call) -> PyResult<Bytes> {
+        let (link, runtime) = self.link(Mode::Blocking)?;
+        py.detach(|| runtime.block_on(unary::call(&link, call)))
+            .map_err(|status| failure(py, &self.error, &status))
+    }
+
+    /// Starts `call` on the background runtime; `done` is called, on the runtime's thread, with
+    /// what `answer` makes of the response's bytes, or with the exception (the factory's, or
+    /// `answer`'s own failure).
+    pub(crate) fn spawn(
+        &self,
+        py: Python<'_>,
+        call: unary::Call,
+        done: Py<PyAny>,
+        answer: fn(Python<'_>, Bytes) -> PyResult<Py<PyAny>>,
+    ) -> PyResult<Call> {
+        let (link, runtime) = self.link(Mode::Background)?;
+        let error = self.error.clone_ref(py);
+        let task = runtime.spawn(async move {
+            let outcome = unary::call(&link, call).await;
+            // None only while the interpreter shuts down: nobody is waiting any more.
+            Python::try_attach(|py| {
+                let answer = outcome
+                    .map_err(|status| failure(py, &error, &status))
+                    .and_then(|response| answer(py, response))
+                    .unwrap_or_else(|err| err.into_value(py).into_any());
+                if let Err(err) = done.call1(py, (answer,)) {
+                    err.write_unraisable(py, None);
+                }
+            });
+        });
+        Ok(Call {
+            task: task.abort_handle(),
+        })
+    }
+
+    pub(crate) fn prepare(
         &self,
         path: &str,
-        request: &[u8],
+        message: Bytes,
         timeout: Option<f64>,
         metadata: Vec<(String, String)>,
     ) -> PyResult<unary::Call> {
@@ -191,7 +208,7 @@ impl Channel {
             .map_err(|e| PyValueError::new_err(format!("{path:?}: {e}")))?;
         Ok(unary::Call {
             uri,
-            message: Bytes::copy_from_slice(request),
+            message,
             metadata: header_map(metadata)?,
             deadline: timeout.map(seconds).transpose()?,
         })

@@ -1,25 +1,31 @@
-//! The Python client's native core, imported as `oncegate._native`: one unary gRPC call over
-//! HTTP/2, given the method's path and the request already serialized by Python's protobuf, answered with
-//! the response's bytes or an exception built from the status (its code, message and the
-//! `grpc-status-details-bin` trailer that `oncegate.errors.from_rpc_error` decodes).
+//! The Python client's native core, imported as `oncegate._native`: unary gRPC calls over HTTP/2,
+//! and the gate server itself for `oncegate.local`.
 //!
-//! It knows no message type, no error reason and nothing of the guard: `oncegate/native.py` turns
-//! these calls into the stubs the RPC layer calls through, and every decision stays in Python. A
-//! threaded caller blocks with the GIL released ([`channel::Channel::call`]); an asyncio caller gets
-//! its answer through a callback ([`channel::Channel::start`]). Modules: [`runtime`] (the tokio
-//! runtimes, one pair per process), [`link`] (the connection), [`unary`] (the call itself),
-//! [`channel`] (what Python holds).
+//! - The calls. [`channel`] is what Python holds: a threaded caller blocks with the GIL released
+//!   ([`channel::Channel::call`]); an asyncio caller gets its answer through a callback
+//!   ([`channel::Channel::start`]). A call whose request Python serialized answers with the
+//!   response's bytes ([`unary`]); the guard's hot RPCs (RequestToken, Complete, Release,
+//!   ExtendLease) take and return plain values instead, their messages built and read here
+//!   ([`worker`]). A failed call raises the exception Python's factory builds from the status
+//!   (its code, message and the `grpc-status-details-bin` trailer that
+//!   `oncegate.errors.from_rpc_error` decodes): no error reason and nothing of the guard is
+//!   decided here. [`runtime`]: the tokio runtimes, one pair per process; [`link`]: the
+//!   connection.
+//! - The server. [`local`] runs `oncegate-server` on a runtime of its own, from `oncegate serve`'s
+//!   flags.
 
 mod channel;
 mod link;
 mod local;
 mod runtime;
 mod unary;
+mod worker;
 
 use pyo3::prelude::*;
 
-/// The extension module: `Channel`, `Call`, and `forked()`, which `oncegate.native` registers
-/// with `os.register_at_fork` so that a forked child starts runtimes and connections of its own.
+/// The extension module: `Channel`, `Call`, the plain-value worker calls, `LocalServer`, and
+/// `forked()`, which `oncegate.native` registers with `os.register_at_fork` so that a forked
+/// child starts runtimes and connections of its own.
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -27,6 +33,10 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<channel::Call>()?;
     module.add_class::<local::LocalServer>()?;
     module.add_function(wrap_pyfunction!(forked, module)?)?;
+    module.add_function(wrap_pyfunction!(worker::request_token, module)?)?;
+    module.add_function(wrap_pyfunction!(worker::complete, module)?)?;
+    module.add_function(wrap_pyfunction!(worker::release, module)?)?;
+    module.add_function(wrap_pyfunction!(worker::extend_lease, module)?)?;
     Ok(())
 }
 

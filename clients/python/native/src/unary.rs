@@ -1,7 +1,7 @@
 //! One unary gRPC call with opaque messages, on HTTP/2 directly: the request's bytes go out as
 //! the message (HEADERS, then one DATA frame that ends the stream), the response's bytes come back
-//! as they arrived, so no generated code is needed here (Python's protobuf serializes and
-//! parses). The status is read from the trailers (or a trailers-only answer) by tonic's
+//! as they arrived: the messages are opaque here (Python's protobuf serializes and parses them,
+//! or [`crate::worker`] with the prost messages). The status is read from the trailers (or a trailers-only answer) by tonic's
 //! `Status::from_header_map`, rich details included. Owns the deadline and the one retry; owns no
 //! connection ([`crate::link`]).
 

@@ -24,6 +24,7 @@ __all__ = [
     "complete_request",
     "extend_lease_request",
     "get_action_request",
+    "nanoseconds",
     "release_request",
     "request_token_request",
     "resolve_request",
@@ -118,6 +119,14 @@ def resolve_request(
         request.receipt = json_encode(answer.receipt)
         request.receipt_format = pb.RECEIPT_FORMAT_JSON
     return request
+
+
+def nanoseconds(value: Seconds) -> int:
+    """``value`` in whole nanoseconds, as :func:`_duration` reads it (a ``timedelta`` exactly, seconds
+    rounded): how the native core's plain-value calls take a duration."""
+    if isinstance(value, timedelta):
+        return (value.days * 86_400 + value.seconds) * 1_000_000_000 + value.microseconds * 1_000
+    return round(value * 1e9)
 
 
 def _duration(value: Seconds) -> duration_pb2.Duration:

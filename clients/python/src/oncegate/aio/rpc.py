@@ -1,7 +1,9 @@
 """The RPC layer: one method per worker RPC, over one channel to one gate.
 
 It owns the calls: the conversion between the plain values of :mod:`oncegate.models` and the
-generated messages (built by :mod:`oncegate.wire`), and what a failed call raises, which is what
+generated messages (built by :mod:`oncegate.wire`), or, on the native core, the plain-value calls
+of its stub (:class:`oncegate.native.Stub`: no protobuf object in Python), and what a failed call
+raises, which is what
 :func:`oncegate.errors.from_rpc_error` makes of its status. The channel is
 :class:`~oncegate.aio.channel.Channel`'s. It knows nothing of the guard: retries, waiting and
 leases are the business of :mod:`oncegate.guard`, which builds on this class.
@@ -18,16 +20,18 @@ from typing import Any, TypeVar
 
 import grpc
 
+from oncegate import native
 from oncegate.aio.channel import Channel
 from oncegate.errors import UnsettledGrant, from_rpc_error
+from oncegate.fingerprints import encode_params
 from oncegate.models import ActionRecord, ActionRef, Completion, ReleaseReason, RequestTokenResult
 from oncegate.v1 import oncegate_pb2 as pb
-from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub
 from oncegate.wire import (
     Seconds,
     complete_request,
     extend_lease_request,
     get_action_request,
+    nanoseconds,
     release_request,
     request_token_request,
 )
@@ -60,11 +64,9 @@ class GateRpc(Channel):
     :class:`~oncegate.aio.channel.Channel` for how the channel opens and closes.
     """
 
-    async def _call(
-        self, method: Callable[[ActionGateServiceStub], Callable[..., Awaitable[T]]], request: Any
-    ) -> T:
+    async def _call(self, method: Callable[..., Awaitable[T]], *args: Any) -> T:
         try:
-            return await method(self._open())(request, timeout=self.timeout, metadata=self._metadata)
+            return await method(*args, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             error = from_rpc_error(err)
             if isinstance(error, UnsettledGrant):
@@ -100,6 +102,19 @@ class GateRpc(Channel):
             A grant (execute, then Complete or Release) or the completion of an action that
             already ran (do not execute).
         """
+        stub = self._open()
+        if isinstance(stub, native.Stub):
+            return await self._call(
+                stub.request_token,
+                action,
+                params if isinstance(params, str) else encode_params(params),
+                agent_id,
+                run_id,
+                intent_id or "",
+                idempotency_key or "",
+                holder or "",
+                None if lease_ttl is None else nanoseconds(lease_ttl),
+            )
         request = request_token_request(
             action,
             params,
@@ -110,13 +125,16 @@ class GateRpc(Channel):
             holder=holder,
             lease_ttl=lease_ttl,
         )
-        return RequestTokenResult.from_proto(await self._call(lambda stub: stub.RequestToken, request))
+        return RequestTokenResult.from_proto(await self._call(stub.RequestToken, request))
 
     async def complete(self, action: ActionRef, token: str, receipt: bytes) -> Completion:
         """Records that the attempt ran and what it returned; repeating it is a no-op that returns
         the stored completion."""
+        stub = self._open()
+        if isinstance(stub, native.Stub):
+            return await self._call(stub.complete, action, token, receipt)
         response: pb.CompleteResponse = await self._call(
-            lambda stub: stub.Complete, complete_request(action, token, receipt)
+            stub.Complete, complete_request(action, token, receipt)
         )
         return Completion.from_proto(response.completion)
 
@@ -131,19 +149,23 @@ class GateRpc(Channel):
         Never after a timeout: reconcile with the provider first. Returns the released grant's
         fencing number (the next grant gets a higher one).
         """
-        response: pb.ReleaseResponse = await self._call(
-            lambda stub: stub.Release, release_request(action, token, reason)
-        )
+        stub = self._open()
+        if isinstance(stub, native.Stub):
+            return await self._call(stub.release, action, token, int(reason))
+        response: pb.ReleaseResponse = await self._call(stub.Release, release_request(action, token, reason))
         return response.fencing
 
     async def extend_lease(self, action: ActionRef, token: str, ttl: Seconds) -> datetime:
         """Moves the lease of a live token to ``ttl`` from now (store clock); returns the new expiry."""
+        stub = self._open()
+        if isinstance(stub, native.Stub):
+            return await self._call(stub.extend_lease, action, token, nanoseconds(ttl))
         response: pb.ExtendLeaseResponse = await self._call(
-            lambda stub: stub.ExtendLease, extend_lease_request(action, token, ttl)
+            stub.ExtendLease, extend_lease_request(action, token, ttl)
         )
         return response.lease_expires_at.ToDatetime(tzinfo=timezone.utc)
 
     async def get_action(self, action: ActionRef) -> ActionRecord:
         """Reads the record of an action as it stands, for reconciliation."""
         request = get_action_request(action)
-        return ActionRecord.from_proto(await self._call(lambda stub: stub.GetAction, request))
+        return ActionRecord.from_proto(await self._call(self._open().GetAction, request))

@@ -160,7 +160,8 @@ class Attempt:
             receipt = self._options.encode(result)
         except Exception as err:
             raise self._bound(protocol.encode_failed(self._request, action, grant, result, err)) from err
-        backoff = Backoff(self._options.retry_timeout)
+        started = monotonic()
+        backoff: Backoff | None = None  # made on the first failure: most calls never need one
         while True:
             try:
                 self.completion = self._gate.complete(action, grant.token, receipt)
@@ -168,6 +169,7 @@ class Attempt:
             except OncegateError as err:
                 if not err.retryable:
                     raise
+                backoff = backoff or Backoff(self._options.retry_timeout, start=started)
                 delay = backoff.next_delay(protocol.retry_seconds(err))
                 if delay is None:
                     raise self._bound(
@@ -196,8 +198,9 @@ class Attempt:
 
     def _ask(self) -> RequestTokenResult:
         request = self._request
-        wait_deadline = monotonic() + self._options.max_wait
-        backoff = Backoff(self._options.retry_timeout)
+        started = monotonic()
+        wait_deadline = started + self._options.max_wait
+        backoff: Backoff | None = None  # made on the first failure: most calls never need one
         while True:
             try:
                 return self._gate.request_token(
@@ -223,7 +226,10 @@ class Attempt:
                 err.bind(self._gate, self._options.encode)
                 raise
             except OncegateError as err:
-                delay = backoff.next_delay(protocol.retry_seconds(err)) if err.retryable else None
+                if not err.retryable:
+                    raise
+                backoff = backoff or Backoff(self._options.retry_timeout, start=started)
+                delay = backoff.next_delay(protocol.retry_seconds(err))
                 if delay is None:
                     raise
                 time.sleep(delay)

@@ -14,8 +14,12 @@ __all__ = ["Backoff"]
 class Backoff:
     """Exponential backoff with jitter within a time budget."""
 
-    def __init__(self, budget: float, first: float = 0.05, cap: float = 2.0) -> None:
-        self._deadline = time.monotonic() + budget
+    def __init__(
+        self, budget: float, first: float = 0.05, cap: float = 2.0, start: float | None = None
+    ) -> None:
+        """``start`` is when the budget began (``time.monotonic()``), now when ``None``: a caller
+        that makes its backoff only on the first failure passes when its first try began."""
+        self._deadline = (time.monotonic() if start is None else start) + budget
         self._delay = first
         self._cap = cap
 

@@ -96,6 +96,15 @@ class Binding:
         self._defaults = {p.name: p.default for p in visible if p.default is not inspect.Parameter.empty}
         self._order = tuple(p.name for p in visible)
         self._names = frozenset(self._order)
+        self._control = frozenset(name for name in CONTROL_ARGUMENTS if name not in self.parameters)
+        """The control arguments a call may pass without ``fn`` declaring them."""
+        self._var_keyword = next(
+            (p.name for p in self.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD), None
+        )
+        self._params_are_arguments = self._var_keyword is None and not any(
+            name in CONTROL_ARGUMENTS for name in self._order
+        )
+        """Every bound argument is a param: no ``**kwargs`` to spread, no declared control argument."""
 
     def bind(
         self,
@@ -107,24 +116,25 @@ class Binding:
         """The request of one call. Its scope is the call's ``agent_id``/``run_id``, else
         ``scope``, else the ambient :func:`~oncegate.guard.scope`; ``injected`` holds the values
         of the injected parameters."""
-        kwargs = dict(kwargs)
-        control = {
-            key: kwargs.pop(key) for key in CONTROL_ARGUMENTS if key in kwargs and key not in self.parameters
-        }
+        control: dict[str, Any] = {}
+        if not self._control.isdisjoint(kwargs):
+            kwargs = dict(kwargs)
+            control = {
+                key: kwargs.pop(key) for key in CONTROL_ARGUMENTS if key in kwargs and key in self._control
+            }
         bound = self._bind_plain(args, kwargs)
         if bound is None:
             signature_bound = self.signature.bind(*args, **kwargs)
             signature_bound.apply_defaults()
             bound = signature_bound.arguments
-        params: dict[str, Any] = {}
-        for param_name, value in bound.items():
-            pairs = (
-                value.items()
-                if self.parameters[param_name].kind is inspect.Parameter.VAR_KEYWORD
-                else [(param_name, value)]
-            )
-            for key, item in pairs:
-                (control if key in CONTROL_ARGUMENTS else params)[key] = item
+        if self._params_are_arguments:
+            params = dict(bound)
+        else:
+            params = {}
+            for param_name, value in bound.items():
+                pairs = value.items() if param_name == self._var_keyword else [(param_name, value)]
+                for key, item in pairs:
+                    (control if key in CONTROL_ARGUMENTS else params)[key] = item
         agent_id = control.get("agent_id") or (scope.agent_id if scope else None)
         run_id = control.get("run_id") or (scope.run_id if scope else None)
         request = Request(
@@ -135,7 +145,8 @@ class Binding:
             control.get("idempotency_key"),
         )
         arguments = dict(bound)
-        arguments.update((name, (injected or {})[name]) for name in self.injected)
+        if self.injected:
+            arguments.update((name, (injected or {})[name]) for name in self.injected)
         return BoundCall(self, request, arguments)
 
     def _bind_plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:

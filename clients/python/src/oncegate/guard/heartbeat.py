@@ -48,7 +48,7 @@ class Heartbeat:
         return self._ttl / 3
 
     def start(self) -> None:
-        _scheduler().schedule(self, self.interval)
+        _scheduler().schedule(self, self._ttl / 3)
 
     def stop(self) -> None:
         """Stops extending; an extension already in flight is left to finish on its own."""
@@ -78,21 +78,24 @@ class _Scheduler:
         self._due: list[tuple[float, int, Heartbeat]] = []
         self._order = itertools.count()
         self._stale = 0
-        self._wake = threading.Condition()
+        # Scheduling and forgetting take the lock alone (a C context manager, cheaper than the
+        # condition's); only the scheduler thread waits on the condition.
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
         self._pool: ThreadPoolExecutor | None = None
         self._thread = threading.Thread(target=self._run, name="oncegate-heartbeat", daemon=True)
         self._thread.start()
 
     def schedule(self, heartbeat: Heartbeat, delay: float) -> None:
         entry = (time.monotonic() + delay, next(self._order), heartbeat)
-        with self._wake:
+        with self._lock:
             heapq.heappush(self._due, entry)
             if self._due[0] is entry:
                 self._wake.notify()
 
     def forget(self) -> None:
         """One more stopped heartbeat waits in the heap; past half of it, they are swept."""
-        with self._wake:
+        with self._lock:
             self._stale += 1
             if self._stale > 64 and self._stale * 2 > len(self._due):
                 self._due = [e for e in self._due if not e[2].stopped]
