@@ -11,13 +11,16 @@
 pub mod grant;
 pub mod receipt;
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD as B64};
-use ed25519_dalek::{Signature, Signer as _, SigningKey, VerifyingKey};
+use ed25519_dalek::{
+    Signature, SigningKey, VerifyingKey,
+    hazmat::{ExpandedSecretKey, raw_sign},
+};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
+use sha2::{Digest, Sha256, Sha512};
 
 /// Why a statement was refused. The names ([`StatementError::kind`]) are shared with the Python
 /// and TypeScript verifiers and the vectors in `tests/vectors/statements.json`.
@@ -95,6 +98,10 @@ pub fn key_id(public: &VerifyingKey) -> String {
 pub struct StatementKey {
     kid: String,
     key: SigningKey,
+    /// The key's scalar and nonce prefix (SHA-512 of the seed, RFC 8032 §5.1.5), derived once
+    /// rather than at every signature.
+    expanded: Arc<ExpandedSecretKey>,
+    verifying: VerifyingKey,
 }
 
 impl std::fmt::Debug for StatementKey {
@@ -113,9 +120,12 @@ impl StatementKey {
 
     /// Wraps an Ed25519 signing key; the key id is its thumbprint.
     pub fn new(key: SigningKey) -> Self {
+        let verifying = key.verifying_key();
         Self {
-            kid: key_id(&key.verifying_key()),
+            kid: key_id(&verifying),
+            expanded: Arc::new(ExpandedSecretKey::from(key.as_bytes())),
             key,
+            verifying,
         }
     }
 
@@ -126,7 +136,7 @@ impl StatementKey {
 
     /// The public half.
     pub fn public(&self) -> VerifyingKey {
-        self.key.verifying_key()
+        self.verifying
     }
 
     /// The signing key itself (to write it to a file).
@@ -134,8 +144,8 @@ impl StatementKey {
         &self.key
     }
 
-    /// Signs `claims` as a statement of type `typ`: one Ed25519 signature, nothing cached or
-    /// batched.
+    /// Signs `claims` as a statement of type `typ`: one Ed25519 signature (RFC 8032, the same
+    /// bytes [`SigningKey::sign`] gives), nothing batched.
     pub fn sign<C: Serialize>(&self, typ: &str, claims: &C) -> String {
         let header = Header {
             alg: "EdDSA".into(),
@@ -149,7 +159,7 @@ impl StatementKey {
         B64.encode_string(&header, &mut out);
         out.push('.');
         B64.encode_string(&claims, &mut out);
-        let signature = self.key.sign(out.as_bytes());
+        let signature = raw_sign::<Sha512>(&self.expanded, out.as_bytes(), &self.verifying);
         out.push('.');
         B64.encode_string(signature.to_bytes(), &mut out);
         out

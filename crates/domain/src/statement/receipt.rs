@@ -45,12 +45,37 @@ pub struct ReceiptCore {
     pub completed_at: i64,
 }
 
-/// The object an entry's digest is taken over: the core's fields and `prev`.
+/// The object an entry's digest is taken over: the core's fields and `prev`, declared in the
+/// order RFC 8785 (JCS) sorts their names, so that serde_json's compact output *is* the JCS form:
+/// it writes no whitespace, integers in decimal, and strings with JCS's escaping (`\"`, `\\`,
+/// `\b \f \n \r \t`, other control characters as lowercase `\u00xx`, nothing else escaped).
+/// `the_digest_is_the_jcs_form_of_the_linked_entry` checks it against a JCS implementation.
 #[derive(Serialize)]
 struct Linked<'a> {
-    #[serde(flatten)]
-    core: &'a ReceiptCore,
+    agent: &'a str,
+    completed_at: i64,
+    fencing: u64,
+    fingerprint: &'a str,
+    key: &'a str,
     prev: &'a str,
+    receipt_digest: &'a str,
+    run: &'a str,
+    seq: u64,
+    source: &'a str,
+}
+
+/// Feeds what serde_json writes straight into the hash: no buffer.
+struct Hashing(Sha256);
+
+impl std::io::Write for Hashing {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl ReceiptCore {
@@ -59,9 +84,22 @@ impl ReceiptCore {
     /// `seq - 1`, [`FIRST_PREV`] for entry 1). Covering `prev` makes it cover the whole chain up
     /// to this entry.
     pub fn digest(&self, prev: &str) -> String {
-        let canonical = serde_json_canonicalizer::to_vec(&Linked { core: self, prev })
-            .expect("a core serializes");
-        hex::encode(Sha256::digest(&canonical))
+        let linked = Linked {
+            agent: &self.agent,
+            completed_at: self.completed_at,
+            fencing: self.fencing,
+            fingerprint: &self.fingerprint,
+            key: &self.key,
+            prev,
+            receipt_digest: &self.receipt_digest,
+            run: &self.run,
+            seq: self.seq,
+            source: &self.source,
+        };
+        let mut hashing = Hashing(Sha256::new());
+        // Writing strings and integers into a hash cannot fail.
+        serde_json::to_writer(&mut hashing, &linked).expect("a core serializes");
+        hex::encode(hashing.0.finalize())
     }
 }
 
@@ -131,25 +169,39 @@ pub struct Sealed {
 /// whose digest is `prev` ([`FIRST_PREV`] when it is entry 1): signs its last entry, and one
 /// entry in every [`MAX_COVERED`] + 1 before it, so that no statement lists more digests.
 pub fn seal(signer: &dyn ReceiptSigner, prev: &str, run: &[ReceiptCore]) -> Sealed {
-    let mut prev = prev.to_owned();
+    let mut digests: Vec<String> = Vec::with_capacity(run.len());
+    for core in run {
+        let digest = core.digest(digests.last().map_or(prev, String::as_str));
+        digests.push(digest);
+    }
+    let linked: Vec<(&ReceiptCore, &str)> =
+        run.iter().zip(digests.iter().map(String::as_str)).collect();
+    Sealed {
+        heads: sign_heads(signer, prev, &linked),
+        digest: digests.pop().unwrap_or_else(|| prev.to_owned()),
+    }
+}
+
+/// [`seal`] for a store that already has each entry's digest (it computed it to link the next
+/// entry): `run` is each entry with its [`ReceiptCore::digest`], oldest first, the first following
+/// the entry whose digest is `prev`. Returns the heads: (index into `run`, statement).
+pub fn sign_heads(
+    signer: &dyn ReceiptSigner,
+    prev: &str,
+    run: &[(&ReceiptCore, &str)],
+) -> Vec<(usize, String)> {
+    let mut prev = prev;
     let mut covers = Vec::new();
     let mut heads = Vec::new();
-    for (i, core) in run.iter().enumerate() {
-        let digest = core.digest(&prev);
+    for (i, &(core, digest)) in run.iter().enumerate() {
         if i + 1 == run.len() || covers.len() == MAX_COVERED {
-            heads.push((
-                i,
-                signer.sign_head(core, &prev, std::mem::take(&mut covers)),
-            ));
+            heads.push((i, signer.sign_head(core, prev, std::mem::take(&mut covers))));
         } else {
-            covers.push(digest.clone());
+            covers.push(digest.to_owned());
         }
         prev = digest;
     }
-    Sealed {
-        heads,
-        digest: prev,
-    }
+    heads
 }
 
 /// One stored entry of a chain: its core, and its statement (empty unless the entry is a signed

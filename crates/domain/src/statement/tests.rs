@@ -5,7 +5,7 @@ use super::{
     grant::{GrantCheck, GrantClaims, verify_grant},
     receipt::{
         ChainEntry, FIRST_PREV, MAX_COVERED, ReceiptClaims, ReceiptCore, ReceiptSigner, seal,
-        verify_chain,
+        sign_heads, verify_chain,
     },
 };
 use crate::fingerprint::{self, KeyFields, ParamsLimits};
@@ -314,4 +314,75 @@ fn an_intact_chain_verifies_and_every_tampering_is_named() {
         (3, vec![], 0),
         "entry 3's head covers entry 2"
     );
+}
+
+/// The digest as docs/CONTRACT.md §4.x defines it, with a general RFC 8785 implementation: the
+/// JCS form of the ten members (names sorted by the canonicalizer, not by declaration order).
+fn digest_by_the_definition(core: &ReceiptCore, prev: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let object = serde_json::json!({
+        "seq": core.seq, "agent": core.agent, "run": core.run, "key": core.key,
+        "fingerprint": core.fingerprint, "receipt_digest": core.receipt_digest,
+        "fencing": core.fencing, "source": core.source, "completed_at": core.completed_at,
+        "prev": prev,
+    });
+    let canonical = serde_json_canonicalizer::to_vec(&object).unwrap();
+    hex::encode(Sha256::digest(&canonical))
+}
+
+proptest::proptest! {
+    #[test]
+    fn the_digest_is_the_jcs_form_of_the_linked_entry(
+        seq in 0u64..(1 << 53),
+        strings in proptest::collection::vec(r#"[a-zé€😀\\"\n\r\t\x00\x01\x08\x0c\x1f\x7f/<>&'~]{0,8}"#, 7),
+        fencing in 0u64..(1 << 53),
+        completed_at in -(1i64 << 53)..(1i64 << 53),
+    ) {
+        let core = ReceiptCore {
+            seq,
+            agent: strings[0].clone(),
+            run: strings[1].clone(),
+            key: strings[2].clone(),
+            fingerprint: strings[3].clone(),
+            receipt_digest: strings[4].clone(),
+            fencing,
+            source: strings[5].clone(),
+            completed_at,
+        };
+        let prev = &strings[6];
+        proptest::prop_assert_eq!(core.digest(prev), digest_by_the_definition(&core, prev));
+    }
+}
+
+#[test]
+fn the_signature_is_ed25519_of_the_signing_input_as_the_plain_signer_makes_it() {
+    use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD as B64};
+    use ed25519_dalek::Signer as _;
+    for n in [1, 2, 7] {
+        let key = key(n);
+        let statement = claims().sign(&key);
+        let (signed, signature) = statement.rsplit_once('.').unwrap();
+        let expected = key.signing_key().sign(signed.as_bytes()).to_bytes();
+        assert_eq!(B64.decode(signature).unwrap(), expected.to_vec());
+    }
+}
+
+#[test]
+fn sealing_with_the_digests_a_store_kept_signs_the_same_heads() {
+    let signer = TestSigner(key(1));
+    let run: Vec<ReceiptCore> = (4..4 + MAX_COVERED as u64 + 3)
+        .map(|seq| core(seq, &format!("k{seq}")))
+        .collect();
+    let prev = core(3, "k3").digest("abc");
+    let sealed = seal(&signer, &prev, &run);
+    let mut digests: Vec<String> = Vec::new();
+    for core in &run {
+        let digest = core.digest(digests.last().unwrap_or(&prev));
+        digests.push(digest);
+    }
+    let linked: Vec<(&ReceiptCore, &str)> =
+        run.iter().zip(digests.iter().map(String::as_str)).collect();
+    assert_eq!(sign_heads(&signer, &prev, &linked), sealed.heads);
+    assert_eq!(sealed.heads.len(), 2);
+    assert_eq!(digests.last(), Some(&sealed.digest));
 }

@@ -4,6 +4,9 @@
 //! entry of a group commit is its *head*: signed once, in the same transaction, before the batch
 //! is made durable ([`Batch::seal`]), so every committed entry is covered by a signed head and a
 //! crash leaves nothing unsigned.
+//!
+//! Per batch, each agent's stored tail is read once; the batch's entries are linked in memory
+//! (each digest computed once) and written once, with their statements, when the batch is sealed.
 
 use std::collections::HashMap;
 
@@ -15,7 +18,7 @@ use crate::{Receipts, source_name};
 use oncegate_domain::{
     ActionKey,
     ledger::Completion,
-    statement::receipt::{ChainEntry, FIRST_PREV, ReceiptCore, receipt_digest, seal},
+    statement::receipt::{ChainEntry, FIRST_PREV, ReceiptCore, receipt_digest, sign_heads},
 };
 
 /// agent prefix ++ seq → entry (MessagePack).
@@ -33,19 +36,30 @@ struct Stored {
     digest: String,
 }
 
-/// The entries one group commit appended, per agent, to be sealed before the commit.
+/// The entries one group commit appended, per agent, to be sealed and stored before the commit.
 #[derive(Default)]
 pub(super) struct Batch {
     runs: HashMap<String, Run>,
 }
 
-/// One agent's entries of the batch.
+/// One agent's chain in the batch: where it stood before the batch, and the entries appended.
 struct Run {
-    signer: Receipts,
-    /// The digest of the entry before the run.
-    prev: String,
-    /// (table key, entry), in chain order.
+    /// The first append's signer (every call of one gate carries the same one).
+    signer: Option<Receipts>,
+    /// The seq and digest of the entry before the run (0 and [`FIRST_PREV`]: none).
+    before: (u64, String),
+    /// (table key, entry), in chain order; stored by [`Batch::seal`], each written once.
     entries: Vec<(Vec<u8>, Stored)>,
+}
+
+impl Run {
+    /// The seq and digest the next entry follows.
+    fn tail(&self) -> (u64, &str) {
+        match self.entries.last() {
+            Some((_, last)) => (last.core.seq, &last.digest),
+            None => (self.before.0, &self.before.1),
+        }
+    }
 }
 
 fn prefix(agent_id: &str) -> Vec<u8> {
@@ -65,16 +79,6 @@ fn corrupt(e: impl std::fmt::Display) -> redb::Error {
     redb::Error::Corrupted(format!("a receipt chain entry: {e}"))
 }
 
-/// Reads the last entry of the chain of the agent of `encoded_key` (failing when it cannot be
-/// read), so that a step knows before it writes anything that it can append.
-pub(super) fn check_tail(
-    table: &impl ReadableTable<&'static [u8], &'static [u8]>,
-    encoded_key: &[u8],
-) -> Result<(), redb::Error> {
-    let key = ActionKey::decode(encoded_key).ok_or_else(|| corrupt("undecodable action key"))?;
-    tail(table, &key.agent_id).map(drop)
-}
-
 /// The last entry of `agent_id`'s chain, if any.
 fn tail(
     table: &impl ReadableTable<&'static [u8], &'static [u8]>,
@@ -91,12 +95,46 @@ fn tail(
 }
 
 impl Batch {
+    /// Reads, once per batch, the last stored entry of the chain of the agent of `encoded_key`
+    /// (failing when it cannot be read), so that a step knows before it writes anything that it
+    /// can append, and its append links to it without reading it again.
+    pub(super) fn check_tail(
+        &mut self,
+        table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+        encoded_key: &[u8],
+    ) -> Result<(), redb::Error> {
+        let key =
+            ActionKey::decode(encoded_key).ok_or_else(|| corrupt("undecodable action key"))?;
+        self.run(table, key.agent_id).map(drop)
+    }
+
+    /// The batch's run of `agent_id`'s chain, begun from its stored tail on first use.
+    fn run(
+        &mut self,
+        table: &impl ReadableTable<&'static [u8], &'static [u8]>,
+        agent_id: String,
+    ) -> Result<&mut Run, redb::Error> {
+        use std::collections::hash_map::Entry;
+        Ok(match self.runs.entry(agent_id) {
+            Entry::Occupied(run) => run.into_mut(),
+            Entry::Vacant(vacant) => {
+                let before = tail(table, vacant.key())?
+                    .map_or_else(|| (0, FIRST_PREV.to_owned()), |t| (t.core.seq, t.digest));
+                vacant.insert(Run {
+                    signer: None,
+                    before,
+                    entries: Vec::new(),
+                })
+            }
+        })
+    }
+
     /// Appends a just-recorded completion to its agent's chain: the completion gets its place
     /// (`seq`); its statement comes with the batch's head ([`Batch::seal`]), so the completion
     /// itself carries none. `fingerprint` is the record's request hash.
     pub(super) fn append(
         &mut self,
-        table: &mut Table<&[u8], &[u8]>,
+        table: &impl ReadableTable<&'static [u8], &'static [u8]>,
         signer: &Receipts,
         encoded_key: &[u8],
         fingerprint: &str,
@@ -104,9 +142,11 @@ impl Batch {
     ) -> Result<(), redb::Error> {
         let key =
             ActionKey::decode(encoded_key).ok_or_else(|| corrupt("undecodable action key"))?;
-        let previous = tail(table, &key.agent_id)?;
+        let entry = |seq| entry_key(&key.agent_id, seq);
+        let run = self.run(table, key.agent_id.clone())?;
+        let (last, prev) = run.tail();
         let core = ReceiptCore {
-            seq: previous.as_ref().map_or(1, |p| p.core.seq + 1),
+            seq: last + 1,
             agent: key.agent_id.clone(),
             run: key.run_id,
             key: key.key,
@@ -116,53 +156,55 @@ impl Batch {
             source: source_name(completion.source).into(),
             completed_at: completion.completed_at,
         };
-        let prev = previous.map_or_else(|| FIRST_PREV.to_owned(), |p| p.digest);
-        let digest = core.digest(&prev);
+        let digest = core.digest(prev);
         completion.seq = core.seq;
         completion.statement = String::new();
-        let entry = entry_key(&key.agent_id, core.seq);
-        let stored = Stored {
-            core,
-            statement: String::new(),
-            digest,
-        };
-        let bytes = rmp_serde::to_vec(&stored).map_err(corrupt)?;
-        table.insert(entry.as_slice(), bytes.as_slice())?;
-        self.runs
-            .entry(key.agent_id)
-            .or_insert_with(|| Run {
-                signer: signer.clone(),
-                prev,
-                entries: Vec::new(),
-            })
-            .entries
-            .push((entry, stored));
+        run.signer.get_or_insert_with(|| signer.clone());
+        run.entries.push((
+            entry(core.seq),
+            Stored {
+                core,
+                statement: String::new(),
+                digest,
+            },
+        ));
         Ok(())
     }
 
     /// Signs each agent's head (its last entry of the batch, linked to the entries before it and
-    /// listing their digests), stores it, and hands every appended entry to the write-ahead log.
+    /// listing their digests), stores every appended entry, and hands them to the write-ahead log.
+    /// The batch is empty afterwards.
     pub(super) fn seal(
-        self,
+        &mut self,
         table: &mut Table<&[u8], &[u8]>,
         writes: &mut Vec<wal::Entry>,
     ) -> Result<(), redb::Error> {
-        for run in self.runs.into_values() {
-            let cores: Vec<ReceiptCore> = run.entries.iter().map(|(_, s)| s.core.clone()).collect();
-            let sealed = seal(run.signer.as_ref(), &run.prev, &cores);
+        for (_, run) in self.runs.drain() {
+            let (Some(signer), false) = (&run.signer, run.entries.is_empty()) else {
+                continue;
+            };
+            let linked: Vec<(&ReceiptCore, &str)> = run
+                .entries
+                .iter()
+                .map(|(_, s)| (&s.core, s.digest.as_str()))
+                .collect();
+            let heads = sign_heads(signer.as_ref(), &run.before.1, &linked);
             let mut entries = run.entries;
-            for (i, statement) in sealed.heads {
+            for (i, statement) in heads {
                 entries[i].1.statement = statement;
             }
             for (key, stored) in entries {
                 let bytes = rmp_serde::to_vec(&stored).map_err(corrupt)?;
-                if !stored.statement.is_empty() {
-                    table.insert(key.as_slice(), bytes.as_slice())?;
-                }
+                table.insert(key.as_slice(), bytes.as_slice())?;
                 writes.push(wal::Entry::receipt(key, bytes));
             }
         }
         Ok(())
+    }
+
+    /// Whether entries wait to be sealed.
+    pub(super) fn is_empty(&self) -> bool {
+        self.runs.values().all(|run| run.entries.is_empty())
     }
 }
 

@@ -145,6 +145,10 @@ fn run_job(
             return read(page.map(|p| replied(now, p)), tx);
         }
         Op::Chain(request, tx) => {
+            // Entries appended earlier in this batch are stored (and signed) before the read.
+            if !chains.is_empty() {
+                chains.seal(&mut tables.receipts, writes)?;
+            }
             let entries = chain::export(
                 &tables.receipts,
                 &request.agent_id,
@@ -187,7 +191,7 @@ fn run_job(
         }
         op => op,
     };
-    let (current, side) = match load(tables, &key, &op) {
+    let (current, side) = match load(tables, chains, &key, &op) {
         Ok(loaded) => loaded,
         Err(redb::Error::Corrupted(what)) => {
             unreadable(&what);
@@ -196,7 +200,7 @@ fn run_job(
         }
         Err(e) => return Err(e),
     };
-    let receipts = &mut tables.receipts;
+    let receipts = &tables.receipts;
     let (write, side_write, reply) =
         apply(op, current.as_ref(), &side, now, &mut |(signer, fp), c| {
             chains.append(receipts, signer, &key, fp, c)
@@ -242,7 +246,12 @@ fn unreadable(what: &str) {
 
 /// Reads the record and the side state a step runs on, decoding every stored value it needs before
 /// anything is written (a `Corrupted` error names the one that cannot be read).
-fn load(tables: &Tables<'_>, key: &[u8], op: &Op) -> Result<(Option<Record>, Side), redb::Error> {
+fn load(
+    tables: &Tables<'_>,
+    chains: &mut chain::Batch,
+    key: &[u8],
+    op: &Op,
+) -> Result<(Option<Record>, Side), redb::Error> {
     let current = match tables.records.get(key)? {
         Some(bytes) => Some(decode(key, bytes.value())?),
         None => None,
@@ -265,8 +274,9 @@ fn load(tables: &Tables<'_>, key: &[u8], op: &Op) -> Result<(Option<Record>, Sid
     | Op::External(_, Some(_), _)
     | Op::Resolve(_, _, Some(_), _) = op
     {
-        // The chain's last entry, read now so that an unreadable one fails this call only.
-        chain::check_tail(&tables.receipts, key)?;
+        // The chain's last entry, read now (once per batch) so that an unreadable one fails this
+        // call only.
+        chains.check_tail(&tables.receipts, key)?;
     }
     Ok((current, side))
 }
