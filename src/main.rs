@@ -23,7 +23,7 @@ use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
 use cli::{Cli, Command};
-use oncegate_config::{Config, Notice, ServeArgs, exit};
+use oncegate_config::{Config, Notice, ServeArgs, defaults, exit};
 use oncegate_gate::{Emitter, Gate};
 use oncegate_grpc::{auth, server};
 use oncegate_observe::{
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
             );
             ExitCode::from(exit::USAGE)
         }
-        Command::Serve(args) => with_runtime_of(args.worker_threads, |runtime| {
+        Command::Serve(args) => with_runtime_of(Some(serve_workers(&args)), |runtime| {
             // Inside the runtime: an OTLP exporter's channel lives on it.
             let _runtime = runtime.enter();
             let _telemetry = telemetry::init(args.log_format, args.otlp_endpoint());
@@ -86,14 +86,20 @@ fn with_runtime(run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode) -> ExitC
     with_runtime_of(None, run)
 }
 
-/// [`with_runtime`] with `workers` threads (one per CPU when `None`).
+/// [`with_runtime`] with `workers` threads (one per CPU when `None`). One thread is Tokio's
+/// current-thread scheduler: its tasks run in the order they were woken, so the calls that became
+/// ready together have their Redis commands and their replies written together (one `writev`
+/// each), where the multi-thread scheduler runs a woken task first and writes each on its own.
 fn with_runtime_of(
     workers: Option<u16>,
     run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode,
 ) -> ExitCode {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    let mut builder = match workers {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
     builder.enable_all();
-    if let Some(workers) = workers {
+    if let Some(workers) = workers.filter(|&w| w > 1) {
         builder.worker_threads(usize::from(workers));
     }
     match builder.build() {
@@ -103,6 +109,15 @@ fn with_runtime_of(
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--worker-threads`, or its default for the CPUs this process may use
+/// ([`defaults::worker_threads`]).
+fn serve_workers(args: &ServeArgs) -> u16 {
+    args.worker_threads.unwrap_or_else(|| {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        defaults::worker_threads(cpus)
+    })
 }
 
 /// `oncegate hash-key`: the SHA-256 of the key on standard input (one trailing newline ignored).
@@ -214,6 +229,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         strict = config.policies.strict, principals = config.server.principals.len(),
         budgets = config.authorization.budgets.len(),
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+        runtime = runtime_flavor(), cpus = std::thread::available_parallelism().map_or(1, |n| n.get()),
         admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
         "oncegate serving");
     if let Some(rules) = &config.authorization.rules {
@@ -258,6 +274,15 @@ async fn serve(args: ServeArgs) -> ExitCode {
             tracing::error!(error = %e, "server failed");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The scheduler that runs calls, for the start-up line: `current_thread` (one thread) or
+/// `multi_thread`.
+fn runtime_flavor() -> &'static str {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => "current_thread",
+        _ => "multi_thread",
     }
 }
 

@@ -45,12 +45,13 @@ pub struct ServeArgs {
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_CONSOLE_LISTEN")]
     pub console_listen: Option<SocketAddr>,
 
-    /// Threads that run calls (the async runtime's workers). Default: one per CPU available to
-    /// the process. Where the gate shares a small machine with its Redis or its workers, fewer
-    /// threads spend less CPU per call (on 2 cores, 1 thread: about a quarter less, and more
-    /// calls per second; BENCHMARKS.md).
+    /// Threads that run calls (the async runtime's workers). Default: one on a machine of one or
+    /// two CPUs (available to the process), else one per CPU. One thread runs Tokio's
+    /// current-thread scheduler: on 2 cores shared with Redis it spends about a third less CPU
+    /// per call than two (BENCHMARKS.md, "Gate CPU per call"); give more where the gate has the
+    /// cores to itself. The start-up line logs the count and the scheduler.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_WORKER_THREADS",
-          value_parser = clap::value_parser!(u16).range(1..=1024))]
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(defaults::MAX_WORKER_THREADS)))]
     pub worker_threads: Option<u16>,
 
     /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
