@@ -23,7 +23,7 @@ use std::{process::ExitCode, sync::Arc};
 
 use clap::Parser;
 use cli::{Cli, Command};
-use oncegate_config::{Config, Notice, ServeArgs, defaults, exit};
+use oncegate_config::{Config, Notice, ServeArgs, exit};
 use oncegate_gate::{Emitter, Gate};
 use oncegate_grpc::{auth, server};
 use oncegate_observe::{
@@ -73,7 +73,7 @@ fn main() -> ExitCode {
             );
             ExitCode::from(exit::USAGE)
         }
-        Command::Serve(args) => with_runtime_of(Some(serve_workers(&args)), |runtime| {
+        Command::Serve(args) => with_runtime_of(args.worker_threads, |runtime| {
             // Inside the runtime: an OTLP exporter's channel lives on it.
             let _runtime = runtime.enter();
             let _telemetry = telemetry::init(args.log_format, args.otlp_endpoint());
@@ -109,15 +109,6 @@ fn with_runtime_of(
             ExitCode::FAILURE
         }
     }
-}
-
-/// `--worker-threads`, or its default for the CPUs this process may use
-/// ([`defaults::worker_threads`]).
-fn serve_workers(args: &ServeArgs) -> u16 {
-    args.worker_threads.unwrap_or_else(|| {
-        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        defaults::worker_threads(cpus)
-    })
 }
 
 /// `oncegate hash-key`: the SHA-256 of the key on standard input (one trailing newline ignored).

@@ -396,21 +396,15 @@ fn worker_threads_are_what_the_flag_says_and_zero_is_refused() {
     );
     drop(gate);
 
-    // Without the flag: one thread on two CPUs or fewer, else one per CPU, and the line says so.
+    // Without the flag: the multi-thread scheduler, one worker per CPU, and the line says so.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let expected = oncegate_config::defaults::worker_threads(cpus);
-    let runtime = if expected == 1 {
-        "current_thread"
-    } else {
-        "multi_thread"
-    };
     let dir = TempDir::new().unwrap();
     let gate =
         crate::support::LoggedGate::start(&dir, &["--listen", "127.0.0.1:0", "--no-admin-socket"]);
     let log = gate.wait_for_log("oncegate serving", 1);
     assert!(
         log.contains(&format!(
-            "worker_threads={expected} runtime=\"{runtime}\" cpus={cpus}"
+            "worker_threads={cpus} runtime=\"multi_thread\" cpus={cpus}"
         )),
         "{log}"
     );

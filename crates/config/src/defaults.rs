@@ -31,19 +31,6 @@ pub const SENTINEL_CHECK_MS: u64 = 1000;
 pub const SEAL_INTERVAL_MS: u64 = 50;
 /// Connections reserved for calls that `WAIT` for replicas (when a durability level is set).
 pub const WAIT_LANES: usize = 4;
-/// Threads that run calls when `--worker-threads` is not given, on a machine where the process
-/// may use `cpus` CPUs: one (Tokio's current-thread scheduler) on one or two CPUs, else one per
-/// CPU. On two cores the gate shares the machine with its Redis or its callers, and a second
-/// thread costs more than it brings: each call wakes the other thread, and the calls that become
-/// ready together no longer write their Redis commands and replies together (BENCHMARKS.md, "Gate
-/// CPU per call"). `--worker-threads 2` is the earlier default there.
-pub fn worker_threads(cpus: usize) -> u16 {
-    if cpus <= 2 {
-        1
-    } else {
-        u16::try_from(cpus).map_or(MAX_WORKER_THREADS, |n| n.min(MAX_WORKER_THREADS))
-    }
-}
 /// The most `--worker-threads` accepts.
 pub const MAX_WORKER_THREADS: u16 = 1024;
 /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
@@ -97,16 +84,3 @@ pub const MCP_IN_PROGRESS_WAIT_SECONDS: u64 = 30;
 pub const MCP_CALL_TIMEOUT_SECONDS: u64 = 600;
 /// `oncegate mcp --listen`: the path of the Streamable HTTP endpoint.
 pub const MCP_PATH: &str = "/mcp";
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn one_thread_on_two_cpus_or_fewer_else_one_per_cpu() {
-        use super::{MAX_WORKER_THREADS, worker_threads};
-        assert_eq!(worker_threads(1), 1);
-        assert_eq!(worker_threads(2), 1);
-        assert_eq!(worker_threads(3), 3);
-        assert_eq!(worker_threads(16), 16);
-        assert_eq!(worker_threads(100_000), MAX_WORKER_THREADS);
-    }
-}

@@ -45,11 +45,12 @@ pub struct ServeArgs {
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_CONSOLE_LISTEN")]
     pub console_listen: Option<SocketAddr>,
 
-    /// Threads that run calls (the async runtime's workers). Default: one on a machine of one or
-    /// two CPUs (available to the process), else one per CPU. One thread runs Tokio's
-    /// current-thread scheduler: on 2 cores shared with Redis it spends about a third less CPU
-    /// per call than two (BENCHMARKS.md, "Gate CPU per call"); give more where the gate has the
-    /// cores to itself. The start-up line logs the count and the scheduler.
+    /// Threads that run calls (the async runtime's workers). Default: one per CPU available to
+    /// the process. 1 runs Tokio's current-thread scheduler, which writes the Redis commands and
+    /// replies of the calls ready together in one system call each: on 2 cores shared with Redis,
+    /// about 0.7x the gate CPU per call of the default, but fewer calls per second when the cores
+    /// are free, and half the calls per second on the embedded store (BENCHMARKS.md, "Gate CPU per
+    /// call"). The start-up line logs the count, the scheduler and the CPUs.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_WORKER_THREADS",
           value_parser = clap::value_parser!(u16).range(1..=i64::from(defaults::MAX_WORKER_THREADS)))]
     pub worker_threads: Option<u16>,

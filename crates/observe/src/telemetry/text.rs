@@ -27,16 +27,9 @@ use tracing_subscriber::{
 };
 
 /// The text format (see the module's doc).
+#[derive(Default)]
 pub struct TextFormat {
     fallback: format::Format<format::Full, time::SystemTime>,
-}
-
-impl Default for TextFormat {
-    fn default() -> Self {
-        Self {
-            fallback: format::Format::default(),
-        }
-    }
 }
 
 impl<S, N> FormatEvent<S, N> for TextFormat
