@@ -279,7 +279,7 @@ mod tests {
         for (d, f) in default.iter().zip(&fast) {
             assert_eq!(d[27..], f[27..], "after the timestamp");
             for line in [d, f] {
-                let stamp = line[..27].as_bytes();
+                let stamp = &line.as_bytes()[..27];
                 assert_eq!(&stamp[26..], b" ", "{line:?}");
                 assert_eq!(stamp[25], b'Z', "{line:?}");
                 assert_eq!(stamp[19], b'.', "{line:?}");
