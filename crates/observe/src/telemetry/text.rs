@@ -277,11 +277,11 @@ mod tests {
         assert_eq!(default.len(), 6, "{default:#?}");
         assert_eq!(default.len(), fast.len());
         for (d, f) in default.iter().zip(&fast) {
-            assert_eq!(d[27..], f[27..], "after the timestamp");
+            assert_eq!(d[28..], f[28..], "after the timestamp");
             for line in [d, f] {
-                let stamp = &line.as_bytes()[..27];
-                assert_eq!(&stamp[26..], b" ", "{line:?}");
-                assert_eq!(stamp[25], b'Z', "{line:?}");
+                let stamp = &line.as_bytes()[..28];
+                assert_eq!(stamp[27], b' ', "{line:?}");
+                assert_eq!(stamp[26], b'Z', "{line:?}");
                 assert_eq!(stamp[19], b'.', "{line:?}");
                 assert_eq!(stamp[10], b'T', "{line:?}");
             }
