@@ -81,14 +81,20 @@ fn with_runtime(run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode) -> ExitC
     with_runtime_of(None, run)
 }
 
-/// [`with_runtime`] with `workers` threads (one per CPU when `None`).
+/// [`with_runtime`] with `workers` threads (one per CPU when `None`). One thread is Tokio's
+/// current-thread scheduler: its tasks run in the order they were woken, so the calls that became
+/// ready together have their Redis commands and their replies written together (one `writev`
+/// each), where the multi-thread scheduler runs a woken task first and writes each on its own.
 fn with_runtime_of(
     workers: Option<u16>,
     run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode,
 ) -> ExitCode {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    let mut builder = match workers {
+        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        _ => tokio::runtime::Builder::new_multi_thread(),
+    };
     builder.enable_all();
-    if let Some(workers) = workers {
+    if let Some(workers) = workers.filter(|&w| w > 1) {
         builder.worker_threads(usize::from(workers));
     }
     match builder.build() {

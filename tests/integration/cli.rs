@@ -390,5 +390,22 @@ fn worker_threads_are_what_the_flag_says_and_zero_is_refused() {
         ],
     );
     let log = gate.wait_for_log("oncegate serving", 1);
-    assert!(log.contains("worker_threads=1"), "{log}");
+    assert!(
+        log.contains("worker_threads=1 runtime=\"current_thread\""),
+        "one thread is the current-thread scheduler: {log}"
+    );
+    drop(gate);
+
+    // Without the flag: the multi-thread scheduler, one worker per CPU, and the line says so.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let dir = TempDir::new().unwrap();
+    let gate =
+        crate::support::LoggedGate::start(&dir, &["--listen", "127.0.0.1:0", "--no-admin-socket"]);
+    let log = gate.wait_for_log("oncegate serving", 1);
+    assert!(
+        log.contains(&format!(
+            "worker_threads={cpus} runtime=\"multi_thread\" cpus={cpus}"
+        )),
+        "{log}"
+    );
 }

@@ -31,6 +31,8 @@ pub const SENTINEL_CHECK_MS: u64 = 1000;
 pub const SEAL_INTERVAL_MS: u64 = 50;
 /// Connections reserved for calls that `WAIT` for replicas (when a durability level is set).
 pub const WAIT_LANES: usize = 4;
+/// The most `--worker-threads` accepts.
+pub const MAX_WORKER_THREADS: u16 = 1024;
 /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
 pub const DRAIN_SECONDS: u64 = 20;
 /// Largest accepted gRPC request message, in bytes.

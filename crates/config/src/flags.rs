@@ -46,11 +46,13 @@ pub struct ServeArgs {
     pub console_listen: Option<SocketAddr>,
 
     /// Threads that run calls (the async runtime's workers). Default: one per CPU available to
-    /// the process. Where the gate shares a small machine with its Redis or its workers, fewer
-    /// threads spend less CPU per call (on 2 cores, 1 thread: about a quarter less, and more
-    /// calls per second; BENCHMARKS.md).
+    /// the process. 1 runs Tokio's current-thread scheduler, which writes the Redis commands and
+    /// replies of the calls ready together in one system call each: on 2 cores shared with Redis,
+    /// about 0.7x the gate CPU per call of the default, but fewer calls per second when the cores
+    /// are free, and half the calls per second on the embedded store (BENCHMARKS.md, "Gate CPU per
+    /// call"). The start-up line logs the count, the scheduler and the CPUs.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_WORKER_THREADS",
-          value_parser = clap::value_parser!(u16).range(1..=1024))]
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(defaults::MAX_WORKER_THREADS)))]
     pub worker_threads: Option<u16>,
 
     /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.

@@ -140,6 +140,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         strict = config.policies.strict, principals = config.server.principals.len(),
         budgets = config.authorization.budgets.len(),
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+        runtime = runtime_flavor(), cpus = std::thread::available_parallelism().map_or(1, |n| n.get()),
         admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
         "oncegate serving");
     if let Some(rules) = &config.authorization.rules {
@@ -214,6 +215,15 @@ impl Server {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), ServeError> {
         server::run(self.listener, self.gate, self.options, shutdown).await
+    }
+}
+
+/// The scheduler that runs calls, for the start-up line: `current_thread` (one thread) or
+/// `multi_thread`.
+fn runtime_flavor() -> &'static str {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => "current_thread",
+        _ => "multi_thread",
     }
 }
 

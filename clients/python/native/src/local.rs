@@ -3,7 +3,9 @@
 //! `--unsigned`, ...; `--help` lists them) and nothing from the environment: a Python process's
 //! `ONCEGATE_*` variables belong to whatever else it runs, not to a gate it starts in passing.
 //!
-//! The server runs on a tokio runtime of its own (its workers are the gate's `--worker-threads`),
+//! The server runs on a tokio runtime of its own (its workers are the gate's `--worker-threads`;
+//! one is a one-worker runtime here, not `serve`'s current-thread one, since no caller's thread
+//! drives it),
 //! apart from the client's runtimes ([`crate::runtime`]), and listens on loopback TCP as a gate
 //! server does, so that every client, native or grpcio, threaded or asyncio, reaches it the same
 //! way and reads the same answers and errors. [`LocalServer::stop`] drains it and drops the

@@ -10,6 +10,7 @@
 use std::{
     future::Future,
     pin::Pin,
+    sync::Arc,
     task::{Context, Poll},
     time::Instant,
 };
@@ -126,7 +127,7 @@ where
         RpcFuture {
             inner,
             observed: Some(Observed {
-                span,
+                span: Arc::new(span),
                 rpc,
                 start,
                 metrics: self.metrics.clone(),
@@ -136,7 +137,7 @@ where
 }
 
 struct Observed {
-    span: Span,
+    span: Arc<Span>,
     rpc: String,
     start: Instant,
     metrics: Metrics,
@@ -184,7 +185,7 @@ where
             let elapsed = observed.start.elapsed();
             // The span's last event: logs show its fields only with an event, and the code is
             // known only now.
-            tracing::info!(target: RPC_END, parent: &observed.span,
+            tracing::info!(target: RPC_END, parent: &*observed.span,
                 elapsed_ms = elapsed.as_micros() as f64 / 1000.0, "finished");
             // UNIMPLEMENTED is what tonic answers for a method no service has: the path came from
             // the client, so it must not become a label value.

@@ -12,6 +12,9 @@
 pub mod layer;
 #[cfg(feature = "otel")]
 pub mod otel;
+mod text;
+
+use std::sync::Arc;
 
 use tracing::Span;
 use tracing_subscriber::{EnvFilter, Layer, layer::SubscriberExt, util::SubscriberInitExt};
@@ -94,25 +97,30 @@ fn is_lower_hex(s: &str) -> bool {
 /// Puts what the gate knows about the action on the current RPC span (a no-op outside one).
 pub fn record_action(agent_id: &str, run_id: &str, action: Option<&str>, key: &str) {
     use tracing::field::display;
-    let span = rpc_span();
-    span.record("agent_id", display(agent_id));
-    span.record("run_id", display(run_id));
-    if let Some(action) = action {
-        span.record("action", display(action));
-    }
-    if !key.is_empty() {
-        span.record("key", display(key));
-    }
+    on_rpc_span(|span| {
+        span.record("agent_id", display(agent_id));
+        span.record("run_id", display(run_id));
+        if let Some(action) = action {
+            span.record("action", display(action));
+        }
+        if !key.is_empty() {
+            span.record("key", display(key));
+        }
+    });
 }
 
 /// Puts the gate's decision on the current RPC span (a no-op outside one).
 pub fn record_decision(decision: &str) {
-    rpc_span().record("decision", tracing::field::display(decision));
+    on_rpc_span(|span| {
+        span.record("decision", tracing::field::display(decision));
+    });
 }
 
 /// Puts the authenticated caller on the current RPC span (a no-op outside one).
 pub fn record_principal(principal: &str) {
-    rpc_span().record("principal", tracing::field::display(principal));
+    on_rpc_span(|span| {
+        span.record("principal", tracing::field::display(principal));
+    });
 }
 
 /// Whether an RPC span that logs is current: then it names the principal, the RPC and the action,
@@ -125,20 +133,25 @@ pub fn in_rpc_span() -> bool {
 
 tokio::task_local! {
     /// The span of the RPC being polled, so the gate can record on it even from inside a child
-    /// span (the audit span that names the principal).
-    static CURRENT_RPC: Span;
+    /// span (the audit span that names the principal). Shared, not cloned, per poll: cloning a
+    /// span is a trip through the subscriber's registry (and dropping the clone another).
+    static CURRENT_RPC: Arc<Span>;
 }
 
 /// Runs `f` (one poll of an RPC) with `span` as the RPC span.
-pub(crate) fn with_rpc_span<R>(span: &Span, f: impl FnOnce() -> R) -> R {
-    CURRENT_RPC.sync_scope(span.clone(), f)
+pub(crate) fn with_rpc_span<R>(span: &Arc<Span>, f: impl FnOnce() -> R) -> R {
+    CURRENT_RPC.sync_scope(Arc::clone(span), f)
 }
 
-/// The current RPC's span, or the current span outside one.
-fn rpc_span() -> Span {
-    CURRENT_RPC
-        .try_with(Span::clone)
-        .unwrap_or_else(|_| Span::current())
+/// Runs `f` on the current RPC's span, or on the current span outside one.
+fn on_rpc_span(f: impl FnOnce(&Span)) {
+    let mut f = Some(f);
+    let ran = CURRENT_RPC.try_with(|span| f.take().map(|f| f(span)));
+    if ran.is_err()
+        && let Some(f) = f
+    {
+        f(&Span::current());
+    }
 }
 
 /// Keeps the tracing pipeline alive; dropping it flushes the OTLP exporter, if any.
@@ -195,7 +208,8 @@ where
         .with_writer(std::io::stderr)
         .with_ansi(false);
     match format {
-        LogFormat::Text => fmt.boxed(),
+        // tracing-subscriber's default format, written for less CPU per line (`text`).
+        LogFormat::Text => fmt.event_format(text::TextFormat::default()).boxed(),
         // The current span (the RPC's) is enough: the span list would repeat it.
         LogFormat::Json => fmt.json().flatten_event(true).with_span_list(false).boxed(),
     }

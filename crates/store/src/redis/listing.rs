@@ -4,9 +4,9 @@
 //!
 //! Listing every agent walks the agents index ([`keys::AGENTS`], a sorted set ordered like the
 //! listing: shorter ids first, then bytes), a page visiting a bounded number of agents. It is a
-//! hint: it is updated after each new grant (it lives in another slot than the grant's keys, so it
-//! cannot be inside the grant's script), and an agent whose only grant happened while that update
-//! failed is missing from it until its next grant. Agents without a lease index are pruned as the
+//! hint: it is updated after each new grant ([`super::agents`]; it lives in another slot than the
+//! grant's keys, so it cannot be inside the grant's script), and an agent whose only grant happened
+//! while that update failed is missing from it until its next grant. Agents without a lease index are pruned as the
 //! listing meets them. Listing one agent never depends on it.
 
 use super::keys;
@@ -36,7 +36,7 @@ pub(super) enum Checked {
 
 /// An agent's member of the agents index: its id's length (fixed width) then the id, so that the
 /// index's byte order is the listing's order.
-fn agent_member(agent_id: &str) -> String {
+pub(super) fn agent_member(agent_id: &str) -> String {
     format!("{:010}:{agent_id}", agent_id.len())
 }
 
@@ -45,21 +45,6 @@ fn agent_of(member: &str) -> Option<&str> {
 }
 
 impl RedisStore {
-    /// Adds `agent_id` to the agents index, after every new grant (which may have created the
-    /// agent's lease index), without holding up the grant's reply. Always sent, never cached: a
-    /// listing may prune the agent in between (see [`Walk::prune`]). Failures are logged and
-    /// ignored: the grant itself has happened, and listing one agent does not need the index.
-    pub(super) fn remember_agent(&self, agent_id: &str) {
-        let store = self.clone();
-        let mut cmd = redis::cmd("ZADD");
-        cmd.arg(keys::AGENTS).arg(0).arg(agent_member(agent_id));
-        tokio::spawn(async move {
-            if let Err(e) = store.query::<i64>(&cmd).await {
-                tracing::warn!(error = %e, "could not add the agent to the agents index");
-            }
-        });
-    }
-
     /// Start-up, once per deployment: copies the agents of the older `og:agents` set into the
     /// agents index, and clears the expiry that unsettled records (and lease indexes) had before
     /// they stopped expiring, then deletes the set.

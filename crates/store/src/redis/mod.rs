@@ -7,6 +7,7 @@
 //! types. Does not decide anything. The connection to standalone, Cluster or Sentinel
 //! deployments is [`connection`]'s.
 
+mod agents;
 mod connection;
 mod eviction;
 mod health;
@@ -146,6 +147,8 @@ pub struct RedisStore {
     eviction: Arc<eviction::Guard>,
     /// The receipt chains waiting for their next seal.
     sealer: Arc<receipts::Sealer>,
+    /// The agents of new grants waiting for the agents index.
+    agents: Arc<agents::AgentsQueue>,
 }
 
 impl RedisStore {
@@ -181,6 +184,7 @@ impl RedisStore {
             options,
             eviction: Arc::default(),
             sealer: Arc::default(),
+            agents: Arc::default(),
         };
         tokio::time::timeout(store.options.call_timeout, store.check_eviction_at_start())
             .await
