@@ -10,8 +10,12 @@ many threads at once run an action once.
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
+import signal
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -210,3 +214,29 @@ def test_its_log_lines_go_to_stderr_only_when_asked(
     err = capfd.readouterr().err
     assert "oncegate serving" in err and "store=embedded" in err, err
     assert "payments.transfer" in err, err  # the audit line of the grant
+
+
+def test_a_forked_child_neither_stops_nor_waits_for_the_parents_gate(tmp_path: Path) -> None:
+    # The child inherits the server without its threads: stopping it there must do nothing, and
+    # dropping it must not wait for threads that do not exist (it would hang the child).
+    with LocalServer(tmp_path) as server:
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                server.stop()
+                code = 0 if server.running else 2
+                del server
+                gc.collect()
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the parent's gate")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        with oncegate.Gate(server.target) as gate:  # the parent's still serves
+            assert gate.run("payments.transfer", TRANSFER, lambda grant: "ok", **SCOPE) == "ok"

@@ -156,15 +156,19 @@ impl LocalServer {
 }
 
 impl Drop for LocalServer {
-    /// Never stopped: stop serving without waiting (the store is crash-safe either way).
+    /// Never stopped: stop serving without waiting (the store is crash-safe either way). In a
+    /// forked child the runtime is leaked instead: its threads are the parent's, and dropping it
+    /// would wait for them forever.
     fn drop(&mut self) {
+        let Some(running) = self.lock().take() else {
+            return;
+        };
         if self.generation != runtime::generation() {
+            std::mem::forget(running);
             return;
         }
-        if let Some(running) = self.lock().take() {
-            let _ = running.stop.send(());
-            running.runtime.shutdown_background();
-        }
+        let _ = running.stop.send(());
+        running.runtime.shutdown_background();
     }
 }
 

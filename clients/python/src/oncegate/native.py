@@ -71,6 +71,10 @@ else:
     # A forked child inherits the parent's runtimes and connections without their threads.
     os.register_at_fork(after_in_child=_native.forked)
 
+_forks_followed = False
+"""Whether :func:`local_server` registered the extension's fork hook (only needed when the
+channels' import did not: under ``ONCEGATE_PURE_PYTHON``)."""
+
 _SERVICE = "/oncegate.v1.ActionGateService/"
 
 _RESPONSES: dict[str, Callable[[bytes], Any]] = {
@@ -131,6 +135,7 @@ def local_server(flags: Sequence[str], log: str | None) -> Any:
     :mod:`oncegate.local_gate`), started with ``oncegate serve``'s ``flags``. Loaded whatever
     ``ONCEGATE_PURE_PYTHON`` says: it is the gate itself, not a transport (its clients may still
     call it through grpcio)."""
+    global _forks_followed
     try:
         from oncegate import _native as extension
     except ImportError as err:
@@ -138,6 +143,11 @@ def local_server(flags: Sequence[str], log: str | None) -> Any:
             f"oncegate.local needs the native extension (oncegate._native), which is missing: {err}. "
             "Install the oncegate wheel, or run a gate with `oncegate serve` and connect with Gate(target)."
         ) from err
+    if _native is None and not _forks_followed:
+        # Under ONCEGATE_PURE_PYTHON the import above did not register it: a forked child must
+        # know that the server (its threads) is the parent's.
+        os.register_at_fork(after_in_child=extension.forked)
+        _forks_followed = True
     return extension.LocalServer(list(flags), log)
 
 
