@@ -156,6 +156,17 @@ def test_bad_flags_and_redis_are_refused_with_the_reason(tmp_path: Path) -> None
         LocalServer(tmp_path, log="[not a filter")
 
 
+def test_a_flag_given_again_overrides_its_own(tmp_path: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with LocalServer(
+        tmp_path / "ignored", flags=["--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path)]
+    ) as s:
+        assert s.target == f"127.0.0.1:{port}"
+        assert (tmp_path / "oncegate.redb").is_file() and not (tmp_path / "ignored").exists()
+
+
 def test_the_environment_is_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A process's ONCEGATE_* variables belong to whatever else it runs: none of them may move the
     # in-process gate onto Redis, another address or another directory.

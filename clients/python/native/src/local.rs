@@ -172,9 +172,11 @@ impl Drop for LocalServer {
     }
 }
 
-/// `oncegate serve`'s flags, every environment fallback removed.
+/// `oncegate serve`'s flags, every environment fallback removed; a flag given again overrides
+/// the earlier one (the caller's `--listen` or `--data-dir` over `oncegate.local`'s own).
 fn parse(flags: &[String]) -> PyResult<ServeArgs> {
     let command = ServeArgs::augment_args(Command::new("oncegate.local").no_binary_name(true))
+        .args_override_self(true)
         .mut_args(|arg| arg.env(None));
     let matches = command
         .try_get_matches_from(flags)

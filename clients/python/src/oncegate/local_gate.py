@@ -43,8 +43,9 @@ class LocalServer:
             ``--config``.
         flags: More of ``oncegate serve``'s flags, as on its command line (``["--unsigned"]``,
             ``["--listen", "127.0.0.1:50051"]``, ``["--console-listen", "127.0.0.1:7480"]``);
-            ``oncegate serve --help`` lists them. The environment's ``ONCEGATE_*`` variables are
-            not read. The Redis flags are refused: this gate runs on the embedded store.
+            ``oncegate serve --help`` lists them; one given here overrides ``data_dir`` and the
+            default ``--listen``. The environment's ``ONCEGATE_*`` variables are not read. The
+            Redis flags are refused: this gate runs on the embedded store.
         log: Where the gate's log lines go: ``None`` (the default) keeps them quiet; a filter in
             ``RUST_LOG``'s syntax (``"info"``, ``"warn,oncegate::audit=info"``) writes them to
             standard error, unless the process already has a tracing subscriber.
