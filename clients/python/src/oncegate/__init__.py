@@ -19,6 +19,7 @@ See :class:`Gate` for the raw RPCs, :mod:`oncegate.guard` for the protocol the g
 The modules, bottom up; each imports only those below it (``tests/test_layers.py`` checks it):
 
 - ``v1``: the generated gRPC stubs.
+- ``_json``: the one-shot JSON encoder under the receipts' and the params' encoding. No IO.
 - ``models``, ``fingerprints``: plain values; the offline fingerprint. No IO.
 - ``statements``: offline verification of signed grant statements (:func:`verify_grant`). No IO.
 - ``errors``: one exception hierarchy under :class:`OncegateError`; statuses decoded by reason.

@@ -25,12 +25,14 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any, Final, Literal
 
 import rfc8785
+
+from oncegate._json import one_shot
 
 __all__ = [
     "MAX_DEPTH",
@@ -425,29 +427,7 @@ def fingerprint(
     return f"{VERSION_TAG}-{hashlib.sha256(canonical.encode('utf-8')).hexdigest()}"
 
 
-def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
-    """``encoder.encode``, without what ``JSONEncoder.iterencode`` redoes in Python on every call
-    (a closure, an encoder object's arguments gathered one by one): the same C encoder with the
-    same options, made per call with its own circular-reference markers. ``encoder.encode`` where
-    the C encoder is missing. (A twin of the one in :mod:`oncegate.models`, a module of the same
-    layer.)"""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None or encoder.indent is not None:
-        return encoder.encode
-    strings = json.encoder.encode_basestring_ascii if encoder.ensure_ascii else json.encoder.encode_basestring
-    options = (encoder.default, strings, None, encoder.key_separator, encoder.item_separator)
-    flags = (encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)
-
-    def encode(value: Any) -> str:
-        if isinstance(value, str):
-            return strings(value)  # type: ignore[no-any-return]
-        markers = {} if encoder.check_circular else None
-        return "".join(make(markers, *options, *flags)(value, 0))
-
-    return encode
-
-
 # One encoder for every call (json.dumps with options builds a new one each time).
-_encode_params = _one_shot(
+_encode_params = one_shot(
     json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_decimal_as_double)
 )

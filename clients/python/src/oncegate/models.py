@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from google.protobuf import timestamp_pb2
 
+from oncegate._json import one_shot
 from oncegate.v1 import oncegate_pb2 as pb
 
 __all__ = [
@@ -43,30 +43,8 @@ def json_encode(result: Any) -> bytes:
     return _encode_receipt(result).encode("utf-8")
 
 
-def _one_shot(encoder: json.JSONEncoder) -> Callable[[Any], str]:
-    """``encoder.encode``, without what ``JSONEncoder.iterencode`` redoes in Python on every call
-    (a closure, an encoder object's arguments gathered one by one): the same C encoder with the
-    same options, made per call with its own circular-reference markers. ``encoder.encode`` where
-    the C encoder is missing. (A twin of the one in :mod:`oncegate.fingerprints`, a module of
-    the same layer.)"""
-    make = getattr(json.encoder, "c_make_encoder", None)
-    if make is None or encoder.indent is not None:
-        return encoder.encode
-    strings = json.encoder.encode_basestring_ascii if encoder.ensure_ascii else json.encoder.encode_basestring
-    options = (encoder.default, strings, None, encoder.key_separator, encoder.item_separator)
-    flags = (encoder.sort_keys, encoder.skipkeys, encoder.allow_nan)
-
-    def encode(value: Any) -> str:
-        if isinstance(value, str):
-            return strings(value)  # type: ignore[no-any-return]
-        markers = {} if encoder.check_circular else None
-        return "".join(make(markers, *options, *flags)(value, 0))
-
-    return encode
-
-
 # One encoder for every receipt (json.dumps with options builds a new one each time).
-_encode_receipt = _one_shot(json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":")))
+_encode_receipt = one_shot(json.JSONEncoder(ensure_ascii=False, sort_keys=True, separators=(",", ":")))
 
 
 def json_decode(receipt: bytes) -> Any:
