@@ -163,7 +163,7 @@ def test_a_flag_given_again_overrides_its_own(tmp_path: Path) -> None:
     with LocalServer(
         tmp_path / "ignored", flags=["--listen", f"127.0.0.1:{port}", "--data-dir", str(tmp_path)]
     ) as s:
-        assert s.target == f"127.0.0.1:{port}"
+        assert s.target == f"127.0.0.1:{port}" and s.data_dir == tmp_path
         assert (tmp_path / "oncegate.redb").is_file() and not (tmp_path / "ignored").exists()
 
 

@@ -51,7 +51,6 @@ pub struct Server {
     addr: SocketAddr,
     gate: Gate,
     options: ServerOptions,
-    store_name: &'static str,
     store_closed: Option<oncegate_store::embedded::Closed>,
     /// The webhook tasks; aborted when the server is dropped.
     _notify: Option<oncegate_notify::Running>,
@@ -180,7 +179,6 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         addr,
         gate,
         options: config.server,
-        store_name: config.store.name(),
         store_closed,
         _notify: notify,
     })
@@ -195,11 +193,6 @@ impl Server {
     /// The admin socket's path, when the server serves one.
     pub fn admin_socket(&self) -> Option<&Path> {
         self.options.admin_socket.as_deref()
-    }
-
-    /// The store's name (`embedded`, `redis`, ...).
-    pub fn store_name(&self) -> &'static str {
-        self.store_name
     }
 
     /// For the embedded store: what tells when its file is closed, after [`Server::run`] returned

@@ -41,6 +41,9 @@ pub struct LocalServer {
     address: String,
     #[pyo3(get)]
     admin_socket: Option<String>,
+    /// The store's directory, as the flags left it.
+    #[pyo3(get)]
+    data_dir: String,
     /// The process generation it was started in: a forked child does not own it.
     generation: u64,
     running: Mutex<Option<Running>>,
@@ -82,6 +85,7 @@ impl LocalServer {
                 StartError::Unavailable(_) => PyOSError::new_err(e.to_string()),
             })?;
         let address = server.addr().to_string();
+        let data_dir = args.data_dir.display().to_string();
         let admin_socket = server.admin_socket().map(|path| path.display().to_string());
         let store_closed = server.store_closed();
         let (stop, stopped) = oneshot::channel::<()>();
@@ -91,6 +95,7 @@ impl LocalServer {
         Ok(LocalServer {
             address,
             admin_socket,
+            data_dir,
             generation: runtime::generation(),
             running: Mutex::new(Some(Running {
                 runtime,

@@ -40,6 +40,7 @@ class LocalServer:
 
     address: str
     admin_socket: str | None
+    data_dir: str
     running: bool
     def __init__(self, flags: Sequence[str], log: str | None = None) -> None: ...
     def stop(self) -> None:

@@ -66,12 +66,13 @@ class LocalServer:
     ) -> None:
         if isinstance(flags, str):
             raise TypeError("flags: a sequence of strings, one per word (['--unsigned']), not one string")
-        self.data_dir = Path(data_dir)
-        argv = ["--data-dir", str(self.data_dir), "--listen", "127.0.0.1:0"]
+        argv = ["--data-dir", str(data_dir), "--listen", "127.0.0.1:0"]
         if config is not None:
             argv += ["--config", str(config)]
         argv += [str(flag) for flag in flags]
         self._server = native.local_server(argv, log)
+        self.data_dir = Path(self._server.data_dir)
+        """The store's directory (``data_dir``, or the ``--data-dir`` of ``flags``)."""
 
     @property
     def target(self) -> str:
