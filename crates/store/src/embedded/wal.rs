@@ -30,6 +30,8 @@ const CAPACITY: u64 = 64 << 20;
 const MAGIC: &[u8; 8] = b"OGWAL002";
 /// Generation, length and checksum before each payload.
 const FRAME_HEADER: usize = 16;
+/// The most frame memory kept between appends.
+const KEPT_FRAME: usize = 1 << 20;
 
 /// The table a logged write goes to. Records are replayed with their indexes (expiry, leases);
 /// the others as written.
@@ -104,6 +106,10 @@ pub(super) struct Wal {
     file: File,
     generation: u64,
     offset: u64,
+    /// The frame being written, kept between appends: a batch's frame is tens of kilobytes, and a
+    /// new allocation of that size per batch made the allocator fault fresh pages in each time
+    /// (BENCHMARKS.md, "Signing").
+    frame: Vec<u8>,
 }
 
 impl Wal {
@@ -121,6 +127,7 @@ impl Wal {
             file,
             generation: 0,
             offset: HEADER,
+            frame: Vec::new(),
         };
         if wal.file.metadata()?.len() < HEADER + CAPACITY {
             wal.file.set_len(HEADER + CAPACITY)?;
@@ -180,9 +187,9 @@ impl Wal {
         Ok(frames)
     }
 
-    /// Whether a frame of `len` payload bytes fits after the frames already written.
-    pub(super) fn fits(&self, len: usize) -> bool {
-        self.offset + (FRAME_HEADER + len) as u64 <= HEADER + CAPACITY
+    /// Whether a frame holding `entries` fits after the frames already written.
+    pub(super) fn fits(&self, entries: &[Entry]) -> bool {
+        self.offset + (FRAME_HEADER + payload_len(entries)) as u64 <= HEADER + CAPACITY
     }
 
     /// How full the log is, as a share of its capacity.
@@ -190,16 +197,26 @@ impl Wal {
         (self.offset - HEADER) as f64 / CAPACITY as f64
     }
 
-    /// Appends one frame and makes it durable (`fdatasync`) before returning.
-    pub(super) fn append(&mut self, payload: &[u8]) -> io::Result<()> {
-        let mut frame = Vec::with_capacity(FRAME_HEADER + payload.len());
-        frame.extend_from_slice(&self.generation.to_le_bytes());
-        frame.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&checksum(self.generation, payload).to_le_bytes());
-        frame.extend_from_slice(payload);
-        self.file.write_all_at(&frame, self.offset)?;
+    /// Appends one frame holding `entries` and makes it durable (`fdatasync`) before returning.
+    pub(super) fn append(&mut self, entries: &[Entry]) -> io::Result<()> {
+        let frame = &mut self.frame;
+        frame.clear();
+        frame.reserve(FRAME_HEADER + payload_len(entries));
+        frame.resize(FRAME_HEADER, 0);
+        encode_into(entries, frame);
+        let payload_len = frame.len() - FRAME_HEADER;
+        let crc = checksum(self.generation, &frame[FRAME_HEADER..]);
+        frame[..8].copy_from_slice(&self.generation.to_le_bytes());
+        frame[8..12].copy_from_slice(&(payload_len as u32).to_le_bytes());
+        frame[12..16].copy_from_slice(&crc.to_le_bytes());
+        self.file.write_all_at(frame, self.offset)?;
         self.file.sync_data()?;
         self.offset += frame.len() as u64;
+        if frame.capacity() > KEPT_FRAME {
+            // After a burst, do not hold its frame's memory for good.
+            frame.clear();
+            frame.shrink_to(KEPT_FRAME);
+        }
         Ok(())
     }
 
@@ -221,13 +238,16 @@ fn checksum(generation: u64, payload: &[u8]) -> u32 {
     hasher.finalize()
 }
 
-/// The payload of a frame holding `entries`.
-pub(super) fn encode(entries: &[Entry]) -> Vec<u8> {
-    let size = entries
+/// The bytes of the payload of a frame holding `entries`.
+fn payload_len(entries: &[Entry]) -> usize {
+    entries
         .iter()
         .map(|e| 9 + e.key.len() + e.value.as_ref().map_or(0, Vec::len))
-        .sum();
-    let mut out = Vec::with_capacity(size);
+        .sum()
+}
+
+/// Appends the payload of a frame holding `entries` to `out`.
+fn encode_into(entries: &[Entry], out: &mut Vec<u8>) {
     for entry in entries {
         out.extend_from_slice(&(entry.key.len() as u32).to_le_bytes());
         out.extend_from_slice(&entry.key);
@@ -236,7 +256,6 @@ pub(super) fn encode(entries: &[Entry]) -> Vec<u8> {
         out.extend_from_slice(&(value.len() as u32).to_le_bytes());
         out.extend_from_slice(value);
     }
-    out
 }
 
 fn decode(mut payload: &[u8]) -> Option<Vec<Entry>> {
@@ -284,16 +303,38 @@ mod tests {
             Entry::new(Table::OutboxKeep, b"k1", Some(&[])),
             Entry::record(b"k1".to_vec(), Some(vec![])),
         ];
-        wal.append(&encode(&first)).unwrap();
-        wal.append(&encode(&second)).unwrap();
+        wal.append(&first).unwrap();
+        wal.append(&second).unwrap();
         drop(wal);
         let (mut wal, frames) = Wal::open(dir.path()).unwrap();
         assert_eq!(frames, vec![first.clone(), second]);
         wal.reset().unwrap();
-        wal.append(&encode(&first)).unwrap();
+        wal.append(&first).unwrap();
         drop(wal);
         let (_, frames) = Wal::open(dir.path()).unwrap();
         assert_eq!(frames, vec![first], "only the new generation's frames");
+    }
+
+    #[test]
+    fn the_kept_frame_holds_no_bytes_of_the_one_before() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (mut wal, _) = Wal::open(dir.path()).unwrap();
+        let big = vec![Entry::record(
+            b"big".to_vec(),
+            Some(vec![7; 2 * KEPT_FRAME]),
+        )];
+        let small = vec![Entry::record(b"k".to_vec(), Some(b"v".to_vec()))];
+        let empty = vec![Entry::record(b"gone".to_vec(), None)];
+        wal.append(&big).unwrap();
+        assert!(
+            wal.frame.capacity() <= KEPT_FRAME,
+            "a burst's frame is not kept"
+        );
+        wal.append(&small).unwrap();
+        wal.append(&empty).unwrap();
+        drop(wal);
+        let (_, frames) = Wal::open(dir.path()).unwrap();
+        assert_eq!(frames, vec![big, small, empty]);
     }
 
     #[test]
@@ -301,9 +342,9 @@ mod tests {
         let dir = tempfile::TempDir::new().unwrap();
         let (mut wal, _) = Wal::open(dir.path()).unwrap();
         let entry = vec![Entry::record(b"k".to_vec(), Some(b"value".to_vec()))];
-        wal.append(&encode(&entry)).unwrap();
+        wal.append(&entry).unwrap();
         let torn_at = wal.offset;
-        wal.append(&encode(&entry)).unwrap();
+        wal.append(&entry).unwrap();
         // The second frame's last byte never reached the disk.
         wal.file.write_all_at(&[0xFF], wal.offset - 1).unwrap();
         drop(wal);

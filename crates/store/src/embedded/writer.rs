@@ -83,10 +83,9 @@ impl Writer {
             // Reads, pings, listings and refusals changed nothing: no fsync for them.
             txn.abort()?;
         } else {
-            let frame = wal::encode(&writes);
-            if self.wal.fits(frame.len()) {
+            if self.wal.fits(&writes) {
                 // Durable in the log first: the B-tree commit need not fsync.
-                self.wal.append(&frame).map_err(redb::Error::Io)?;
+                self.wal.append(&writes).map_err(redb::Error::Io)?;
                 txn.set_durability(Durability::None)
                     .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
                 txn.commit()?;
