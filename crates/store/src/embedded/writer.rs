@@ -82,20 +82,18 @@ impl Writer {
         if writes.is_empty() {
             // Reads, pings, listings and refusals changed nothing: no fsync for them.
             txn.abort()?;
+        } else if self.wal.fits(&writes) {
+            // Durable in the log first: the B-tree commit need not fsync.
+            self.wal.append(&writes).map_err(redb::Error::Io)?;
+            txn.set_durability(Durability::None)
+                .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
+            txn.commit()?;
+            self.checkpoint_if_due()?;
         } else {
-            if self.wal.fits(&writes) {
-                // Durable in the log first: the B-tree commit need not fsync.
-                self.wal.append(&writes).map_err(redb::Error::Io)?;
-                txn.set_durability(Durability::None)
-                    .map_err(|e| redb::Error::Io(std::io::Error::other(e.to_string())))?;
-                txn.commit()?;
-                self.checkpoint_if_due()?;
-            } else {
-                // A frame too big for what is left of the log: commit durably instead.
-                txn.commit()?;
-                self.wal.reset().map_err(redb::Error::Io)?;
-                self.checkpointed = Instant::now();
-            }
+            // A frame too big for what is left of the log: commit durably instead.
+            txn.commit()?;
+            self.wal.reset().map_err(redb::Error::Io)?;
+            self.checkpointed = Instant::now();
         }
         for reply in replies {
             reply();
