@@ -11,7 +11,12 @@ reproducible comparison.
     .venv-bench/bin/python scripts/bench_python_guard.py --target 127.0.0.1:50999 --rounds 3
 
 Prints one line per layer and round: client CPU and wall time per cycle. `--profile` prints the
-decorator's cProfile instead.
+decorator's cProfile instead. Instructions per cycle, which the machine's other work does not move:
+
+    for n in 200 1200; do valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+      .venv-bench/bin/python scripts/bench_python_guard.py --target 127.0.0.1:50999 \
+      --only decorator --rounds 1 --cycles $n 2>&1 | grep Collected; done
+    # (second - first) / 1000 = instructions per cycle
 """
 
 from __future__ import annotations
@@ -114,11 +119,17 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=3000, help="cycles per layer and round")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--profile", action="store_true", help="cProfile the decorator instead")
+    parser.add_argument(
+        "--only",
+        choices=sorted(LAYERS),
+        help="run this layer alone (for instruction counts under valgrind --tool=callgrind: the "
+        "difference between two runs of different --cycles is the layer's cost)",
+    )
     args = parser.parse_args()
     cycles = {
         name: make(args.target)
         for name, make in LAYERS.items()
-        if name not in ("native", "plain") or native.enabled()
+        if (name not in ("native", "plain") or native.enabled()) and args.only in (None, name)
     }
     if args.profile:
         profile = cProfile.Profile()

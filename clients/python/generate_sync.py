@@ -18,7 +18,9 @@ Run it from anywhere after changing a source::
 ``tests/test_generated.py`` checks that the committed threaded files are exactly what this script
 writes, with the ``unasync`` pinned in ``pyproject.toml`` (the ``test`` extra). The channel and
 the lease heartbeat differ in kind between threads and an event loop, and are written by hand for
-each (``channel.py``, ``guard/heartbeat.py``; ``aio/channel.py``, ``aio/heartbeat.py``).
+each (``channel.py``, ``guard/heartbeat.py``; ``aio/channel.py``, ``aio/heartbeat.py``), as is
+how the decorator runs a call (``guard/runner.py``, the threaded one on the native core;
+``aio/runner.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ TEXT = [
     ("oncegate.aio.heartbeat", "oncegate.guard.heartbeat"),
     ("oncegate.aio.attempt", "oncegate.guard.attempt"),
     ("oncegate.aio.decorator", "oncegate.guard.decorator"),
+    ("oncegate.aio.runner", "oncegate.guard.runner"),
     ("oncegate.aio.client", "oncegate.client"),
     ("from collections.abc import Awaitable, ", "from collections.abc import "),
     ("Awaitable[T] | T", "T"),

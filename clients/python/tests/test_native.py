@@ -265,7 +265,7 @@ def test_the_models_of_plain_values_equal_those_their_init_makes() -> None:
     assert lease_at == Timestamp(seconds=lease[0], nanos=lease[1]).ToDatetime(tzinfo=timezone.utc)
     assert done_at == Timestamp(seconds=done[0], nanos=done[1]).ToDatetime(tzinfo=timezone.utc)
     completion = (b'{"ok":true}', done, 7, "tok", 2, "ops-alice", 1)
-    answer = native._request_token_result(
+    answer = native.request_token_result(
         (2, "agent", "run", "key-1", "v1-ab", ("tok", 7, lease, "pk", "jws"), completion, True, None)
     )
     expected_completion = Completion(
@@ -292,8 +292,8 @@ def test_the_models_of_plain_values_equal_those_their_init_makes() -> None:
         assert type(made) is type(built)
         assert vars(made) == vars(built)
         assert [field.name for field in dataclasses.fields(built)] == list(vars(made))
-    bare = native._request_token_result((1, "", "", "", "", None, None, False, ("ap-1", None, "p", "why")))
+    bare = native.request_token_result((1, "", "", "", "", None, None, False, ("ap-1", None, "p", "why")))
     assert bare.grant is None and bare.completion is None
     assert bare.approval == Approval("ap-1", None, "p", "why")
     with pytest.raises(ValueError):
-        native._request_token_result((99, "", "", "", "", None, None, False, None))
+        native.request_token_result((99, "", "", "", "", None, None, False, None))

@@ -115,6 +115,11 @@ impl Channel {
 }
 
 impl Channel {
+    /// The factory of the exception a failed call raises.
+    pub(crate) fn error(&self) -> &Py<PyAny> {
+        &self.error
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Connections> {
         self.connections
             .lock()
@@ -123,7 +128,7 @@ impl Channel {
 
     /// The link of `mode` in this process's generation (it connects on its first call, and
     /// again after its connection broke) and its runtime.
-    fn link(&self, mode: Mode) -> PyResult<(Arc<Link>, &'static Runtime)> {
+    pub(crate) fn link(&self, mode: Mode) -> PyResult<(Arc<Link>, &'static Runtime)> {
         let runtime =
             runtime::get(mode).map_err(|e| PyRuntimeError::new_err(format!("tokio: {e}")))?;
         let mut connections = self.lock();
@@ -230,7 +235,7 @@ impl Call {
 }
 
 /// The exception the Python side's factory makes of `status`, or the factory's own failure.
-fn failure(py: Python<'_>, error: &Py<PyAny>, status: &Status) -> PyErr {
+pub(crate) fn failure(py: Python<'_>, error: &Py<PyAny>, status: &Status) -> PyErr {
     let details = PyBytes::new(py, status.details());
     match error.call1(py, (i32::from(status.code()), status.message(), details)) {
         Ok(exception) => PyErr::from_value(exception.into_bound(py)),

@@ -15,6 +15,9 @@
 //!   flags.
 
 mod channel;
+mod guard;
+mod heartbeat;
+mod json;
 mod link;
 mod local;
 mod runtime;
@@ -32,7 +35,9 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<channel::Channel>()?;
     module.add_class::<channel::Call>()?;
     module.add_class::<local::LocalServer>()?;
+    module.add_class::<guard::Guard>()?;
     module.add_function(wrap_pyfunction!(forked, module)?)?;
+    module.add_function(wrap_pyfunction!(json::receipt_json, module)?)?;
     module.add_function(wrap_pyfunction!(worker::request_token, module)?)?;
     module.add_function(wrap_pyfunction!(worker::complete, module)?)?;
     module.add_function(wrap_pyfunction!(worker::release, module)?)?;

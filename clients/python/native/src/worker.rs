@@ -23,10 +23,10 @@ use pyo3::{
 
 use crate::channel::Channel;
 
-const REQUEST_TOKEN: &str = "/oncegate.v1.ActionGateService/RequestToken";
-const COMPLETE: &str = "/oncegate.v1.ActionGateService/Complete";
+pub(crate) const REQUEST_TOKEN: &str = "/oncegate.v1.ActionGateService/RequestToken";
+pub(crate) const COMPLETE: &str = "/oncegate.v1.ActionGateService/Complete";
 const RELEASE: &str = "/oncegate.v1.ActionGateService/Release";
-const EXTEND_LEASE: &str = "/oncegate.v1.ActionGateService/ExtendLease";
+pub(crate) const EXTEND_LEASE: &str = "/oncegate.v1.ActionGateService/ExtendLease";
 
 /// RequestToken. Answers `(decision, agent_id, run_id, key, fingerprint, grant, completion,
 /// redelivered, approval)`, where `grant` is `(token, fencing, lease_expires_at, provider_key,
@@ -211,7 +211,7 @@ fn unary(
     }
 }
 
-fn decode<M: Message + Default>(bytes: Bytes) -> PyResult<M> {
+pub(crate) fn decode<M: Message + Default>(bytes: Bytes) -> PyResult<M> {
     M::decode(bytes).map_err(|e| PyValueError::new_err(format!("the gate's answer: {e}")))
 }
 
@@ -224,7 +224,7 @@ fn action_ref(agent_id: String, run_id: String, key: String) -> pb::ActionRef {
 
 /// A duration of `nanos` nanoseconds, seconds and nanos of the same sign (as protobuf's
 /// `Duration.FromNanoseconds` makes it).
-fn duration(nanos: i64) -> prost_types::Duration {
+pub(crate) fn duration(nanos: i64) -> prost_types::Duration {
     prost_types::Duration {
         seconds: nanos / 1_000_000_000,
         // The remainder's magnitude is below 10^9: it fits.
@@ -232,7 +232,7 @@ fn duration(nanos: i64) -> prost_types::Duration {
     }
 }
 
-fn request_token_answer(py: Python<'_>, bytes: Bytes) -> PyResult<Py<PyAny>> {
+pub(crate) fn request_token_answer(py: Python<'_>, bytes: Bytes) -> PyResult<Py<PyAny>> {
     let answer = decode::<pb::RequestTokenResponse>(bytes)?;
     let action = answer.action.unwrap_or_default();
     let scope = action.scope.unwrap_or_default();

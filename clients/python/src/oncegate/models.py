@@ -112,12 +112,17 @@ class ActionState(_NamedEnum):
     EXPIRED = pb.ACTION_STATE_EXPIRED
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Scope:
     """Who acts: the agent, and the workflow run that survives restarts of the agent."""
 
     agent_id: str
     run_id: str
+
+    def __init__(self, agent_id: str, run_id: str) -> None:
+        # What the generated __init__ does (a frozen dataclass's sets each field through
+        # object.__setattr__) for a fraction of its cost: a guarded call makes one.
+        self.__dict__.update(agent_id=agent_id, run_id=run_id)
 
     def to_proto(self) -> pb.Scope:
         """The protobuf form."""

@@ -39,6 +39,7 @@ from oncegate.models import (
     ReceiptFormat,
     RequestTokenResult,
     Scope,
+    json_encode,
 )
 from oncegate.v1 import oncegate_pb2 as pb
 
@@ -49,6 +50,7 @@ __all__ = [
     "Stub",
     "enabled",
     "endpoint",
+    "guard",
     "local_server",
     "open_channel",
 ]
@@ -151,6 +153,31 @@ def local_server(flags: Sequence[str], log: str | None) -> Any:
     return extension.LocalServer(list(flags), log)
 
 
+def guard(
+    action: str,
+    lease_ttl: int | None,
+    heartbeat: bool,
+    metadata: Sequence[tuple[str, str]],
+    encode: Callable[[Any], bytes],
+    heartbeat_failed: Callable[[str, BaseException], bool],
+) -> Any:
+    """The native guard loop of one decorated function (``oncegate._native.Guard``, for
+    :mod:`oncegate.guard.runner`): ``lease_ttl`` in nanoseconds, ``heartbeat_failed(key, error)``
+    whether to keep extending a lease after a failed extension. Its grants are :class:`Grant`
+    models made as this module makes them."""
+    return _native.Guard(
+        action,
+        lease_ttl,
+        heartbeat,
+        list(metadata),
+        encode,
+        encode is json_encode,
+        Grant,
+        _EPOCH,
+        heartbeat_failed,
+    )
+
+
 def open_channel(uri: str, timeout: float) -> Any:
     """A native channel to ``uri`` (connected on its first call; ``timeout`` bounds connecting)."""
     return _native.Channel(uri, timeout, NativeRpcError)
@@ -249,7 +276,7 @@ class Stub:
         metadata: Sequence[tuple[str, str]],
     ) -> RequestTokenResult:
         """RequestToken (empty strings are unset fields; ``lease_ttl`` in nanoseconds)."""
-        return _request_token_result(
+        return request_token_result(
             _native.request_token(
                 self._channel,
                 action,
@@ -351,7 +378,7 @@ class AioStub(Stub):
             holder,
             lease_ttl,
         )
-        return _request_token_result(await _started(_native.request_token, fields, timeout, metadata))
+        return request_token_result(await _started(_native.request_token, fields, timeout, metadata))
 
     async def complete(  # type: ignore[override]
         self,
@@ -447,7 +474,7 @@ def _completion(fields: tuple[Any, ...]) -> Completion:
     )
 
 
-def _request_token_result(fields: tuple[Any, ...]) -> RequestTokenResult:
+def request_token_result(fields: tuple[Any, ...]) -> RequestTokenResult:
     decision, agent_id, run_id, key, fingerprint, grant, completion, redelivered, approval = fields
     scope = _made(Scope, {"agent_id": agent_id, "run_id": run_id})
     return _made(

@@ -73,6 +73,10 @@ class Attempt:
         self._key_fields_hint = key_fields_hint
         self._heartbeat: Heartbeat | None = None
         self._settled = False
+        self._first: RequestTokenResult | BaseException | None = None
+        """The first RequestToken's answer or error, when the threaded guard's native loop
+        (:mod:`oncegate.guard.runner`) asked already and hands the attempt over: taken as the
+        first call's outcome instead of asking again."""
         self.holder = options.holder or protocol.default_holder()
         self.action: ActionRef | None = None
         """The action reference, set once the gate answered."""
@@ -159,10 +163,20 @@ class Attempt:
             receipt = self._options.encode(result)
         except Exception as err:
             raise self._bound(protocol.encode_failed(self._request, action, grant, result, err)) from err
+        return await self._acknowledged(result, receipt)
+
+    async def _acknowledged(self, result: T, receipt: bytes, failed: OncegateError | None = None) -> T:
+        """Completes with ``receipt`` until the gate acknowledges (see :meth:`complete`), and
+        returns ``result``. ``failed`` is the first Complete's error when the threaded guard's
+        native loop made that call: the retries carry on from it."""
+        action, grant = self._granted()
         started = monotonic()
         backoff: Backoff | None = None  # made on the first failure: most calls never need one
         while True:
             try:
+                if failed is not None:
+                    first, failed = failed, None
+                    raise first
                 self.completion = await self._gate.complete(action, grant.token, receipt)
                 break
             except OncegateError as err:
@@ -202,8 +216,14 @@ class Attempt:
         started = monotonic()
         wait_deadline = started + self._options.max_wait
         backoff: Backoff | None = None  # made on the first failure: most calls never need one
+        first, self._first = self._first, None
         while True:
             try:
+                if first is not None:
+                    answer, first = first, None
+                    if isinstance(answer, BaseException):
+                        raise answer
+                    return answer
                 return await self._gate.request_token(
                     request.action,
                     request.params,

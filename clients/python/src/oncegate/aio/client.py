@@ -13,12 +13,12 @@ writes the threaded ``oncegate/client.py`` from it with unasync.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from oncegate.aio.attempt import Attempt
 from oncegate.aio.decorator import action as guarded_action
 from oncegate.aio.rpc import GateRpc
+from oncegate.aio.runner import Runner
 from oncegate.guard.context import scope as ambient_scope
 from oncegate.guard.options import GuardOptions, Request, guard_options, json_decode, json_encode
 from oncegate.models import Grant, Scope
@@ -129,29 +129,21 @@ class Gate(GateRpc):
         On a replay ``fn`` does not run and the stored receipt, decoded by the ``decode`` option,
         is returned instead. See :meth:`attempt` for the arguments.
         """
-        attempt = self.attempt(
-            action,
-            params,
-            agent_id=agent_id,
-            run_id=run_id,
-            intent_id=intent_id,
-            idempotency_key=idempotency_key,
-            key_fields_hint=key_fields_hint,
-            options=guard_options(
-                options,
-                definite=definite,
-                encode=encode,
-                decode=decode,
-                lease_ttl=lease_ttl,
-                max_wait=max_wait,
-                poll_interval=poll_interval,
-                retry_timeout=retry_timeout,
-                heartbeat=heartbeat,
-                holder=holder,
-                wait_timeout=wait_timeout,
-            ),
+        resolved = guard_options(
+            options,
+            definite=definite,
+            encode=encode,
+            decode=decode,
+            lease_ttl=lease_ttl,
+            max_wait=max_wait,
+            poll_interval=poll_interval,
+            retry_timeout=retry_timeout,
+            heartbeat=heartbeat,
+            holder=holder,
+            wait_timeout=wait_timeout,
         )
-        return await attempt.run(fn)
+        request = Request(action, dict(params), Scope(agent_id, run_id), intent_id, idempotency_key)
+        return await Runner(self, action, resolved, key_fields_hint)(request, fn)  # type: ignore[no-any-return]
 
     def action(
         self,
@@ -198,8 +190,7 @@ class Gate(GateRpc):
             ),
         )
 
-    @staticmethod
-    def scope(agent_id: str, run_id: str) -> AbstractContextManager[Scope]:
-        """Sets the scope that decorated actions use when a call does not name one (a context
-        variable: it follows asyncio tasks, but a new thread starts without it)."""
-        return ambient_scope(agent_id, run_id)
+    scope = staticmethod(ambient_scope)
+    """Sets the scope that decorated actions use when a call does not name one (a context
+    variable: it follows asyncio tasks, but a new thread starts without it): the guard's
+    :func:`~oncegate.guard.scope` itself, entered on every call of a tool that uses it."""

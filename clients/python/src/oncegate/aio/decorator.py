@@ -3,7 +3,9 @@
 It owns turning a call into a guarded attempt (the call's arguments become the params through
 :class:`~oncegate.guard.binding.Binding`, the control arguments and the ambient scope become the
 request, the grant is handed to the function) and nothing of the protocol itself, which
-:class:`~oncegate.aio.attempt.Attempt` follows.
+:class:`~oncegate.aio.attempt.Attempt` follows (the call runs through
+:class:`~oncegate.aio.runner.Runner`, which in the threaded client runs the common case on the
+native core).
 
 One source, two clients: ``oncegate/aio/decorator.py`` is written by hand, and
 ``generate_sync.py`` writes the threaded ``oncegate/guard/decorator.py`` from it with unasync.
@@ -15,7 +17,7 @@ import functools
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from oncegate.aio.attempt import Attempt
+from oncegate.aio.runner import Runner
 from oncegate.guard.binding import Binding
 from oncegate.guard.options import GuardOptions
 
@@ -65,12 +67,12 @@ def action(
 
     def decorate(fn: Callable[..., Awaitable[T] | T]) -> Callable[..., Awaitable[T]]:
         binding = Binding(fn, name)
+        runner = Runner(gate, name, guard_options, key_fields_hint)
 
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> T:
             call = binding.bind(args, kwargs)
-            attempt = Attempt(gate, call.request, guard_options, key_fields_hint=key_fields_hint)
-            return await attempt.run(call.invoke)  # type: ignore[no-any-return]
+            return await runner(call.request, call.invoke, call)  # type: ignore[no-any-return]
 
         # Frameworks that build a tool schema from the signature (LangChain, CrewAI) must not
         # offer the model a `grant` argument: the gate supplies it.

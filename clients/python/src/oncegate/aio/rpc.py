@@ -22,7 +22,7 @@ import grpc
 
 from oncegate import native
 from oncegate.aio.channel import Channel
-from oncegate.errors import UnsettledGrant, from_rpc_error
+from oncegate.errors import OncegateError, UnsettledGrant, from_rpc_error
 from oncegate.fingerprints import encode_params
 from oncegate.models import ActionRecord, ActionRef, Completion, ReleaseReason, RequestTokenResult
 from oncegate.v1 import oncegate_pb2 as pb
@@ -68,11 +68,15 @@ class GateRpc(Channel):
         try:
             return await method(*args, timeout=self.timeout, metadata=self._metadata)
         except grpc.RpcError as err:
-            error = from_rpc_error(err)
-            if isinstance(error, UnsettledGrant):
-                # It settles its grant itself (err.complete / err.release), through this client.
-                error.bind(self)
-            raise error from err
+            raise self._failure(err) from err
+
+    def _failure(self, err: grpc.RpcError) -> OncegateError:
+        """What a failed call raises: the error its status names, bound to this client when it
+        settles its grant itself (``err.complete`` / ``err.release``)."""
+        error = from_rpc_error(err)
+        if isinstance(error, UnsettledGrant):
+            error.bind(self)
+        return error
 
     async def request_token(
         self,

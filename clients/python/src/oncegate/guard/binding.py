@@ -29,26 +29,28 @@ class BoundCall:
     """One call of a guarded function: its request, and how to run the function with a grant."""
 
     def __init__(self, binding: Binding, request: Request, arguments: dict[str, Any]) -> None:
-        self._binding = binding
+        self.binding = binding
         self.request = request
-        self._arguments = arguments
-        """The bound arguments, with the injected ones (a framework's context)."""
+        self.arguments = arguments
+        """The bound arguments, with the injected ones (a framework's context): the function's
+        keywords when the binding is ``plain``. Read, never changed: it may be the caller's own
+        keywords."""
 
     def invoke(self, grant: Grant) -> Any:
         """Calls the function with the bound arguments and ``grant`` (when it takes one); returns
         what it returns (a coroutine, for a coroutine function)."""
-        if self._binding.plain:
+        if self.binding.plain:
             # Every parameter can be passed by name: the common case, without walking the signature.
-            if self._binding.takes_grant:
-                return self._binding.fn(**self._arguments, grant=grant)
-            return self._binding.fn(**self._arguments)
+            if self.binding.takes_grant:
+                return self.binding.fn(**self.arguments, grant=grant)
+            return self.binding.fn(**self.arguments)
         positional: list[Any] = []
         keywords: dict[str, Any] = {}
-        for parameter in self._binding.parameters.values():
+        for parameter in self.binding.parameters.values():
             if parameter.name == "grant":
                 argument: Any = grant
-            elif parameter.name in self._arguments:
-                argument = self._arguments[parameter.name]
+            elif parameter.name in self.arguments:
+                argument = self.arguments[parameter.name]
             else:
                 continue
             if parameter.kind is inspect.Parameter.POSITIONAL_ONLY:
@@ -57,7 +59,7 @@ class BoundCall:
                 keywords.update(argument)
             else:
                 keywords[parameter.name] = argument
-        return self._binding.fn(*positional, **keywords)
+        return self.binding.fn(*positional, **keywords)
 
 
 class Binding:
@@ -119,9 +121,9 @@ class Binding:
         control: dict[str, Any] = {}
         if not self._control.isdisjoint(kwargs):
             kwargs = dict(kwargs)
-            control = {
-                key: kwargs.pop(key) for key in CONTROL_ARGUMENTS if key in kwargs and key in self._control
-            }
+            for key in CONTROL_ARGUMENTS:
+                if key in kwargs and key in self._control:
+                    control[key] = kwargs.pop(key)
         bound = self._bind_plain(args, kwargs)
         if bound is None:
             signature_bound = self.signature.bind(*args, **kwargs)
@@ -144,17 +146,21 @@ class Binding:
             control.get("intent_id"),
             control.get("idempotency_key"),
         )
-        arguments = dict(bound)
+        arguments = bound
         if self.injected:
+            arguments = dict(bound)
             arguments.update((name, (injected or {})[name]) for name in self.injected)
         return BoundCall(self, request, arguments)
 
     def _bind_plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The arguments of a call of a plain signature, defaults applied, as
         :meth:`inspect.Signature.bind` would bind them; ``None`` when the signature is not plain or
-        the call does not fit it (the signature then binds it, or says why it does not)."""
+        the call does not fit it (the signature then binds it, or says why it does not). It may
+        be ``kwargs`` itself, which is then read and not changed."""
         if not self.plain or len(args) > len(self._positional):
             return None
+        if not args and len(kwargs) == len(self._order) and tuple(kwargs) == self._order:
+            return kwargs  # every parameter by name, in order: the common call of a tool
         bound = dict(zip(self._positional, args, strict=False))  # fewer args than positional names
         for name, value in kwargs.items():
             if name in bound or name not in self._names:
@@ -164,4 +170,6 @@ class Binding:
             bound.setdefault(name, default)
         if len(bound) != len(self._names):
             return None
+        if tuple(bound) == self._order:
+            return bound
         return {name: bound[name] for name in self._order}

@@ -47,7 +47,7 @@ class _Scoped(ContextDecorator):
         self._token = _current_scope.set(self._value)
         return self._value
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, exc: object, traceback: object) -> None:
         assert self._token is not None
         _current_scope.reset(self._token)
 

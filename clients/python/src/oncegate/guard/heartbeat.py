@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from oncegate.models import ActionRef
     from oncegate.rpc import GateRpc
 
-__all__ = ["Heartbeat"]
+__all__ = ["Heartbeat", "keep_extending"]
 
 logger = logging.getLogger("oncegate")
 
@@ -61,13 +61,22 @@ class Heartbeat:
         try:
             self._rpc.extend_lease(self._action, self._token, self._ttl)
         except OncegateError as err:
-            if self.stopped:
-                return False
-            if not err.retryable:
-                logger.warning("oncegate: stopped extending the lease of %s: %s", self._action.key, err)
-                return False
-            logger.info("oncegate: extending the lease of %s failed, will retry: %s", self._action.key, err)
+            return not self.stopped and keep_extending(self._action.key, err)
         return True
+
+
+def keep_extending(key: str, err: BaseException) -> bool:
+    """Whether to keep extending the lease of the action ``key`` after an extension failed with
+    ``err`` (logged either way): a retryable error, yes. Also the native guard loop's decision
+    (:mod:`oncegate.guard.runner`), which hands it the error its channel raised."""
+    if not isinstance(err, OncegateError):
+        logger.warning("oncegate: stopped extending the lease of %s: %s: %s", key, type(err).__name__, err)
+        return False
+    if not err.retryable:
+        logger.warning("oncegate: stopped extending the lease of %s: %s", key, err)
+        return False
+    logger.info("oncegate: extending the lease of %s failed, will retry: %s", key, err)
+    return True
 
 
 class _Scheduler:

@@ -69,19 +69,26 @@ def default_holder() -> str:
     """A holder name unique to one attempt, so a lost grant reply is re-delivered to it alone:
     host, process, a random id drawn once per process, and a per-process counter (no system call
     per attempt)."""
-    prefix, counter = _holder_prefix()
+    prefix, counter = _holder or _start_holders()
     return f"{prefix}{next(counter)}"
 
 
-_holder: tuple[int, str, Iterator[int]] | None = None
+_holder: tuple[str, Iterator[int]] | None = None
+"""The process's holder prefix and counter; drawn again in a forked child."""
 
 
-def _holder_prefix() -> tuple[str, Iterator[int]]:
+def _start_holders() -> tuple[str, Iterator[int]]:
     global _holder
-    pid = os.getpid()
-    if _holder is None or _holder[0] != pid:  # first use, or a forked child
-        _holder = (pid, f"py:{socket.gethostname()[:64]}:{pid}:{uuid.uuid4().hex}:", itertools.count(1))
-    return _holder[1], _holder[2]
+    _holder = (f"py:{socket.gethostname()[:64]}:{os.getpid()}:{uuid.uuid4().hex}:", itertools.count(1))
+    return _holder
+
+
+def _forget_holders() -> None:
+    global _holder
+    _holder = None
+
+
+os.register_at_fork(after_in_child=_forget_holders)
 
 
 def lease_seconds(options: GuardOptions, grant: Grant) -> float | None:
