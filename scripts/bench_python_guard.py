@@ -2,7 +2,9 @@
 Complete around a no-op) through the bare grpcio stubs, the native core's bare stubs
 (`oncegate.native.Stub`, with the generated messages), its plain-value calls
 (`Stub.request_token`, `Stub.complete`: what the RPC layer calls on it), the RPC layer
-(`oncegate.rpc.GateRpc`) and the decorator, against a running gate. The RPC layer and the
+(`oncegate.rpc.GateRpc`) and the decorator, against a running gate: `decorator` enters its scope on
+every call (as `make bench`'s cycle does), `in-run` is the same decorated call with its scope set
+once (as an agent's run sets it, and as the stubs build theirs once). The RPC layer and the
 decorator run on the native core, or on grpcio with ONCEGATE_PURE_PYTHON=1 (then the native and
 plain rows are skipped). An A/B aid for BENCHMARKS.md's Python section; `make bench` is the
 reproducible comparison.
@@ -94,12 +96,31 @@ def decorator(target: str) -> Callable[[str], None]:
     return cycle
 
 
+def decorator_in_run(target: str) -> Callable[[str], None]:
+    """The decorator with its scope set once, as an agent's run sets it (and as the stubs build
+    their scope once): the guarded call alone."""
+    gate = Gate(target)
+
+    @gate.action("bench.noop")
+    def tool(order_id: str, amount: int, *, grant: Any) -> dict[str, bool]:
+        return {"ok": True}
+
+    # Entered for the rest of the process: the other layers name their scope themselves.
+    gate.scope(agent_id="bench-agent", run_id=RUN).__enter__()
+
+    def cycle(key: str) -> None:
+        tool(order_id=key, amount=100)
+
+    return cycle
+
+
 LAYERS = {
     "grpcio": stubs,
     "native": lambda target: stubs(target, native_core=True),
     "plain": plain,
     "rpc": rpc_layer,
     "decorator": decorator,
+    "in-run": decorator_in_run,
 }
 
 

@@ -11,6 +11,7 @@ import decimal
 import enum
 import functools
 import logging
+import multiprocessing
 import threading
 import time
 from datetime import datetime, timezone
@@ -29,6 +30,7 @@ from oncegate import (
     _native,  # type: ignore[attr-defined]
     native,
 )
+from oncegate.guard import protocol
 from oncegate.guard import runner as runner_module
 from oncegate.guard.attempt import Attempt
 from oncegate.models import json_encode
@@ -319,3 +321,45 @@ def test_a_deferred_receipt_is_encoded_or_refused_by_the_python_encoder(
     with pytest.raises(CompletionUnrecorded) as raised:
         fake_gate.run("pay", {"a": 2}, lambda grant: {"when": decimal.Decimal("1")}, **scope_kwargs(run_id))
     assert isinstance(raised.value.__cause__, TypeError)
+
+
+def _guarded_in_child(target: str, run_id: str, out: Any) -> None:
+    try:
+        gate = Gate(target, api_key="test-key")
+
+        @gate.action("runner.fork", lease_ttl=1.0)
+        def slow(n: int, grant: Grant) -> str:
+            time.sleep(2.5)  # two and a half leases: only the child's heartbeat keeps it
+            try:
+                gate.request_token("runner.fork", {"n": n}, holder="another", agent_id="a", run_id=run_id)
+            except InProgressError:
+                return f"held {grant.fencing}"
+            return "lost the lease"
+
+        out.put([slow(n, agent_id="a", run_id=run_id) for n in range(2)] + [protocol.default_holder()])
+    except BaseException as err:  # reported to the parent, which fails
+        out.put(repr(err))
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="no fork here")
+def test_a_forked_child_has_its_own_heartbeat_and_holder_names(gate_target: str, run_id: str) -> None:
+    gate = Gate(gate_target, api_key="test-key")
+    # The parent's scheduler thread and holder prefix exist before the fork; the child's must be
+    # its own (the parent's thread does not exist in the child).
+    assert (
+        gate.run("runner.fork", {"n": -1}, lambda grant: "ok", lease_ttl=1.0, agent_id="a", run_id=run_id)
+        == "ok"
+    )
+    parent_holder = protocol.default_holder()
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_guarded_in_child, args=(gate_target, run_id, out))
+    child.start()
+    try:
+        held = out.get(timeout=60)
+    finally:
+        child.join(timeout=30)
+        gate.close()
+    assert [answer.split()[0] for answer in held[:2]] == ["held", "held"], held
+    assert held[2].split(":")[:3] != parent_holder.split(":")[:3]
+    assert held[2].split(":")[2] == str(child.pid)

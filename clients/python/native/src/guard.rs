@@ -213,7 +213,7 @@ impl Guard {
                 self.encode
                     .bind(py)
                     .call1((&result,))
-                    .and_then(|receipt| receipt.extract::<Vec<u8>>().map_err(PyErr::from))
+                    .and_then(|receipt| receipt.extract::<Vec<u8>>())
             },
             Ok,
         ) {
@@ -245,7 +245,7 @@ impl Guard {
         )?;
         match gate
             .block(py, call)
-            .and_then(|completed| worker::decode::<pb::CompleteResponse>(completed))
+            .and_then(worker::decode::<pb::CompleteResponse>)
         {
             Ok(_) => (ended::DONE, result).into_pyobject(py),
             Err(err) => {

@@ -71,8 +71,7 @@ def action(
 
         @functools.wraps(fn)
         async def wrapper(*args: Any, **kwargs: Any) -> T:
-            call = binding.bind(args, kwargs)
-            return await runner(call.request, call.invoke, call)  # type: ignore[no-any-return]
+            return await runner.call(binding, args, kwargs)  # type: ignore[no-any-return]
 
         # Frameworks that build a tool schema from the signature (LangChain, CrewAI) must not
         # offer the model a `grant` argument: the gate supplies it.

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from oncegate.aio.attempt import Attempt
-from oncegate.guard.binding import BoundCall
+from oncegate.guard.binding import Binding
 from oncegate.guard.options import GuardOptions, Request
 
 if TYPE_CHECKING:
@@ -41,10 +41,13 @@ class Runner:
         self._options = options
         self._key_fields_hint = key_fields_hint
 
-    async def __call__(
-        self, request: Request, invoke: Callable[[Grant], Any], call: BoundCall | None = None
-    ) -> Any:
+    async def call(self, binding: Binding, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Runs one call of a decorated function (``binding``'s, with ``args`` and ``kwargs``) at
+        most once, as :meth:`Attempt.run` does."""
+        call = binding.bind(args, kwargs)
+        return await self(call.request, call.invoke)
+
+    async def __call__(self, request: Request, invoke: Callable[[Grant], Any]) -> Any:
         """Runs ``invoke(grant)`` at most once for ``request``, as :meth:`Attempt.run` does."""
-        del call  # the threaded runner's native loop calls the function itself
         attempt = Attempt(self._gate, request, self._options, key_fields_hint=self._key_fields_hint)
         return await attempt.run(invoke)

@@ -118,6 +118,19 @@ class Binding:
         """The request of one call. Its scope is the call's ``agent_id``/``run_id``, else
         ``scope``, else the ambient :func:`~oncegate.guard.scope`; ``injected`` holds the values
         of the injected parameters."""
+        params, call_scope, intent_id, idempotency_key, arguments = self.parts(args, kwargs, scope, injected)
+        return BoundCall(self, Request(self.name, params, call_scope, intent_id, idempotency_key), arguments)
+
+    def parts(
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        scope: Scope | None = None,
+        injected: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], Scope, str | None, str | None, dict[str, Any]]:
+        """What :meth:`bind` makes its request and call of: the params, the scope, the intent id,
+        the idempotency key and the function's arguments (all the threaded guard's native loop
+        needs, which makes the request only when it hands a call over)."""
         control: dict[str, Any] = {}
         if not self._control.isdisjoint(kwargs):
             kwargs = dict(kwargs)
@@ -139,18 +152,17 @@ class Binding:
                     (control if key in CONTROL_ARGUMENTS else params)[key] = item
         agent_id = control.get("agent_id") or (scope.agent_id if scope else None)
         run_id = control.get("run_id") or (scope.run_id if scope else None)
-        request = Request(
-            self.name,
-            params,
-            resolve_scope(self.fn.__qualname__, agent_id, run_id),
-            control.get("intent_id"),
-            control.get("idempotency_key"),
-        )
         arguments = bound
         if self.injected:
             arguments = dict(bound)
             arguments.update((name, (injected or {})[name]) for name in self.injected)
-        return BoundCall(self, request, arguments)
+        return (
+            params,
+            resolve_scope(self.fn.__qualname__, agent_id, run_id),
+            control.get("intent_id"),
+            control.get("idempotency_key"),
+            arguments,
+        )
 
     def _bind_plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | None:
         """The arguments of a call of a plain signature, defaults applied, as

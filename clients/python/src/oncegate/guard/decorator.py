@@ -73,8 +73,7 @@ def action(
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> T:
-            call = binding.bind(args, kwargs)
-            return runner(call.request, call.invoke, call)  # type: ignore[no-any-return]
+            return runner.call(binding, args, kwargs)  # type: ignore[no-any-return]
 
         # Frameworks that build a tool schema from the signature (LangChain, CrewAI) must not
         # offer the model a `grant` argument: the gate supplies it.

@@ -34,14 +34,14 @@ from oncegate.errors import OncegateError
 from oncegate.fingerprints import encode_params
 from oncegate.guard import protocol
 from oncegate.guard.attempt import Attempt
-from oncegate.guard.binding import BoundCall
+from oncegate.guard.binding import Binding, BoundCall
 from oncegate.guard.heartbeat import keep_extending
 from oncegate.guard.options import GuardOptions, Request
 from oncegate.rpc import GateRpc
 from oncegate.wire import nanoseconds
 
 if TYPE_CHECKING:
-    from oncegate.models import Grant
+    from oncegate.models import Grant, Scope
 
 __all__ = ["Runner"]
 
@@ -79,37 +79,81 @@ class Runner:
                 functools.partial(_extension_failed, gate),
             )
 
-    def __call__(
-        self, request: Request, invoke: Callable[[Grant], Any], call: BoundCall | None = None
-    ) -> Any:
+    def call(self, binding: Binding, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Runs one call of a decorated function (``binding``'s, with ``args`` and ``kwargs``) at
+        most once, as :meth:`Attempt.run` does; the native loop calls the function itself with
+        its keywords, and the request is made only when the call is handed over."""
+        channel = getattr(self._gate, "_native", None)
+        if self._native is None or channel is None or not binding.plain:
+            call = binding.bind(args, kwargs)
+            return self(call.request, call.invoke)
+        params, scope, intent_id, idempotency_key, arguments = binding.parts(args, kwargs)
+        holder = self._options.holder or protocol.default_holder()
+        ended = self._natively(
+            channel,
+            params,
+            scope,
+            intent_id,
+            idempotency_key,
+            holder,
+            binding.fn,
+            arguments,
+            binding.takes_grant,
+        )
+        if ended[0] == _DONE:
+            return ended[1]
+        call = BoundCall(binding, Request(binding.name, params, scope, intent_id, idempotency_key), arguments)
+        return self._hand_over(call.request, call.invoke, holder, ended)
+
+    def __call__(self, request: Request, invoke: Callable[[Grant], Any]) -> Any:
         """Runs ``invoke(grant)`` at most once for ``request`` and returns its result, or the
-        decoded stored receipt on a replay, as :meth:`Attempt.run` does. ``call``, the decorated
-        function's call that ``invoke`` belongs to, lets the native loop call the function itself."""
+        decoded stored receipt on a replay, as :meth:`Attempt.run` does."""
         channel = getattr(self._gate, "_native", None)
         if self._native is None or channel is None:
             return self._attempt(request).run(invoke)
-        scope = request.scope
         holder = self._options.holder or protocol.default_holder()
-        if call is not None and call.binding.plain:
-            function, arguments, takes_grant = call.binding.fn, call.arguments, call.binding.takes_grant
-        else:
-            function, arguments, takes_grant = invoke, None, True
-        ended = self._native.run(
+        ended = self._natively(
+            channel,
+            request.params,
+            request.scope,
+            request.intent_id,
+            request.idempotency_key,
+            holder,
+            invoke,
+            None,
+            True,
+        )
+        if ended[0] == _DONE:
+            return ended[1]
+        return self._hand_over(request, invoke, holder, ended)
+
+    def _natively(
+        self,
+        channel: Any,
+        params: dict[str, Any],
+        scope: Scope,
+        intent_id: str | None,
+        idempotency_key: str | None,
+        holder: str,
+        function: Callable[..., Any],
+        arguments: dict[str, Any] | None,
+        takes_grant: bool,
+    ) -> tuple[Any, ...]:
+        """One native call (see the module's docstring): how it ended, as guard.rs answers."""
+        ended: tuple[Any, ...] = self._native.run(
             channel,
             self._gate.timeout,
-            encode_params(request.params),
+            encode_params(params),
             scope.agent_id,
             scope.run_id,
-            request.intent_id or "",
-            request.idempotency_key or "",
+            intent_id or "",
+            idempotency_key or "",
             holder,
             function,
             arguments,
             takes_grant,
         )
-        if ended[0] == _DONE:
-            return ended[1]
-        return self._hand_over(request, invoke, holder, ended)
+        return ended
 
     def _attempt(self, request: Request) -> Attempt:
         return Attempt(self._gate, request, self._options, key_fields_hint=self._key_fields_hint)
