@@ -276,7 +276,8 @@ def machine():
     dirty = run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"]).strip()
     return {"cores": os.cpu_count(), "cpu": cpu, "kernel": platform.release(),
             "rustc": version("rustc", "--version"), "redis": version("redis-server", "--version"),
-            "commit": commit + (" (with uncommitted changes)" if dirty else "")}
+            "commit": commit + (" (with uncommitted changes)" if dirty else "")
+            + ("" if BIN == ROOT / "target" / "release" / "oncegate" else f", measured binary {BIN}")}
 
 
 def cpu_cell(reports, names):
@@ -432,7 +433,11 @@ def python_only(opts, began, load_before, info):
 
 
 def main():
+    global BIN
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bin", default=str(BIN),
+                        help="the oncegate binary to measure (default: this checkout's release "
+                             "build; another one for an A/B, named with --note)")
     parser.add_argument("--runs", type=int, default=3, help="runs per row; medians are quoted")
     parser.add_argument("--duration", type=float, default=3.0, help="measured seconds per run")
     parser.add_argument("--warmup", type=float, default=1.0, help="warm-up seconds per gate run")
@@ -453,6 +458,7 @@ def main():
     for tool in ("redis-server", "redis-benchmark", "redis-cli"):
         if not shutil.which(tool):
             sys.exit(f"{tool} not found (make deps installs it on Debian)")
+    BIN = Path(opts.bin).resolve()
     if not BIN.exists():
         sys.exit(f"{BIN} not found: build it with cargo build --release")
 

@@ -19,6 +19,7 @@ mod durability;
 mod eviction;
 mod failover;
 mod failures;
+mod functions;
 mod holders;
 mod layers;
 mod limits;

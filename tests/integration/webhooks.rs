@@ -632,7 +632,7 @@ async fn the_outbox_keeps_each_event_once_and_one_claim_at_a_time(kind: Kind) {
 }
 on_stores!(the_outbox_keeps_each_event_once_and_one_claim_at_a_time: embedded, redis, cluster);
 
-/// EVALSHA and EVAL calls Redis has answered so far.
+/// Function and script calls (FCALL, EVALSHA, EVAL) Redis has answered so far.
 async fn scripts_run(redis: &RedisServer) -> u64 {
     let client = redis::Client::open(redis.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -642,7 +642,11 @@ async fn scripts_run(redis: &RedisServer) -> u64 {
         .await
         .unwrap();
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_fcall:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                .iter()
+                .any(|stat| l.starts_with(stat))
+        })
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?

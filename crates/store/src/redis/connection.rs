@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use redis::{
-    Cmd, IntoConnectionInfo, RedisResult, ScriptInvocation, Value,
+    Cmd, IntoConnectionInfo, RedisResult, Value,
     aio::{ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
@@ -132,7 +132,7 @@ impl Conn {
     /// trip. Returns the script's reply and how many replicas confirmed (0 without `wait`).
     pub async fn run(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &super::library::Call<'_>,
         wait: Option<Wait>,
     ) -> RedisResult<(Value, u32)> {
         match self {

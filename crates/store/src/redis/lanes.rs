@@ -15,10 +15,13 @@ use std::{
 
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionInfo, IntoConnectionInfo, RedisError, RedisFuture,
-    RedisResult, ScriptInvocation, Value, aio::ConnectionLike,
+    RedisResult, Value, aio::ConnectionLike,
 };
 
-use super::RedisOptions;
+use super::{
+    RedisOptions,
+    library::{Call, is_function_call},
+};
 
 /// `host:port` becomes `redis://host:port`; a URL stays as it is.
 pub(super) fn node_url(node: &str) -> String {
@@ -101,7 +104,7 @@ pub struct Wait {
 /// Runs `invocation` on one connection, followed by `WAIT` when asked.
 pub(super) async fn run_on<C: ConnectionLike + Send>(
     conn: &mut C,
-    invocation: &ScriptInvocation<'_>,
+    invocation: &Call<'_>,
     wait: Option<Wait>,
 ) -> RedisResult<(Value, u32)> {
     let Some(wait) = wait else {
@@ -117,14 +120,14 @@ pub(super) async fn run_on<C: ConnectionLike + Send>(
     Ok((value, acknowledged))
 }
 
-/// A connection wrapper that sends `WAIT` in the same pipeline as every `EVALSHA`/`EVAL` that
-/// passes through it, and keeps WAIT's answer.
+/// A connection wrapper that sends `WAIT` in the same pipeline as every `FCALL` that passes
+/// through it, and keeps WAIT's answer.
 ///
-/// `WAIT` cannot run inside a script, and it counts the replicas that acknowledged this client
-/// connection's last write, so it must follow the script on the very same connection. Wrapping the
-/// connection (instead of building `EVALSHA` by hand) keeps `ScriptInvocation` the one way scripts
-/// run, including its reload on `NOSCRIPT` (the `SCRIPT LOAD` passes through unchanged). On a
-/// Cluster, redis-rs routes a pipeline by its first keyed command (the script's `KEYS[1]`) and
+/// `WAIT` cannot run inside a function, and it counts the replicas that acknowledged this client
+/// connection's last write, so it must follow the call on the very same connection. Wrapping the
+/// connection keeps [`Call::invoke_async`] the one way functions run, including its reload of the
+/// library when Redis does not know the function (the `FUNCTION LOAD` passes through unchanged). On
+/// a Cluster, redis-rs routes a pipeline by its first keyed command (the function's `KEYS[1]`) and
 /// `WAIT` has no key, so both go to the node that owns the action's slot.
 struct WaitAfterScript<'c, C> {
     inner: &'c mut C,
@@ -132,16 +135,9 @@ struct WaitAfterScript<'c, C> {
     acknowledged: Option<RedisResult<u32>>,
 }
 
-fn is_script_call(cmd: &Cmd) -> bool {
-    matches!(
-        cmd.args_iter().next(),
-        Some(redis::Arg::Simple(name)) if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL")
-    )
-}
-
 impl<C: ConnectionLike + Send> ConnectionLike for WaitAfterScript<'_, C> {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        if !is_script_call(cmd) {
+        if !is_function_call(cmd) {
             return self.inner.req_packed_command(cmd);
         }
         Box::pin(async move {
@@ -198,14 +194,6 @@ mod tests {
         let waiting: Vec<_> = (0..6).map(|_| lanes.pick(true)).collect();
         assert_eq!(waiting, [1, 2, 3, 1, 2, 3]);
         assert_eq!(Lanes::new(vec![7]).pick(true), 7, "one lane serves both");
-    }
-
-    #[test]
-    fn only_script_calls_get_a_wait() {
-        assert!(is_script_call(redis::cmd("EVALSHA").arg("abc").arg(1)));
-        assert!(is_script_call(redis::cmd("eval").arg("return 1").arg(0)));
-        assert!(!is_script_call(redis::cmd("SCRIPT").arg("LOAD").arg("x")));
-        assert!(!is_script_call(&redis::cmd("PING")));
     }
 
     #[test]

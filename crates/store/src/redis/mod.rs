@@ -13,6 +13,7 @@ mod eviction;
 mod health;
 pub mod keys;
 mod lanes;
+mod library;
 mod listing;
 mod operator;
 mod outbox;
@@ -24,72 +25,108 @@ mod worker;
 
 use std::{sync::Arc, time::Duration};
 
-use redis::{Script, Value};
+use redis::Value;
 
 use connection::Conn;
 pub use connection::Topology;
 use lanes::Wait;
+use library::{Call, Function, Library, Source};
 use reply::{Decoded, decode, unexpected};
 pub use sentinel::FAILOVER_PAUSE;
 
 use super::StoreError;
 use oncegate_domain::{ActionKey, ledger::Millis};
 
-const PRELUDE: &str = include_str!("prelude.lua");
-const OUTBOX_PRELUDE: &str = include_str!("outbox_prelude.lua");
-
-/// The loaded scripts, one per transition.
+/// The scripts, one per transition, as functions of one library ([`library`]).
 struct Scripts {
-    request_token: Script,
-    complete: Script,
-    release: Script,
-    extend_lease: Script,
-    get: Script,
+    library: Library,
+    request_token: Function,
+    complete: Function,
+    release: Function,
+    extend_lease: Function,
+    get: Function,
     /// Not a transition: a no-op write that lets `WAIT` cover an earlier write (see the file).
-    sync: Script,
-    record_external: Script,
-    resolve_expired: Script,
-    unresolved: Script,
+    sync: Function,
+    record_external: Function,
+    resolve_expired: Function,
+    unresolved: Function,
     /// Reads a receipt chain's seal mark and the entries after it.
-    unsealed: Script,
+    unsealed: Function,
     /// Stores the statements of a chain's heads and moves its seal mark.
-    seal: Script,
+    seal: Function,
     /// Reads a page of a receipt chain.
-    receipts: Script,
-    decide_approval: Script,
-    approvals: Script,
-    budgets: Script,
-    /// The webhook outbox's steps (`outbox_prelude.lua` first).
-    outbox_append: Script,
-    outbox_claim: Script,
-    outbox_settle: Script,
-    outbox_read: Script,
+    receipts: Function,
+    decide_approval: Function,
+    approvals: Function,
+    budgets: Function,
+    /// The webhook outbox's steps (written against `outbox_prelude.lua`).
+    outbox_append: Function,
+    outbox_claim: Function,
+    outbox_settle: Function,
+    outbox_read: Function,
 }
+
+/// Every script: its name, what it is written against, whether it writes, its text.
+const SOURCES: &[Source] = {
+    use library::{Access::*, Part::*};
+    macro_rules! source {
+        ($name:literal, $part:expr, $access:expr) => {
+            Source {
+                name: $name,
+                part: $part,
+                access: $access,
+                body: include_str!(concat!($name, ".lua")),
+            }
+        };
+    }
+    &[
+        source!("request_token", Ledger, Writes),
+        source!("complete", Ledger, Writes),
+        source!("release", Ledger, Writes),
+        source!("extend_lease", Ledger, Writes),
+        source!("get", Ledger, Reads),
+        source!("sync", Plain, Writes),
+        source!("record_external", Ledger, Writes),
+        source!("resolve_expired", Ledger, Writes),
+        source!("unresolved", Ledger, Writes),
+        source!("unsealed", Plain, Reads),
+        source!("seal", Plain, Writes),
+        source!("receipts", Plain, Reads),
+        source!("decide_approval", Ledger, Writes),
+        source!("approvals", Ledger, Writes),
+        source!("budgets", Plain, Reads),
+        source!("outbox_append", Outbox, Writes),
+        source!("outbox_claim", Outbox, Writes),
+        source!("outbox_settle", Outbox, Writes),
+        source!("outbox_read", Outbox, Reads),
+    ]
+};
 
 impl Scripts {
     fn load() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}\n{body}"));
-        let with_outbox = |body: &str| Script::new(&format!("{OUTBOX_PRELUDE}\n{body}"));
+        let library = Library::new(SOURCES);
+        let f = |name| library.function(name);
         Self {
-            request_token: with_prelude(include_str!("request_token.lua")),
-            complete: with_prelude(include_str!("complete.lua")),
-            release: with_prelude(include_str!("release.lua")),
-            extend_lease: with_prelude(include_str!("extend_lease.lua")),
-            get: with_prelude(include_str!("get.lua")),
-            sync: Script::new(include_str!("sync.lua")),
-            record_external: with_prelude(include_str!("record_external.lua")),
-            resolve_expired: with_prelude(include_str!("resolve_expired.lua")),
-            unresolved: with_prelude(include_str!("unresolved.lua")),
-            unsealed: Script::new(include_str!("unsealed.lua")),
-            seal: Script::new(include_str!("seal.lua")),
-            receipts: Script::new(include_str!("receipts.lua")),
-            decide_approval: with_prelude(include_str!("decide_approval.lua")),
-            approvals: with_prelude(include_str!("approvals.lua")),
-            budgets: Script::new(include_str!("budgets.lua")),
-            outbox_append: with_outbox(include_str!("outbox_append.lua")),
-            outbox_claim: with_outbox(include_str!("outbox_claim.lua")),
-            outbox_settle: with_outbox(include_str!("outbox_settle.lua")),
-            outbox_read: with_outbox(include_str!("outbox_read.lua")),
+            request_token: f("request_token"),
+            complete: f("complete"),
+            release: f("release"),
+            extend_lease: f("extend_lease"),
+            get: f("get"),
+            sync: f("sync"),
+            record_external: f("record_external"),
+            resolve_expired: f("resolve_expired"),
+            unresolved: f("unresolved"),
+            unsealed: f("unsealed"),
+            seal: f("seal"),
+            receipts: f("receipts"),
+            decide_approval: f("decide_approval"),
+            approvals: f("approvals"),
+            budgets: f("budgets"),
+            outbox_append: f("outbox_append"),
+            outbox_claim: f("outbox_claim"),
+            outbox_settle: f("outbox_settle"),
+            outbox_read: f("outbox_read"),
+            library,
         }
     }
 }
@@ -189,8 +226,33 @@ impl RedisStore {
         tokio::time::timeout(store.options.call_timeout, store.check_eviction_at_start())
             .await
             .map_err(|_| StoreError::unavailable("Redis did not answer CONFIG GET in time"))??;
+        store.load_library().await?;
         store.migrate_agents().await?;
         Ok(store)
+    }
+
+    /// Loads the scripts' library when the store connects, so that a Redis that cannot run it
+    /// (older than 7.0, or an ACL that denies the gate's user `FUNCTION LOAD` or `FCALL`) is named
+    /// at start rather than at the first call. Calls load it again wherever it goes missing.
+    async fn load_library(&self) -> Result<(), StoreError> {
+        let load = self.scripts.library.load_cmd();
+        let loaded = tokio::time::timeout(self.options.call_timeout, self.conn.query(&load))
+            .await
+            .map_err(|_| StoreError::unavailable("Redis did not answer FUNCTION LOAD in time"))?;
+        match loaded.map_err(classify) {
+            Ok(_) => {
+                tracing::debug!(
+                    library = self.scripts.library.name(),
+                    "Redis functions loaded"
+                );
+                Ok(())
+            }
+            Err(e @ StoreError::Unavailable { .. }) => Err(e),
+            Err(e) => Err(StoreError::Misconfigured(format!(
+                "cannot load oncegate's functions into Redis ({e}); the gate needs Redis 7.0 or \
+                 later, and a user allowed FUNCTION LOAD and FCALL"
+            ))),
+        }
     }
 
     /// The `WAIT` a state change needs: the deployment's level or the policy's, whichever is higher.
@@ -207,7 +269,7 @@ impl RedisStore {
     /// same connection when `wait` asks for it; the reply decoded ([`reply`], the one place).
     async fn run(
         &self,
-        script: &Script,
+        script: &Function,
         key: &ActionKey,
         extra: &[Extra],
         args: &[&[u8]],
@@ -225,10 +287,7 @@ impl RedisStore {
     }
 
     /// Runs a prepared script (not a per-action one) and decodes its reply.
-    async fn invoke(
-        &self,
-        invocation: redis::ScriptInvocation<'_>,
-    ) -> Result<(Millis, Decoded), StoreError> {
+    async fn invoke(&self, invocation: Call<'_>) -> Result<(Millis, Decoded), StoreError> {
         decode(self.call(&invocation, None).await?.0)
     }
 
@@ -236,7 +295,7 @@ impl RedisStore {
     /// ([`classify`]). Returns Redis' answer and the replicas `WAIT` counted.
     async fn call(
         &self,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &Call<'_>,
         wait: Option<Wait>,
     ) -> Result<(Value, u32), StoreError> {
         self.eviction.check()?;
@@ -286,11 +345,11 @@ enum Extra {
 
 /// A per-action script invocation: every key of the agent from one hash tag ([`keys::Agent`]).
 fn invocation<'s>(
-    script: &'s Script,
+    script: &'s Function,
     key: &ActionKey,
     extra: &[Extra],
     args: &[&[u8]],
-) -> redis::ScriptInvocation<'s> {
+) -> Call<'s> {
     let agent = keys::Agent::new(&key.agent_id);
     let record = agent.record(key);
     let mut invocation = script.key(&record);

@@ -1,5 +1,6 @@
--- Shared by the webhook outbox scripts (prepended to each one when it is loaded). The outbox keys
--- share the hash tag {outbox}, so every outbox script touches one Cluster slot:
+-- Shared by the webhook outbox scripts: a part of the library (library.rs) of its own; NOW (Redis
+-- TIME in ms) is set at the start of every call. The outbox keys share the hash tag {outbox}, so
+-- every outbox script touches one Cluster slot:
 --   og:{outbox}:entries  hash: member -> entry (MessagePack array, the slots below)
 --   og:{outbox}:due      sorted set: pending members by when they may be claimed
 --   og:{outbox}:dead     sorted set: undeliverable members by when they were given up
@@ -9,9 +10,6 @@
 local O_WEBHOOK, O_ID, O_TYPE, O_BODY, O_CREATED, O_ATTEMPTS = 1, 2, 3, 4, 5, 6
 local O_STATE, O_DUE, O_CLAIM, O_ERROR, O_SETTLED = 7, 8, 9, 10, 11
 local PENDING, DELIVERED, UNDELIVERABLE = 1, 2, 3
-
-local t = redis.call('TIME')
-local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- The entry of `member`: nil when absent, false when it cannot be read.
 local function entry_load(entries, member)

@@ -1,4 +1,6 @@
--- Shared by every oncegate script (prepended to each one when it is loaded).
+-- Shared by the ledger's scripts: the first part of the library (library.rs) they are registered in.
+-- Runs once, when the library is loaded; NOW (Redis TIME in ms), KEYS and ARGV are the library's
+-- variables, set at the start of every call.
 --
 -- The record of one action is one string key holding a MessagePack array; its slots are named
 -- here, once, and every script reads and writes them by these names (ledger::Record mirrors them).
@@ -43,13 +45,6 @@ local G_TOKEN, G_FENCING = 1, 2
 -- Cluster runs the script on one slot.
 -- Every reply starts with { now_ms, tag, ... }; src/store/redis/reply.rs decodes them in one place.
 -- Time is Redis's own (TIME), so every gate replica agrees on when a lease ends.
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
-local NOW = now_ms()
 
 -- Whether a record's outcome is unknown: authorized (live or expired), or released with
 -- superseded grants still out. Such a record has no expiry and is in the lease index.

@@ -26,8 +26,8 @@ use std::{
 };
 
 use redis::{
-    Cmd, ConnectionInfo, IntoConnectionInfo, RedisError, RedisResult, Role, ScriptInvocation,
-    Value, aio::MultiplexedConnection,
+    Cmd, ConnectionInfo, IntoConnectionInfo, RedisError, RedisResult, Role, Value,
+    aio::MultiplexedConnection,
 };
 use tokio_stream::StreamExt as _;
 
@@ -134,7 +134,7 @@ impl SentinelConn {
     /// Runs a script on the current master (see [`super::connection::Conn::run`]).
     pub async fn run(
         &self,
-        invocation: &ScriptInvocation<'_>,
+        invocation: &crate::redis::library::Call<'_>,
         wait: Option<Wait>,
     ) -> RedisResult<(Value, u32)> {
         let master = self.shared.master().await?;

@@ -1,0 +1,110 @@
+//! The Redis scripts run as one Functions library (`crates/store/src/redis/library.rs`): a node
+//! that lost it (a restart without persistence, `FUNCTION FLUSH`, a new Cluster master) gets it
+//! again from the next call, which then succeeds; a Redis the gate cannot load it into is named
+//! at start-up.
+
+use oncegate_proto as pb;
+
+use crate::support::{
+    Backend, Kind, RedisServer, TestGate, on_stores, serve_to_exit, token_request, topology::query,
+};
+
+/// Every data node of a Redis backend, by port.
+fn data_ports(backend: &Backend) -> Vec<u16> {
+    if let Some(redis) = &backend.redis {
+        vec![redis.port]
+    } else if let Some(cluster) = &backend.cluster {
+        cluster.nodes.iter().map(|n| n.port).collect()
+    } else if let Some(sentinel) = &backend.sentinel {
+        sentinel.servers.iter().map(|s| s.port).collect()
+    } else {
+        Vec::new()
+    }
+}
+
+/// The oncegate libraries a node holds (`FUNCTION LIST`), by name.
+fn libraries(port: u16) -> Vec<String> {
+    let listed: redis::Value = query(port, redis::cmd("FUNCTION").arg("LIST")).unwrap();
+    let text = format!("{listed:?}");
+    text.split('"')
+        .filter(|s| s.starts_with("oncegate_"))
+        .map(String::from)
+        .collect()
+}
+
+async fn a_node_that_lost_the_library_gets_it_from_the_next_call(kind: Kind) {
+    let gate = TestGate::start(kind).await;
+    let mut client = gate.client().await;
+    let req = token_request("agent", "run", "payments.transfer", r#"{"amount":5}"#);
+    let granted = client
+        .request_token(req.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    let ports = data_ports(&gate.backend);
+    let library = ports
+        .iter()
+        .map(|&p| libraries(p))
+        .find(|l| !l.is_empty())
+        .expect("the gate loaded its library");
+    assert_eq!(library.len(), 1, "{library:?}");
+    for &port in &ports {
+        // A replica refuses FUNCTION FLUSH (READONLY); its master's flush reaches it.
+        let _ = query::<()>(port, redis::cmd("FUNCTION").arg("FLUSH").arg("SYNC"));
+    }
+    assert!(
+        ports.iter().all(|&p| libraries(p).is_empty()),
+        "flushed everywhere"
+    );
+
+    let completed = client
+        .complete(pb::CompleteRequest {
+            action: granted.action.clone(),
+            token: granted.grant.unwrap().token,
+            receipt: b"sent".to_vec(),
+        })
+        .await
+        .expect("the call loads the library again and runs")
+        .into_inner();
+    assert_eq!(completed.completion.unwrap().receipt, b"sent");
+    let replay = client.request_token(req).await.unwrap().into_inner();
+    assert_eq!(replay.decision(), pb::Decision::AlreadyCompleted);
+    assert_eq!(replay.completion.unwrap().receipt, b"sent");
+    assert!(
+        ports.iter().any(|&p| libraries(p) == library),
+        "the same library is back"
+    );
+}
+on_stores!(a_node_that_lost_the_library_gets_it_from_the_next_call: redis, cluster, sentinel);
+
+#[tokio::test]
+async fn a_redis_user_not_allowed_function_load_is_named_at_start() {
+    let redis = RedisServer::start();
+    let _: () = query(
+        redis.port,
+        redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("gate")
+            .arg("on")
+            .arg(">s3cret")
+            .arg("~*")
+            .arg("&*")
+            .arg("+@all")
+            .arg("-function"),
+    )
+    .unwrap();
+    let url = format!("redis://gate:s3cret@127.0.0.1:{}", redis.port);
+    let (code, stderr) =
+        tokio::task::spawn_blocking(move || serve_to_exit(&["--redis-url", url.as_str()]))
+            .await
+            .unwrap();
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("FUNCTION LOAD") && stderr.contains("FCALL") && stderr.contains("7.0"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("s3cret"),
+        "no password in the log: {stderr}"
+    );
+}
