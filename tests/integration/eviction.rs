@@ -135,3 +135,42 @@ async fn out_of_memory_is_store_unavailable() {
         .await
         .unwrap();
 }
+
+/// Out of memory, what only reads still answers (a function registered `no-writes`): GetAction
+/// of an action granted before; what may write fails closed, a replay's RequestToken included.
+#[tokio::test]
+async fn out_of_memory_still_answers_reads() {
+    let server = RedisServer::start();
+    let port = server.port;
+    let backend = crate::support::backend_with_server(server).await;
+    let gate = TestGate::serve(backend, oncegate_gate::policy::Policies::default()).await;
+    let client = &mut gate.client().await;
+    let granted = client
+        .request_token(token_request("a", "r", "x", r#"{"n":1}"#))
+        .await
+        .unwrap()
+        .into_inner();
+    let fill = redis::cmd("SET")
+        .arg("ballast")
+        .arg(vec![b'x'; 4 << 20])
+        .clone();
+    let _: () = crate::support::topology::query(port, &fill).unwrap();
+    let _: () = crate::support::topology::query(
+        port,
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1mb"),
+    )
+    .unwrap();
+    let view = client
+        .get_action(oncegate_proto::GetActionRequest {
+            action: granted.action.clone(),
+        })
+        .await
+        .expect("a read answers out of memory")
+        .into_inner();
+    assert_eq!(view.state(), oncegate_proto::ActionState::Authorized);
+    let status = client
+        .request_token(token_request("a", "r", "x", r#"{"n":2}"#))
+        .await
+        .unwrap_err();
+    expect_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+}

@@ -30,6 +30,10 @@ pub(super) enum Access {
     Writes,
     /// Only reads (`no-writes`): runs while Redis is out of memory, like the read it is.
     Reads,
+    /// Reads, and writes nothing but deletions (an index's stale members pruned): `allow-oom`, so
+    /// that it runs while Redis is out of memory (a deletion only frees memory), as such a script
+    /// did under `EVAL`.
+    Prunes,
 }
 
 /// Which shared part a script's body is written against.
@@ -139,6 +143,7 @@ fn assemble(name: &str, prefix: &str, sources: &[Source]) -> String {
             let flags = match s.access {
                 Access::Writes => "",
                 Access::Reads => "'no-writes'",
+                Access::Prunes => "'allow-oom'",
             };
             let clock = if part == Part::Plain {
                 ""
@@ -228,11 +233,16 @@ impl Call<'_> {
                     "the oncegate functions are not loaded on this Redis node; loading them"
                 );
                 let mut load = redis::pipe();
-                load.add_command(load_cmd(&self.function.code)).ignore();
+                load.add_command(load_cmd(&self.function.code));
                 if let Some(first) = self.keys.first() {
-                    load.cmd("EXISTS").arg(first.as_slice()).ignore();
+                    load.cmd("EXISTS").arg(first.as_slice());
                 }
-                load.query_async::<()>(conn).await?;
+                // Each reply's error as Redis said it (its code, `OOM` say, decides whether a
+                // retry cures it), not wrapped as a pipeline's.
+                let replies: Vec<Value> = load.ignore_errors().query_async(conn).await?;
+                for reply in replies {
+                    reply.extract_error()?;
+                }
                 cmd.query_async(conn).await
             }
             other => other,

@@ -88,12 +88,12 @@ const SOURCES: &[Source] = {
         source!("sync", Plain, Writes),
         source!("record_external", Ledger, Writes),
         source!("resolve_expired", Ledger, Writes),
-        source!("unresolved", Ledger, Writes),
+        source!("unresolved", Ledger, Prunes),
         source!("unsealed", Plain, Reads),
         source!("seal", Plain, Writes),
         source!("receipts", Plain, Reads),
         source!("decide_approval", Ledger, Writes),
-        source!("approvals", Ledger, Writes),
+        source!("approvals", Ledger, Prunes),
         source!("budgets", Plain, Reads),
         source!("outbox_append", Outbox, Writes),
         source!("outbox_claim", Outbox, Writes),
@@ -233,7 +233,8 @@ impl RedisStore {
 
     /// Loads the scripts' library when the store connects, so that a Redis that cannot run it
     /// (older than 7.0, or an ACL that denies the gate's user `FUNCTION LOAD` or `FCALL`) is named
-    /// at start rather than at the first call. Calls load it again wherever it goes missing.
+    /// at start rather than at the first call. What a retry cures (out of memory, a node loading)
+    /// does not stop the start: calls load the library wherever it is missing.
     async fn load_library(&self) -> Result<(), StoreError> {
         let load = self.scripts.library.load_cmd();
         let loaded = tokio::time::timeout(self.options.call_timeout, self.conn.query(&load))
@@ -247,7 +248,15 @@ impl RedisStore {
                 );
                 Ok(())
             }
-            Err(e @ StoreError::Unavailable { .. }) => Err(e),
+            Err(e @ StoreError::Unavailable { .. }) => {
+                tracing::warn!(
+                    library = self.scripts.library.name(),
+                    error = %e,
+                    "could not load the oncegate functions into Redis yet; every call loads them \
+                     where they are missing, and fails closed (STORE_UNAVAILABLE) until then"
+                );
+                Ok(())
+            }
             Err(e) => Err(StoreError::Misconfigured(format!(
                 "cannot load oncegate's functions into Redis ({e}); the gate needs Redis 7.0 or \
                  later, and a user allowed FUNCTION LOAD and FCALL"
