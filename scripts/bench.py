@@ -410,8 +410,9 @@ def python_only(opts, began, load_before, info):
         run([str(BIN), "keys", "generate", "--out", key])
         gates = []
         try:
-            gates.append(Gate(redis_url=redis.url()))
-            gates.append(Gate(redis_url=redis.url(), extra=["--signing-key", key]))
+            extra = shlex.split(opts.gate_args)
+            gates.append(Gate(redis_url=redis.url(), extra=extra))
+            gates.append(Gate(redis_url=redis.url(), extra=["--signing-key", key, *extra]))
             python = []
             for i in range(opts.runs):
                 redis.cli("FLUSHALL")
@@ -451,6 +452,9 @@ def main():
     parser.add_argument("--python-workers", type=int, default=8)
     parser.add_argument("--python-seconds", type=float, default=4.0,
                         help="seconds per contender per round; 0 skips the Python comparison")
+    parser.add_argument("--gate-args", default="",
+                        help="with --python-only: extra `oncegate serve` flags for both gates "
+                             "(e.g. '--worker-threads 1')")
     parser.add_argument("--python-only", action="store_true",
                         help="only the Python comparison (Redis and the gates on it), printed, "
                              "BENCHMARKS.md left as it is")
