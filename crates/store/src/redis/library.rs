@@ -59,6 +59,8 @@ pub(super) struct Source {
 /// The library's text and the names its functions are registered under.
 pub(super) struct Library {
     name: String,
+    /// The sources' names: the functions there are.
+    functions: Vec<&'static str>,
     /// `og_<version>_`: the prefix of every function's name.
     prefix: String,
     code: Arc<str>,
@@ -85,13 +87,19 @@ impl Library {
         let code = assemble(&name, &prefix, sources);
         Self {
             name,
+            functions: sources.iter().map(|s| s.name).collect(),
             prefix,
             code: code.into(),
         }
     }
 
-    /// The function `name` (one of the sources) of this library.
+    /// The function `name` of this library; panics when no source has that name (a mistake in
+    /// the list of sources, found by every test that connects).
     pub(super) fn function(&self, name: &str) -> Function {
+        assert!(
+            self.functions.contains(&name),
+            "no script named {name} in the library"
+        );
         Function {
             name: format!("{}{name}", self.prefix),
             code: self.code.clone(),
@@ -313,6 +321,12 @@ mod tests {
             1,
             "the prelude once"
         );
+    }
+
+    #[test]
+    #[should_panic(expected = "no script named c")]
+    fn a_function_not_in_the_sources_is_a_mistake() {
+        Library::new(&sources()).function("c");
     }
 
     #[test]

@@ -1,6 +1,7 @@
-//! The Redis store: every state-machine step is one Lua script call (one round trip), so checking
-//! and writing are one atomic step across any number of gate replicas. The scripts under
-//! `redis/` mirror [`oncegate_domain::ledger`]; the conformance suite holds them to it.
+//! The Redis store: every state-machine step is one Lua function call (`FCALL`, one round trip),
+//! so checking and writing are one atomic step across any number of gate replicas. The scripts
+//! under `redis/`, one Functions library ([`library`]), mirror [`oncegate_domain::ledger`]; the
+//! conformance suite holds them to it.
 //!
 //! Owns: the per-call deadline, the durability level (`WAIT` after state changes, checked here),
 //! and turning decoded script replies ([`reply`], the one place they are decoded) into ledger
