@@ -11,21 +11,8 @@ use crate::support::{
     serve_to_exit, token_request, wait_for_health,
 };
 
-/// Every data node of a Redis backend, by port.
-fn data_ports(backend: &Backend) -> Vec<u16> {
-    if let Some(redis) = &backend.redis {
-        vec![redis.port]
-    } else if let Some(cluster) = &backend.cluster {
-        cluster.nodes.iter().map(|n| n.port).collect()
-    } else if let Some(sentinel) = &backend.sentinel {
-        sentinel.servers.iter().map(|s| s.port).collect()
-    } else {
-        Vec::new()
-    }
-}
-
 fn set_policy(backend: &Backend, policy: &str) {
-    for port in data_ports(backend) {
+    for port in backend.data_ports() {
         let _: () = crate::support::topology::query(
             port,
             redis::cmd("CONFIG")
@@ -100,22 +87,31 @@ async fn an_eviction_policy_set_later_fails_closed(kind: Kind) {
 }
 on_stores!(an_eviction_policy_set_later_fails_closed: redis, cluster, sentinel);
 
+fn set_maxmemory(port: u16, limit: &str) {
+    let _: () = crate::support::topology::query(
+        port,
+        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg(limit),
+    )
+    .unwrap();
+}
+
+/// Puts the server at `port` out of memory: 4 MiB of ballast under a 1 MB limit (noeviction).
+fn out_of_memory(port: u16) {
+    let fill = redis::cmd("SET")
+        .arg("ballast")
+        .arg(vec![b'x'; 4 << 20])
+        .clone();
+    let _: () = crate::support::topology::query(port, &fill).unwrap();
+    set_maxmemory(port, "1mb");
+}
+
 /// Out of memory under noeviction refuses writes: a retry can succeed once memory is freed, so
 /// it is STORE_UNAVAILABLE (retryable), not INTERNAL.
 #[tokio::test]
 async fn out_of_memory_is_store_unavailable() {
     let server = RedisServer::start();
     let port = server.port;
-    let fill = redis::cmd("SET")
-        .arg("ballast")
-        .arg(vec![b'x'; 4 << 20])
-        .clone();
-    let _: () = crate::support::topology::query(port, &fill).unwrap();
-    let _: () = crate::support::topology::query(
-        port,
-        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1mb"),
-    )
-    .unwrap();
+    out_of_memory(port);
     let backend = crate::support::backend_with_server(server).await;
     let gate = TestGate::serve(backend, oncegate_gate::policy::Policies::default()).await;
     let client = &mut gate.client().await;
@@ -125,11 +121,7 @@ async fn out_of_memory_is_store_unavailable() {
         .unwrap_err();
     expect_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
     // Memory freed (here: the limit lifted): the same call succeeds.
-    let _: () = crate::support::topology::query(
-        port,
-        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("0"),
-    )
-    .unwrap();
+    set_maxmemory(port, "0");
     client
         .request_token(token_request("a", "r", "x", r#"{"n":1}"#))
         .await
@@ -137,7 +129,8 @@ async fn out_of_memory_is_store_unavailable() {
 }
 
 /// Out of memory, what only reads still answers (a function registered `no-writes`): GetAction
-/// of an action granted before; what may write fails closed, a replay's RequestToken included.
+/// of actions recorded before; what may write fails closed, a replay's RequestToken, a redelivery
+/// and a repeated Complete included, although none of them would write.
 #[tokio::test]
 async fn out_of_memory_still_answers_reads() {
     let server = RedisServer::start();
@@ -145,21 +138,23 @@ async fn out_of_memory_still_answers_reads() {
     let backend = crate::support::backend_with_server(server).await;
     let gate = TestGate::serve(backend, oncegate_gate::policy::Policies::default()).await;
     let client = &mut gate.client().await;
-    let granted = client
+    let done = client
         .request_token(token_request("a", "r", "x", r#"{"n":1}"#))
         .await
         .unwrap()
         .into_inner();
-    let fill = redis::cmd("SET")
-        .arg("ballast")
-        .arg(vec![b'x'; 4 << 20])
-        .clone();
-    let _: () = crate::support::topology::query(port, &fill).unwrap();
-    let _: () = crate::support::topology::query(
-        port,
-        redis::cmd("CONFIG").arg("SET").arg("maxmemory").arg("1mb"),
-    )
-    .unwrap();
+    let complete = oncegate_proto::CompleteRequest {
+        action: done.action.clone(),
+        token: done.grant.unwrap().token,
+        receipt: b"sent".to_vec(),
+    };
+    client.complete(complete.clone()).await.unwrap();
+    let granted = client
+        .request_token(token_request("a", "r", "x", r#"{"n":2}"#))
+        .await
+        .unwrap()
+        .into_inner();
+    out_of_memory(port);
     let view = client
         .get_action(oncegate_proto::GetActionRequest {
             action: granted.action.clone(),
@@ -168,9 +163,23 @@ async fn out_of_memory_still_answers_reads() {
         .expect("a read answers out of memory")
         .into_inner();
     assert_eq!(view.state(), oncegate_proto::ActionState::Authorized);
-    let status = client
-        .request_token(token_request("a", "r", "x", r#"{"n":2}"#))
+    let view = client
+        .get_action(oncegate_proto::GetActionRequest {
+            action: done.action.clone(),
+        })
         .await
-        .unwrap_err();
+        .expect("a read answers out of memory")
+        .into_inner();
+    assert_eq!(view.state(), oncegate_proto::ActionState::Completed);
+    // A new action, the completed one asked again (a replay) and the granted one asked again:
+    // Redis refuses a function that may write while it is out of memory, so all fail closed.
+    for n in [3, 1, 2] {
+        let status = client
+            .request_token(token_request("a", "r", "x", &format!(r#"{{"n":{n}}}"#)))
+            .await
+            .unwrap_err();
+        expect_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
+    }
+    let status = client.complete(complete).await.unwrap_err();
     expect_error(&status, Code::Unavailable, "STORE_UNAVAILABLE");
 }

@@ -6,21 +6,8 @@
 use oncegate_proto as pb;
 
 use crate::support::{
-    Backend, Kind, RedisServer, TestGate, on_stores, serve_to_exit, token_request, topology::query,
+    Kind, RedisServer, TestGate, on_stores, serve_to_exit, token_request, topology::query,
 };
-
-/// Every data node of a Redis backend, by port.
-fn data_ports(backend: &Backend) -> Vec<u16> {
-    if let Some(redis) = &backend.redis {
-        vec![redis.port]
-    } else if let Some(cluster) = &backend.cluster {
-        cluster.nodes.iter().map(|n| n.port).collect()
-    } else if let Some(sentinel) = &backend.sentinel {
-        sentinel.servers.iter().map(|s| s.port).collect()
-    } else {
-        Vec::new()
-    }
-}
 
 /// The oncegate libraries a node holds (`FUNCTION LIST`), by name.
 fn libraries(port: u16) -> Vec<String> {
@@ -41,7 +28,7 @@ async fn a_node_that_lost_the_library_gets_it_from_the_next_call(kind: Kind) {
         .await
         .unwrap()
         .into_inner();
-    let ports = data_ports(&gate.backend);
+    let ports = gate.backend.data_ports();
     let library = ports
         .iter()
         .map(|&p| libraries(p))

@@ -59,6 +59,19 @@ impl Backend {
             panic!("the embedded store has no address")
         }
     }
+
+    /// Every data node of a Redis backend, by port (none for the embedded store).
+    pub fn data_ports(&self) -> Vec<u16> {
+        if let Some(redis) = &self.redis {
+            vec![redis.port]
+        } else if let Some(cluster) = &self.cluster {
+            cluster.nodes.iter().map(|n| n.port).collect()
+        } else if let Some(sentinel) = &self.sentinel {
+            sentinel.servers.iter().map(|s| s.port).collect()
+        } else {
+            Vec::new()
+        }
+    }
 }
 
 /// Redis options for tests: fast Sentinel checks, otherwise the defaults.
