@@ -24,7 +24,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use cli::{Cli, Command};
-use oncegate_config::{ServeArgs, exit};
+use oncegate_config::{ServeArgs, WorkerThreads, exit};
 use oncegate_grpc::auth;
 use oncegate_observe::telemetry;
 
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
             );
             ExitCode::from(exit::USAGE)
         }
-        Command::Serve(args) => with_runtime_of(args.worker_threads, |runtime| {
+        Command::Serve(args) => with_runtime_of(Some(args.worker_threads(cpus())), |runtime| {
             // Inside the runtime: an OTLP exporter's channel lives on it.
             let _runtime = runtime.enter();
             let _telemetry = telemetry::init(args.log_format, args.otlp_endpoint());
@@ -81,21 +81,26 @@ fn with_runtime(run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode) -> ExitC
     with_runtime_of(None, run)
 }
 
+/// The CPUs available to the process.
+fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// [`with_runtime`] with `workers` threads (one per CPU when `None`). One thread is Tokio's
-/// current-thread scheduler: its tasks run in the order they were woken, so the calls that became
-/// ready together have their Redis commands and their replies written together (one `writev`
-/// each), where the multi-thread scheduler runs a woken task first and writes each on its own.
+/// current-thread scheduler (see [`WorkerThreads::is_current_thread`]).
 fn with_runtime_of(
-    workers: Option<u16>,
+    workers: Option<WorkerThreads>,
     run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode,
 ) -> ExitCode {
     let mut builder = match workers {
-        Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(workers) if workers.is_current_thread() => {
+            tokio::runtime::Builder::new_current_thread()
+        }
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
     builder.enable_all();
-    if let Some(workers) = workers.filter(|&w| w > 1) {
-        builder.worker_threads(usize::from(workers));
+    if let Some(workers) = workers.filter(|w| !w.is_current_thread()) {
+        builder.worker_threads(workers.count());
     }
     match builder.build() {
         Ok(runtime) => run(&runtime),

@@ -371,7 +371,7 @@ fn make_run_passes_flags_and_clean_data_keeps_the_build() {
 }
 
 #[test]
-fn worker_threads_are_what_the_flag_says_and_zero_is_refused() {
+fn worker_threads_follow_the_flag_the_cpus_and_where_redis_runs() {
     let out = oncegate(&["serve", "--worker-threads", "0"]);
     assert_eq!(out.status.code(), Some(64));
     assert!(
@@ -396,15 +396,48 @@ fn worker_threads_are_what_the_flag_says_and_zero_is_refused() {
     );
     drop(gate);
 
-    // Without the flag: the multi-thread scheduler, one worker per CPU, and the line says so.
+    // Without the flag, on the embedded store: one worker per CPU, and the line says so.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let scheduler = |threads: usize| match threads {
+        1 => "current_thread",
+        _ => "multi_thread",
+    };
     let dir = TempDir::new().unwrap();
     let gate =
         crate::support::LoggedGate::start(&dir, &["--listen", "127.0.0.1:0", "--no-admin-socket"]);
     let log = gate.wait_for_log("oncegate serving", 1);
     assert!(
         log.contains(&format!(
-            "worker_threads={cpus} runtime=\"multi_thread\" cpus={cpus}"
+            "worker_threads={cpus} runtime=\"{}\" cpus={cpus} worker_threads_rule=\"cpus\"",
+            scheduler(cpus)
+        )),
+        "{log}"
+    );
+    drop(gate);
+
+    // Redis on this machine (a loopback address) is left one CPU: one thread on 2 CPUs.
+    let redis = crate::support::RedisServer::start();
+    let url = format!("redis://127.0.0.1:{}", redis.port);
+    let dir = TempDir::new().unwrap();
+    let gate = crate::support::LoggedGate::start(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--no-admin-socket",
+            "--redis-url",
+            &url,
+        ],
+    );
+    let log = gate.wait_for_log("oncegate serving", 1);
+    let (beside, rule) = match cpus {
+        1 => (1, "cpus"),
+        _ => (cpus - 1, "cpus_but_one_for_local_redis"),
+    };
+    assert!(
+        log.contains(&format!(
+            "worker_threads={beside} runtime=\"{}\" cpus={cpus} worker_threads_rule=\"{rule}\"",
+            scheduler(beside)
         )),
         "{log}"
     );

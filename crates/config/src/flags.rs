@@ -46,11 +46,13 @@ pub struct ServeArgs {
     pub console_listen: Option<SocketAddr>,
 
     /// Threads that run calls (the async runtime's workers). Default: one per CPU available to
-    /// the process. 1 runs Tokio's current-thread scheduler, which writes the Redis commands and
-    /// replies of the calls ready together in one system call each: on 2 cores shared with Redis,
-    /// about 0.7x the gate CPU per call of the default, but fewer calls per second when the cores
-    /// are free, and half the calls per second on the embedded store (BENCHMARKS.md, "Gate CPU per
-    /// call"). The start-up line logs the count, the scheduler and the CPUs.
+    /// the process, but one CPU fewer when Redis runs on this machine (every Redis address given
+    /// is loopback or a Unix socket), which leaves Redis a core of its own. One thread is Tokio's
+    /// current-thread scheduler, which writes the Redis commands and replies of the calls ready
+    /// together in one system call each: on 2 CPUs shared with Redis, about 0.6x the gate CPU per
+    /// call of two workers and as many calls per second (BENCHMARKS.md, "Gate CPU per call"). Set
+    /// it when the gate's share of the machine is not what the CPU count says. The start-up line
+    /// logs the count, the scheduler, the CPUs and which rule chose the count.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_WORKER_THREADS",
           value_parser = clap::value_parser!(u16).range(1..=i64::from(defaults::MAX_WORKER_THREADS)))]
     pub worker_threads: Option<u16>,
@@ -225,6 +227,21 @@ impl ServeArgs {
         None
     }
 
+    /// How many threads run calls on a machine of `cpus` CPUs, and by which rule
+    /// (`--worker-threads` says why).
+    pub fn worker_threads(&self, cpus: usize) -> WorkerThreads {
+        let cpus = cpus.max(1);
+        match self.worker_threads {
+            Some(threads) => WorkerThreads::Flag(threads.into()),
+            None => match self.redis_topology() {
+                Ok(Some(redis)) if redis.is_on_this_machine() && cpus > 1 => {
+                    WorkerThreads::BesideRedis(cpus - 1)
+                }
+                _ => WorkerThreads::PerCpu(cpus),
+            },
+        }
+    }
+
     /// The Redis deployment to use, `None` for the embedded store. Exactly one of --redis-url,
     /// --redis-cluster-nodes and --redis-sentinels may be set; the error names the settings.
     pub fn redis_topology(&self) -> Result<Option<Topology>, String> {
@@ -271,5 +288,88 @@ impl ServeArgs {
             return Err("--durability-timeout-ms must be below --store-timeout-ms".into());
         }
         Ok(Some(topology))
+    }
+}
+
+/// How many threads run calls, and which rule chose the count ([`ServeArgs::worker_threads`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerThreads {
+    /// `--worker-threads`.
+    Flag(usize),
+    /// One per CPU: the embedded store, or Redis on other machines.
+    PerCpu(usize),
+    /// One per CPU but one, left to a Redis on this machine.
+    BesideRedis(usize),
+}
+
+impl WorkerThreads {
+    /// The number of threads.
+    pub fn count(self) -> usize {
+        match self {
+            Self::Flag(n) | Self::PerCpu(n) | Self::BesideRedis(n) => n,
+        }
+    }
+
+    /// One thread is Tokio's current-thread scheduler: it runs tasks in the order they were
+    /// woken, so the connections write for every call that became ready at once, where the
+    /// multi-thread scheduler, even with one worker, runs a woken task first.
+    pub fn is_current_thread(self) -> bool {
+        self.count() == 1
+    }
+
+    /// The rule, for the start-up line: `flag`, `cpus` or `cpus_but_one_for_local_redis`.
+    pub fn rule(self) -> &'static str {
+        match self {
+            Self::Flag(_) => "flag",
+            Self::PerCpu(_) => "cpus",
+            Self::BesideRedis(_) => "cpus_but_one_for_local_redis",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn threads(flags: &[&str], cpus: usize) -> WorkerThreads {
+        let args = Serve::try_parse_from(std::iter::once("serve").chain(flags.iter().copied()))
+            .unwrap()
+            .args;
+        args.worker_threads(cpus)
+    }
+
+    #[test]
+    fn a_redis_on_this_machine_is_left_one_cpu() {
+        let local = ["--redis-url", "redis://127.0.0.1:6379"];
+        assert_eq!(threads(&local, 2), WorkerThreads::BesideRedis(1));
+        assert!(threads(&local, 2).is_current_thread());
+        assert_eq!(threads(&local, 8), WorkerThreads::BesideRedis(7));
+        assert_eq!(threads(&local, 1), WorkerThreads::PerCpu(1));
+        let cluster = ["--redis-cluster-nodes", "127.0.0.1:7000,localhost:7001"];
+        assert_eq!(threads(&cluster, 4), WorkerThreads::BesideRedis(3));
+    }
+
+    #[test]
+    fn elsewhere_and_embedded_get_one_thread_per_cpu_and_the_flag_wins() {
+        let remote = ["--redis-url", "redis://10.1.2.3:6379"];
+        assert_eq!(threads(&remote, 2), WorkerThreads::PerCpu(2));
+        assert_eq!(threads(&[], 2), WorkerThreads::PerCpu(2));
+        assert!(!threads(&[], 2).is_current_thread());
+        assert_eq!(threads(&[], 0), WorkerThreads::PerCpu(1));
+        let flagged = [
+            "--redis-url",
+            "redis://127.0.0.1:6379",
+            "--worker-threads",
+            "2",
+        ];
+        assert_eq!(threads(&flagged, 2), WorkerThreads::Flag(2));
+        assert_eq!(threads(&flagged, 2).rule(), "flag");
     }
 }

@@ -130,6 +130,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
             config.listen
         ))
     })?;
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     let config_file = args
         .config
         .as_ref()
@@ -139,7 +140,8 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         strict = config.policies.strict, principals = config.server.principals.len(),
         budgets = config.authorization.budgets.len(),
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
-        runtime = runtime_flavor(), cpus = std::thread::available_parallelism().map_or(1, |n| n.get()),
+        runtime = runtime_flavor(), cpus,
+        worker_threads_rule = args.worker_threads(cpus).rule(),
         admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
         "oncegate serving");
     if let Some(rules) = &config.authorization.rules {

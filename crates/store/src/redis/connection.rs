@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use redis::{
-    Cmd, IntoConnectionInfo, RedisResult, Value,
+    Cmd, ConnectionAddr, IntoConnectionInfo, RedisResult, Value,
     aio::{ConnectionManager, ConnectionManagerConfig},
     cluster::ClusterClient,
     cluster_async::ClusterConnection,
@@ -49,14 +49,13 @@ impl Topology {
     /// Where it is, for messages: its name and addresses (`host:port` or a socket path, never a
     /// credential), e.g. `standalone at 127.0.0.1:6379`.
     pub fn describe(&self) -> String {
-        let (nodes, what) = match self {
-            Self::Standalone { url } => (std::slice::from_ref(url), "standalone".to_owned()),
-            Self::Cluster { nodes } => (nodes.as_slice(), "cluster".to_owned()),
-            Self::Sentinel { sentinels, master } => {
-                (sentinels.as_slice(), format!("sentinel master {master}"))
-            }
+        let what = match self {
+            Self::Standalone { .. } => "standalone".to_owned(),
+            Self::Cluster { .. } => "cluster".to_owned(),
+            Self::Sentinel { master, .. } => format!("sentinel master {master}"),
         };
-        let addrs: Vec<String> = nodes
+        let addrs: Vec<String> = self
+            .addresses()
             .iter()
             .map(|node| {
                 node_url(node)
@@ -66,6 +65,33 @@ impl Topology {
             })
             .collect();
         format!("{what} at {}", addrs.join(", "))
+    }
+
+    /// Whether Redis runs on this machine: every address the gate is given is a loopback one
+    /// (`localhost`, 127.0.0.0/8, `::1`) or a Unix socket. For Sentinel these are the sentinels'
+    /// (the master's address is learnt from them at run time). An unreadable address is not.
+    pub fn is_on_this_machine(&self) -> bool {
+        self.addresses().iter().all(|node| {
+            node_url(node)
+                .as_str()
+                .into_connection_info()
+                .is_ok_and(|info| match info.addr() {
+                    ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => {
+                        is_loopback(host)
+                    }
+                    ConnectionAddr::Unix(_) => true,
+                    _ => false,
+                })
+        })
+    }
+
+    /// The addresses the gate is given: the URL, the seed nodes or the sentinels.
+    fn addresses(&self) -> &[String] {
+        match self {
+            Self::Standalone { url } => std::slice::from_ref(url),
+            Self::Cluster { nodes } => nodes,
+            Self::Sentinel { sentinels, .. } => sentinels,
+        }
     }
 }
 
@@ -188,6 +214,15 @@ impl Conn {
     }
 }
 
+/// `localhost` or a loopback IP address (`[::1]` as a URL writes it, too).
+fn is_loopback(host: &str) -> bool {
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -206,5 +241,36 @@ mod tests {
             sentinel.describe(),
             "sentinel master mymaster at 10.0.0.2:26379, 10.0.0.3:26379"
         );
+    }
+
+    #[test]
+    fn redis_is_on_this_machine_when_every_address_is_loopback_or_a_socket() {
+        let standalone = |url: &str| Topology::Standalone { url: url.into() };
+        for local in [
+            "redis://127.0.0.1:6379",
+            "redis://localhost:6379/2",
+            "redis://127.0.0.2:6380",
+            "redis://[::1]:6379",
+            "unix:///run/redis.sock",
+        ] {
+            assert!(standalone(local).is_on_this_machine(), "{local}");
+        }
+        for elsewhere in [
+            "redis://10.0.0.1:6379",
+            "redis://redis.internal:6379",
+            "not a url",
+        ] {
+            assert!(!standalone(elsewhere).is_on_this_machine(), "{elsewhere}");
+        }
+        let cluster = |nodes: &[&str]| Topology::Cluster {
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+        };
+        assert!(cluster(&["127.0.0.1:7000", "localhost:7001"]).is_on_this_machine());
+        assert!(!cluster(&["127.0.0.1:7000", "10.0.0.5:7001"]).is_on_this_machine());
+        let sentinel = Topology::Sentinel {
+            sentinels: vec!["127.0.0.1:26379".into()],
+            master: "mymaster".into(),
+        };
+        assert!(sentinel.is_on_this_machine());
     }
 }
