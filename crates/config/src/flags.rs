@@ -227,8 +227,8 @@ impl ServeArgs {
         None
     }
 
-    /// How many threads run calls on a machine of `cpus` CPUs, and by which rule
-    /// (`--worker-threads` says why).
+    /// How many threads run calls on a machine of `cpus` CPUs, and by which rule (the reasons are
+    /// in `--worker-threads`'s help).
     pub fn worker_threads(&self, cpus: usize) -> WorkerThreads {
         let cpus = cpus.max(1);
         match self.worker_threads {
