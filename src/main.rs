@@ -24,7 +24,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use cli::{Cli, Command};
-use oncegate_config::{ServeArgs, WorkerThreads, exit};
+use oncegate_config::{ServeArgs, WorkerThreads, cpus, exit};
 use oncegate_grpc::auth;
 use oncegate_observe::telemetry;
 
@@ -79,11 +79,6 @@ fn main() -> ExitCode {
 
 fn with_runtime(run: impl FnOnce(&tokio::runtime::Runtime) -> ExitCode) -> ExitCode {
     with_runtime_of(None, run)
-}
-
-/// The CPUs available to the process.
-fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// [`with_runtime`] with `workers` threads (one per CPU when `None`). One thread is Tokio's

@@ -378,23 +378,18 @@ fn worker_threads_follow_the_flag_the_cpus_and_where_redis_runs() {
         String::from_utf8_lossy(&out.stderr).contains("--worker-threads"),
         "{out:?}"
     );
-    let dir = TempDir::new().unwrap();
-    let gate = crate::support::LoggedGate::start(
-        &dir,
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--worker-threads",
-            "1",
-            "--no-admin-socket",
-        ],
-    );
-    let log = gate.wait_for_log("oncegate serving", 1);
+    // The start-up line of a gate serving with these flags (stopped once it is read).
+    let serving = |flags: &[&str]| {
+        let dir = TempDir::new().unwrap();
+        let args = [&["--listen", "127.0.0.1:0", "--no-admin-socket"], flags].concat();
+        let gate = crate::support::LoggedGate::start(&dir, &args);
+        gate.wait_for_log("oncegate serving", 1)
+    };
+    let log = serving(&["--worker-threads", "1"]);
     assert!(
         log.contains("worker_threads=1 runtime=\"current_thread\""),
         "one thread is the current-thread scheduler: {log}"
     );
-    drop(gate);
 
     // Without the flag, on the embedded store: one worker per CPU, and the line says so.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -402,10 +397,7 @@ fn worker_threads_follow_the_flag_the_cpus_and_where_redis_runs() {
         1 => "current_thread",
         _ => "multi_thread",
     };
-    let dir = TempDir::new().unwrap();
-    let gate =
-        crate::support::LoggedGate::start(&dir, &["--listen", "127.0.0.1:0", "--no-admin-socket"]);
-    let log = gate.wait_for_log("oncegate serving", 1);
+    let log = serving(&[]);
     assert!(
         log.contains(&format!(
             "worker_threads={cpus} runtime=\"{}\" cpus={cpus} worker_threads_rule=\"cpus\"",
@@ -413,23 +405,10 @@ fn worker_threads_follow_the_flag_the_cpus_and_where_redis_runs() {
         )),
         "{log}"
     );
-    drop(gate);
 
     // Redis on this machine (a loopback address) is left one CPU: one thread on 2 CPUs.
     let redis = crate::support::RedisServer::start();
-    let url = format!("redis://127.0.0.1:{}", redis.port);
-    let dir = TempDir::new().unwrap();
-    let gate = crate::support::LoggedGate::start(
-        &dir,
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--no-admin-socket",
-            "--redis-url",
-            &url,
-        ],
-    );
-    let log = gate.wait_for_log("oncegate serving", 1);
+    let log = serving(&["--redis-url", &format!("redis://127.0.0.1:{}", redis.port)]);
     let (beside, rule) = match cpus {
         1 => (1, "cpus"),
         _ => (cpus - 1, "cpus_but_one_for_local_redis"),

@@ -155,22 +155,19 @@ async fn out_of_memory_still_answers_reads() {
         .unwrap()
         .into_inner();
     out_of_memory(port);
-    let view = client
-        .get_action(oncegate_proto::GetActionRequest {
-            action: granted.action.clone(),
-        })
-        .await
-        .expect("a read answers out of memory")
-        .into_inner();
-    assert_eq!(view.state(), oncegate_proto::ActionState::Authorized);
-    let view = client
-        .get_action(oncegate_proto::GetActionRequest {
-            action: done.action.clone(),
-        })
-        .await
-        .expect("a read answers out of memory")
-        .into_inner();
-    assert_eq!(view.state(), oncegate_proto::ActionState::Completed);
+    for (action, state) in [
+        (&granted.action, oncegate_proto::ActionState::Authorized),
+        (&done.action, oncegate_proto::ActionState::Completed),
+    ] {
+        let view = client
+            .get_action(oncegate_proto::GetActionRequest {
+                action: action.clone(),
+            })
+            .await
+            .expect("a read answers out of memory")
+            .into_inner();
+        assert_eq!(view.state(), state);
+    }
     // A new action, the completed one asked again (a replay) and the granted one asked again:
     // Redis refuses a function that may write while it is out of memory, so all fail closed.
     for n in [3, 1, 2] {

@@ -291,6 +291,11 @@ impl ServeArgs {
     }
 }
 
+/// The CPUs available to the process (a container's CPU limit counts); 1 when unknown.
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// How many threads run calls, and which rule chose the count ([`ServeArgs::worker_threads`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WorkerThreads {

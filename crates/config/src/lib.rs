@@ -12,7 +12,7 @@ pub mod keys;
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 pub use file::{ConfigFile, FileError, authorization, mcp};
-pub use flags::{ServeArgs, WorkerThreads};
+pub use flags::{ServeArgs, WorkerThreads, cpus};
 pub use gate_access::GateAccess;
 pub use keys::SigningConfig;
 

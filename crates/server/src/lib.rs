@@ -130,7 +130,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
             config.listen
         ))
     })?;
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = oncegate_config::cpus();
     let config_file = args
         .config
         .as_ref()
