@@ -6,6 +6,7 @@
 pub mod admin;
 pub mod auth;
 pub mod convert;
+pub mod one_write;
 pub mod server;
 pub mod service;
 pub mod status;

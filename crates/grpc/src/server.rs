@@ -6,7 +6,7 @@
 use std::{future::Future, time::Duration};
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tokio_stream::{StreamExt as _, wrappers::TcpListenerStream};
 use tonic::{
     service::interceptor::InterceptedService,
     transport::{Server, server::TcpIncoming},
@@ -16,6 +16,7 @@ use tonic_health::{ServingStatus, server::HealthReporter};
 use super::{
     admin::AdminService,
     auth::{Authenticator, LoginCodes, Principals},
+    one_write::OneWrite,
     service::GateService,
     tls::TlsSettings,
 };
@@ -218,8 +219,11 @@ pub async fn run(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // TCP_NODELAY on every accepted connection: with Nagle on, small replies wait for the
     // client's delayed ACK (~40 ms each on Linux). `Server::tcp_nodelay` does not reach a
-    // listener passed in like this one, so the incoming stream sets it.
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // listener passed in like this one, so the incoming stream sets it. Each connection's writes
+    // are gathered until h2 flushes (`OneWrite`): a reply leaves in one segment.
+    let incoming = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .map(|accepted| accepted.map(OneWrite::new));
     let server = builder
         .layer(rpc_layer)
         .add_service(health)
