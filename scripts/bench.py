@@ -197,9 +197,11 @@ def rounds(redis, gates, opts):
 def python_side(redis, gate, signed_gate, opts):
     """scripts/bench_python.py in the bench's virtualenv: Powertools, the seeds' authorizer, the
     oncegate decorator (native core, signing gate, grpcio alone) and the bare stubs, on this Redis
-    and the gates on it."""
+    and the gates on it; with the gates' and Redis's CPU per cycle, and the machine's idle share."""
     out = run([opts.python, str(ROOT / "scripts" / "bench_python.py"), "--redis-url", redis.url(),
                "--gate", gate.addr, "--signed-gate", signed_gate.addr,
+               "--gate-pid", str(gate.proc.pid), "--signed-gate-pid", str(signed_gate.proc.pid),
+               "--redis-pid", str(redis.proc.pid),
                "--workers", str(opts.python_workers), "--seconds", str(opts.python_seconds)],
               timeout=opts.python_seconds * 12 + 300)
     return json.loads(out.strip().splitlines()[-1])
@@ -365,11 +367,17 @@ def python_table(python, opts):
     lines = ["", f"Python, {opts.python_workers} worker processes, a full cycle around a no-op tool, "
              f"every cycle a new action, same Redis, medians of {len(python)} runs of "
              f"{opts.python_seconds:g} s:", "",
-             "| contender | cycles/s | client CPU µs per cycle |", "| --- | ---: | ---: |"]
+             "| contender | cycles/s | CPU µs per cycle: client / gate / Redis = all | machine idle |",
+             "| --- | ---: | ---: | ---: |"]
     for contender, label in PYTHON_ROWS.items():
         if all(contender in run for run in python):
+            parts = [med(contender, f"{name}_cpu_us_per_cycle") if all(
+                f"{name}_cpu_us_per_cycle" in run[contender] for run in python) else 0.0
+                for name in ("client", "gate", "redis")]
+            gate = f"{parts[1]:,.0f}" if contender.startswith("oncegate-") else "—"
             lines.append(f"| {label} | {med(contender, 'cycles_per_s'):,.0f} | "
-                         f"{med(contender, 'client_cpu_us_per_cycle'):,.0f} |")
+                         f"{parts[0]:,.0f} / {gate} / {parts[2]:,.0f} = {sum(parts):,.0f} | "
+                         f"{med(contender, 'machine_idle'):.0%} |")
     same_run = lambda f: statistics.median(f(run) for run in python)
     ratio = same_run(lambda run: run["oncegate-decorator"]["cycles_per_s"]
                      / run["powertools"]["cycles_per_s"])

@@ -19,7 +19,10 @@ for `--seconds`, every cycle a new action (nothing is replayed):
 - `oncegate-raw-stubs`: the generated grpcio stubs alone, RequestToken + Complete.
 
 Prints one JSON object: per contender, cycles/s (all workers together) and client CPU µs per
-cycle (user + system of the worker processes, divided by their cycles).
+cycle (user + system of the worker processes, divided by their cycles). Given the servers' process
+ids (`--gate-pid`, `--signed-gate-pid`, `--redis-pid`), also their CPU µs per cycle, and the share
+of the machine's CPU time that was idle, both over the measured seconds only (the workers start
+them together, after their warm-up): where a cycle's CPU goes, and whether the machine was busy.
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ import json
 import multiprocessing
 import os
 import resource
+import threading
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 CONTENDERS = [
@@ -48,6 +53,18 @@ CONTENDERS = [
 def cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(idle, all) clock ticks of every CPU so far, from /proc/stat (idle counts iowait)."""
+    ticks = [int(t) for t in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return ticks[3] + ticks[4], sum(ticks)
 
 
 def powertools_cycle(redis_url: str):
@@ -141,18 +158,18 @@ def raw_cycle(gate_addr: str, native: bool = False):
     return cycle
 
 
-def worker(contender: str, redis_url: str, gate_addr: str, seconds: float, out) -> None:
+def worker(contender: str, redis_url: str, gate_addr: str, seconds: float, start, out) -> None:
     try:
         if contender == "oncegate-decorator-grpcio":
             os.environ["ONCEGATE_PURE_PYTHON"] = "1"  # before oncegate is imported
-        out.put(run_worker(contender, redis_url, gate_addr, seconds))
+        out.put(run_worker(contender, redis_url, gate_addr, seconds, start))
     except BaseException as error:  # noqa: BLE001 - reported to the parent, which fails
         import traceback
 
         out.put(("error", "".join(traceback.format_exception(error))))
 
 
-def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float) -> tuple:
+def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float, start) -> tuple:
     make = {
         "powertools": lambda: powertools_cycle(redis_url),
         "seed-authorizer": lambda: seed_cycle(redis_url),
@@ -165,25 +182,40 @@ def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float) -
     cycle = make()
     for n in range(20):  # warm-up: connections, imports, caches
         cycle(-1 - n)
-    start_cpu, start, n = cpu(), time.perf_counter(), 0
-    while time.perf_counter() - start < seconds:
+    start.wait()  # every worker warm, and the parent reading the servers' CPU
+    start_cpu, began, n = cpu(), time.perf_counter(), 0
+    while time.perf_counter() - began < seconds:
         cycle(n)
         n += 1
-    return (n, time.perf_counter() - start, cpu() - start_cpu)
+    return (n, time.perf_counter() - began, cpu() - start_cpu)
 
 
 def measure(contender: str, args) -> dict:
-    gate = args.signed_gate if contender == "oncegate-decorator-signed" else args.gate
+    signed = contender == "oncegate-decorator-signed"
+    gate = args.signed_gate if signed else args.gate
+    servers = {"gate": args.signed_gate_pid if signed else args.gate_pid, "redis": args.redis_pid}
+    if not contender.startswith("oncegate-"):
+        servers["gate"] = None  # the gate is idle while Powertools and the seed run
+    servers = {name: pid for name, pid in servers.items() if pid}
     out = multiprocessing.Queue()
+    start = multiprocessing.Barrier(args.workers + 1)
     procs = [
         multiprocessing.Process(
-            target=worker, args=(contender, args.redis_url, gate, args.seconds, out)
+            target=worker, args=(contender, args.redis_url, gate, args.seconds, start, out)
         )
         for _ in range(args.workers)
     ]
     for p in procs:
         p.start()
+    try:
+        start.wait(timeout=120)
+    except threading.BrokenBarrierError:
+        pass  # a worker failed before it was warm: its error is in `out`
+    before = {name: process_cpu(pid) for name, pid in servers.items()}
+    idle_before, all_before = machine_ticks()
     results = [out.get(timeout=args.seconds + 120) for _ in procs]
+    idle_after, all_after = machine_ticks()
+    used = {name: process_cpu(pid) - before[name] for name, pid in servers.items()}
     for p in procs:
         p.join()
     for result in results:
@@ -192,11 +224,15 @@ def measure(contender: str, args) -> dict:
     cycles = sum(r[0] for r in results)
     elapsed = max(r[1] for r in results)
     cpu_s = sum(r[2] for r in results)
-    return {
+    report = {
         "cycles_per_s": cycles / elapsed,
         "client_cpu_us_per_cycle": cpu_s / cycles * 1e6,
         "cycles": cycles,
+        "machine_idle": (idle_after - idle_before) / max(1, all_after - all_before),
     }
+    for name, seconds in used.items():
+        report[f"{name}_cpu_us_per_cycle"] = seconds / cycles * 1e6
+    return report
 
 
 def main() -> None:
@@ -207,6 +243,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--only", choices=CONTENDERS, action="append")
+    parser.add_argument("--gate-pid", type=int, help="the gate's process, to read its CPU")
+    parser.add_argument("--signed-gate-pid", type=int, help="the signing gate's process")
+    parser.add_argument("--redis-pid", type=int, help="redis-server's process")
     args = parser.parse_args()
     chosen = [c for c in (args.only or CONTENDERS) if c != "oncegate-decorator-signed" or args.signed_gate]
     print(json.dumps({c: measure(c, args) for c in chosen}))
