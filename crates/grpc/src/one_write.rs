@@ -21,8 +21,9 @@ use std::{
 use tokio::io::{AsyncRead, AsyncWrite, BufWriter, ReadBuf};
 use tonic::transport::server::Connected;
 
-/// The gathering buffer of one connection: a reply with a signed grant statement (about 1.5 KB
-/// with its frames) fits.
+/// The gathering buffer of one connection. A reply with a signed grant statement (about 1.1 KB
+/// with its headers) fits, and leaves in one write; its trailers follow in a second, since h2
+/// flushes after a message it did not copy.
 pub const BUFFER: usize = 4096;
 
 /// An accepted connection whose writes are gathered until h2 flushes.
