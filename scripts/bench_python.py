@@ -166,6 +166,7 @@ def worker(contender: str, redis_url: str, gate_addr: str, seconds: float, start
     except BaseException as error:  # noqa: BLE001 - reported to the parent, which fails
         import traceback
 
+        start.abort()  # nobody waits for a worker that will not come
         out.put(("error", "".join(traceback.format_exception(error))))
 
 
