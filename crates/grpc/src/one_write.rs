@@ -3,8 +3,8 @@
 //! h2 puts a reply's HEADERS, DATA and trailing HEADERS frames in one write only when it copies
 //! the message into its own buffer. On a socket that takes vectored writes it copies messages of
 //! up to 256 bytes and sends a longer one as a slice of its own, flushing before the trailers: two
-//! `writev`s, two TCP segments and a client woken twice for every RequestToken reply (about 300
-//! bytes). On a socket that does not take them it copies messages of up to 1 KiB.
+//! `writev`s and two TCP segments for every RequestToken reply (about 300 bytes), and a client
+//! that may wake for each. On a socket that does not take them it copies messages of up to 1 KiB.
 //!
 //! [`OneWrite`] is that second kind of socket, and it gathers what h2 writes between two flushes
 //! in one buffer (tokio's [`BufWriter`], [`BUFFER`] bytes per connection beside h2's own 16 KiB),
