@@ -39,6 +39,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench import cpu_seconds  # scripts/bench.py, beside this file: a process's CPU from /proc
+
 CONTENDERS = [
     "powertools",
     "seed-authorizer",
@@ -53,12 +55,6 @@ CONTENDERS = [
 def cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-def process_cpu(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -194,9 +190,9 @@ def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float, s
 def measure(contender: str, args) -> dict:
     signed = contender == "oncegate-decorator-signed"
     gate = args.signed_gate if signed else args.gate
-    servers = {"gate": args.signed_gate_pid if signed else args.gate_pid, "redis": args.redis_pid}
-    if not contender.startswith("oncegate-"):
-        servers["gate"] = None  # the gate is idle while Powertools and the seed run
+    servers = {"redis": args.redis_pid}
+    if contender.startswith("oncegate-"):  # the gate idles while Powertools and the seed run
+        servers["gate"] = args.signed_gate_pid if signed else args.gate_pid
     servers = {name: pid for name, pid in servers.items() if pid}
     out = multiprocessing.Queue()
     start = multiprocessing.Barrier(args.workers + 1)
@@ -212,11 +208,11 @@ def measure(contender: str, args) -> dict:
         start.wait(timeout=120)
     except threading.BrokenBarrierError:
         pass  # a worker failed before it was warm: its error is in `out`
-    before = {name: process_cpu(pid) for name, pid in servers.items()}
+    before = {name: cpu_seconds(pid) for name, pid in servers.items()}
     idle_before, all_before = machine_ticks()
     results = [out.get(timeout=args.seconds + 120) for _ in procs]
     idle_after, all_after = machine_ticks()
-    used = {name: process_cpu(pid) - before[name] for name, pid in servers.items()}
+    used = {name: cpu_seconds(pid) - before[name] for name, pid in servers.items()}
     for p in procs:
         p.join()
     for result in results:
