@@ -21,6 +21,7 @@ mod failover;
 mod failures;
 mod functions;
 mod holders;
+mod in_process;
 mod layers;
 mod limits;
 mod metrics;

@@ -161,6 +161,16 @@ impl Gate {
         &self.metrics
     }
 
+    /// This gate (its policies, rules, signer, metrics and events) over another handle on the
+    /// same store: a second connection to the same Redis, say, whose tasks run where it was
+    /// opened.
+    pub fn on_store(&self, store: Store) -> Self {
+        Self {
+            store,
+            ..self.clone()
+        }
+    }
+
     /// The store this gate uses (for health probes; every state change goes through the gate).
     pub fn store(&self) -> &Store {
         &self.store

@@ -27,7 +27,7 @@ use oncegate_proto as pb;
 type Gated<S> = InterceptedService<S, Authenticator>;
 
 /// Both gate services behind `auth`, their messages bounded.
-fn services(
+pub(crate) fn services(
     gate: &Gate,
     options: &ServerOptions,
     auth: Authenticator,

@@ -14,11 +14,11 @@ use std::{net::SocketAddr, path::Path, sync::Arc};
 
 use oncegate_config::{Config, Notice, ServeArgs, exit};
 use oncegate_gate::{Emitter, Gate};
-pub use oncegate_grpc::server::ServeError;
 use oncegate_grpc::{
     auth,
     server::{self, ServerOptions},
 };
+pub use oncegate_grpc::{in_process::InProcess, server::ServeError};
 use oncegate_observe::metrics::{self, Metrics};
 use oncegate_store::{Store, StoreError};
 use prometheus_client::registry::Registry;
@@ -52,6 +52,8 @@ pub struct Server {
     gate: Gate,
     options: ServerOptions,
     store_closed: Option<oncegate_store::embedded::Closed>,
+    /// How the store was opened, to open it again for [`Server::in_process_on_this_runtime`].
+    store_config: oncegate_config::StoreConfig,
     /// The webhook tasks; aborted when the server is dropped.
     _notify: Option<oncegate_notify::Running>,
 }
@@ -67,6 +69,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
             Notice::Warn(message) => tracing::warn!("{message}"),
         }
     }
+    let store_config = config.store.clone();
     let store = match config.store.open().await {
         Ok(store) => store,
         Err(StoreError::Misconfigured(why)) => return Err(usage(why)),
@@ -182,6 +185,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         gate,
         options: config.server,
         store_closed,
+        store_config,
         _notify: notify,
     })
 }
@@ -201,6 +205,29 @@ impl Server {
     /// and the runtime dropped every task holding the store.
     pub fn store_closed(&self) -> Option<oncegate_store::embedded::Closed> {
         self.store_closed.clone()
+    }
+
+    /// The worker API for callers in this process, answered as the listener answers it, without
+    /// a socket ([`InProcess`]). It answers for as long as the runtime that runs the server does.
+    pub fn in_process(&self) -> InProcess {
+        InProcess::new(&self.gate, &self.options)
+    }
+
+    /// [`Server::in_process`] over a connection of its own to the same Redis, opened on the
+    /// runtime this is awaited on: a caller that drives that runtime itself does the store's
+    /// I/O on its own thread. `None` on the embedded store, which one process opens once.
+    pub async fn in_process_on_this_runtime(&self) -> Result<Option<InProcess>, StartError> {
+        if let oncegate_config::StoreConfig::Embedded { .. } = self.store_config {
+            return Ok(None);
+        }
+        let store =
+            self.store_config.open().await.map_err(|e| {
+                StartError::Unavailable(format!("cannot open the store again: {e}"))
+            })?;
+        Ok(Some(InProcess::new(
+            &self.gate.on_store(store),
+            &self.options,
+        )))
     }
 
     /// Serves calls until `shutdown` resolves, then drains the calls in flight (for at most the
