@@ -1,10 +1,12 @@
-"""``oncegate.local``: the gate server itself inside this process, on the embedded store.
+"""``oncegate.local``: the gate server itself inside this process, on the embedded store or on
+Redis.
 
 No gate binary here: every test starts the server through the native extension, so it shows what
 an installed wheel gives without ``oncegate serve``. The answers and errors are the server's own
-(the same code behind the same gRPC listener), checked here on the guard's main paths: the first
-call runs, a retry replays, changed arguments are refused, a restart keeps what was completed, and
-many threads at once run an action once.
+(the same code, its gate service called in process or through its listener), checked here on the
+guard's main paths: the first call runs, a retry replays, changed arguments are refused, a restart
+keeps what was completed, and many threads at once run an action once; on Redis, a second gate
+in process and a gate server see the same records.
 """
 
 from __future__ import annotations
@@ -12,18 +14,22 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 
 import oncegate
 import oncegate.aio
-from oncegate import InvalidRequestError, KeyReusedError, LocalGate, LocalServer
+from oncegate import InvalidRequestError, KeyReusedError, LocalGate, LocalServer, TransportError
 
 SCOPE = {"agent_id": "billing-agent", "run_id": "run-local"}
 TRANSFER = {"amount": 5000, "currency": "EUR", "to": "DE89370400440532013000"}
@@ -143,11 +149,11 @@ def test_a_directory_another_gate_holds_is_refused_and_free_again_after_stop(tmp
         assert again.running
 
 
-def test_bad_flags_and_redis_are_refused_with_the_reason(tmp_path: Path) -> None:
+def test_bad_flags_and_an_unreachable_redis_are_refused_with_the_reason(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="--no-such-flag"):
         LocalServer(tmp_path, flags=["--no-such-flag"])
-    with pytest.raises(ValueError, match="embedded store"):
-        LocalServer(tmp_path, flags=["--redis-url", "redis://127.0.0.1:6379"])
+    with pytest.raises(OSError, match="cannot open the store"):
+        LocalServer(tmp_path, flags=["--redis-url", f"redis://127.0.0.1:{_free_port()}"])
     with pytest.raises(TypeError, match="one per word"):
         LocalServer(tmp_path, flags="--unsigned")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="bad configuration"):
@@ -251,3 +257,205 @@ def test_a_forked_child_neither_stops_nor_waits_for_the_parents_gate(tmp_path: P
         assert os.waitstatus_to_exitcode(done[1]) == 0
         with oncegate.Gate(server.target) as gate:  # the parent's still serves
             assert gate.run("payments.transfer", TRANSFER, lambda grant: "ok", **SCOPE) == "ok"
+
+
+def test_a_forked_child_reaches_the_parents_gate_through_its_listener(tmp_path: Path) -> None:
+    # The parent's channels call its gate in process; a child has none of the gate's threads, so
+    # its channels, even one inherited from the parent, connect to the listener the parent serves.
+    with oncegate.local(tmp_path) as gate:
+        assert gate.run("payments.transfer", TRANSFER, lambda grant: "parent", **SCOPE) == "parent"
+        pid = os.fork()
+        if pid == 0:  # the child
+            code = 1
+            try:
+                replayed = gate.run("payments.transfer", TRANSFER, lambda grant: "child", **SCOPE)
+                with oncegate.Gate(gate.server.target) as fresh:
+                    other = fresh.run(
+                        "payments.transfer",
+                        TRANSFER,
+                        lambda grant: "child",
+                        idempotency_key="in-child",
+                        **SCOPE,
+                    )
+                code = 0 if (replayed, other) == ("parent", "child") else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung calling the parent's gate")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+        # What the child completed, the parent replays.
+        again = gate.run(
+            "payments.transfer", TRANSFER, lambda grant: "parent", idempotency_key="in-child", **SCOPE
+        )
+        assert again == "child"
+
+
+def _connections_to(port: int) -> int:
+    """Established TCP connections to or from ``port`` on this machine (IPv4 loopback)."""
+    count = 0
+    with open("/proc/net/tcp", encoding="ascii") as table:
+        next(table)
+        for line in table:
+            fields = line.split()
+            local_port = int(fields[1].rsplit(":", 1)[1], 16)
+            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+            if fields[3] == "01" and port in (local_port, remote_port):  # 01: ESTABLISHED
+                count += 1
+    return count
+
+
+def test_its_calls_skip_the_socket_and_answer_as_the_listener(tmp_path: Path) -> None:
+    with oncegate.local(tmp_path, flags=["--unsigned"]) as gate:
+        port = int(gate.server.target.rsplit(":", 1)[1])
+        ran: list[int] = []
+        key = {"idempotency_key": "invoice-s", **SCOPE}
+        first = gate.run("payments.transfer", TRANSFER, lambda grant: ran.append(1) or "ok", **key)
+        again = gate.run("payments.transfer", TRANSFER, lambda grant: ran.append(1) or "ok", **key)
+        with pytest.raises(KeyReusedError):
+            gate.run("payments.transfer", {**TRANSFER, "amount": 1}, lambda grant: "no", **key)
+        assert (first, again, ran) == ("ok", "ok", [1])
+        assert _connections_to(port) == 0, "a native channel of this process connected to the listener"
+        # A grpcio channel (here: one with gRPC options) still goes through the listener, and
+        # reads the same records.
+        with oncegate.Gate(gate.server.target, options=[("grpc.enable_retries", 0)]) as wire:
+            assert wire.run("payments.transfer", TRANSFER, lambda grant: "no", **key) == "ok"
+            assert _connections_to(port) > 0
+
+
+def test_the_heartbeat_keeps_a_long_call_leased_in_process(tmp_path: Path) -> None:
+    # The lease heartbeat's ExtendLease calls go in process too: a call that outlives its lease
+    # three times over is still in progress for another caller, never expired.
+    seen: list[Any] = []
+    with oncegate.local(tmp_path, flags=["--unsigned"]) as gate:
+
+        def slow(grant: oncegate.Grant) -> str:
+            for _ in range(3):
+                time.sleep(1.1)
+                try:
+                    gate.request_token("payments.transfer", TRANSFER, idempotency_key="slow", **SCOPE)
+                except oncegate.OncegateError as error:
+                    seen.append(type(error))
+            return "done"
+
+        assert (
+            gate.run("payments.transfer", TRANSFER, slow, idempotency_key="slow", lease_ttl=1, **SCOPE)
+            == "done"
+        )
+    assert seen == [oncegate.InProgressError] * 3
+
+
+def test_a_call_after_stop_is_unavailable(tmp_path: Path) -> None:
+    gate = oncegate.local(tmp_path)
+    assert gate.request_token("payments.transfer", TRANSFER, **SCOPE).grant is not None
+    gate.server.stop()
+    with pytest.raises(TransportError) as refused:
+        gate.request_token("payments.transfer", TRANSFER, idempotency_key="after-stop", **SCOPE)
+    assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    gate.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A ``redis-server`` of this test's own on a free loopback port, nothing kept on disk."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed (make deps installs it)")
+    port = _free_port()
+    process = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as probe:
+                    probe.sendall(b"PING\r\n")
+                    if probe.recv(64).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("redis-server did not answer within 10 s")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}", process
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_on_redis_two_gates_in_process_share_the_records(
+    tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    url, _ = redis_server
+    ran: list[str] = []
+
+    def pay(who: str) -> Any:
+        def tool(grant: oncegate.Grant) -> dict[str, str]:
+            ran.append(who)
+            return {"transfer_id": f"tr-{who}"}
+
+        return tool
+
+    flags = ["--redis-url", url, "--unsigned"]
+    with oncegate.local(tmp_path / "a", flags=flags) as a, oncegate.local(tmp_path / "b", flags=flags) as b:
+        assert a.server.target != b.server.target
+        first = a.run("payments.transfer", TRANSFER, pay("a"), idempotency_key="invoice-r", **SCOPE)
+        again = b.run("payments.transfer", TRANSFER, pay("b"), idempotency_key="invoice-r", **SCOPE)
+        with pytest.raises(KeyReusedError):
+            b.run(
+                "payments.transfer", {**TRANSFER, "amount": 1}, pay("b"), idempotency_key="invoice-r", **SCOPE
+            )
+    assert first == again == {"transfer_id": "tr-a"}
+    assert ran == ["a"]
+    # What they completed outlives both: a third gate on the same Redis replays it.
+    with oncegate.local(tmp_path / "c", flags=flags) as c:
+        assert c.run("payments.transfer", TRANSFER, pay("c"), idempotency_key="invoice-r", **SCOPE) == first
+    assert ran == ["a"]
+
+
+def test_on_redis_a_call_past_its_deadline_fails_and_the_gate_answers_again_after(
+    tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    url, redis = redis_server
+    with oncegate.local(tmp_path, flags=["--redis-url", url, "--unsigned"], timeout=0.5) as gate:
+        assert gate.request_token("payments.transfer", TRANSFER, **SCOPE).grant is not None
+        redis.send_signal(signal.SIGSTOP)  # the store stops answering
+        try:
+            began = time.monotonic()
+            with pytest.raises(TransportError) as late:
+                gate.request_token("payments.transfer", TRANSFER, idempotency_key="late", **SCOPE)
+            assert late.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert time.monotonic() - began < 10
+        finally:
+            redis.send_signal(signal.SIGCONT)
+        # The late call's FCALL may have run once Redis woke: its grant is then in progress.
+        try:
+            answered = gate.request_token("payments.transfer", TRANSFER, idempotency_key="late", **SCOPE)
+            assert answered.grant is not None
+        except oncegate.InProgressError:
+            pass

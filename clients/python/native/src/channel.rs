@@ -1,5 +1,6 @@
 //! What Python holds: a [`Channel`] to one gate (an `http://host:port` address; a [`Link`] per
-//! runtime, made again after a fork), and the [`Call`] an asyncio caller may cancel. A failed call becomes the exception that the Python side's factory builds from
+//! runtime, made again after a fork; or, when this process serves that address with
+//! `oncegate.local`, that gate's service in process, [`in_process`]), and the [`Call`] an asyncio caller may cancel. A failed call becomes the exception that the Python side's factory builds from
 //! `(code, message, details)`; this module decides nothing about it.
 
 use std::{
@@ -21,6 +22,7 @@ use tokio::{runtime::Runtime, task::AbortHandle};
 use tonic::Status;
 
 use crate::{
+    in_process,
     link::Link,
     runtime::{self, Mode},
     unary,
@@ -35,6 +37,26 @@ pub struct Channel {
     connect_timeout: Duration,
     error: Py<PyAny>,
     connections: Mutex<Connections>,
+    /// The gate at `authority` when this process serves it (`oncegate.local`): the calls go to
+    /// it directly ([`in_process`]).
+    local: Option<Arc<in_process::Route>>,
+}
+
+/// Where a call goes: over the channel's connection, or to the gate in this process.
+#[derive(Clone)]
+pub(crate) enum Route {
+    Connection(Arc<Link>),
+    InProcess(Arc<in_process::Route>),
+}
+
+impl Route {
+    /// Sends `call` and waits for its answer: the response's bytes, or the status.
+    pub(crate) async fn call(&self, call: unary::Call) -> Result<Bytes, Status> {
+        match self {
+            Route::Connection(link) => unary::call(link, call).await,
+            Route::InProcess(gate) => gate.call(call).await,
+        }
+    }
 }
 
 /// The connections of one process generation, one per runtime (a connection is driven by the
@@ -57,6 +79,7 @@ impl Channel {
             .and_then(|u| u.authority().cloned())
             .ok_or_else(|| PyValueError::new_err(format!("{uri:?}: not http://host:port")))?;
         Ok(Channel {
+            local: in_process::find(authority.as_str()),
             authority,
             connect_timeout: seconds(connect_timeout)?,
             error,
@@ -126,9 +149,10 @@ impl Channel {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The link of `mode` in this process's generation (it connects on its first call, and
-    /// again after its connection broke) and its runtime.
-    pub(crate) fn link(&self, mode: Mode) -> PyResult<(Arc<Link>, &'static Runtime)> {
+    /// Where a call of `mode` goes, and the runtime that waits for it: the gate in this process,
+    /// or the link of `mode` in this process's generation (it connects on its first call, and
+    /// again after its connection broke).
+    pub(crate) fn route(&self, mode: Mode) -> PyResult<(Route, &'static Runtime)> {
         let runtime =
             runtime::get(mode).map_err(|e| PyRuntimeError::new_err(format!("tokio: {e}")))?;
         let mut connections = self.lock();
@@ -148,21 +172,27 @@ impl Channel {
             Mode::Blocking => &mut connections.blocking,
             Mode::Background => &mut connections.background,
         };
+        if let Some(local) = self.local.as_ref().filter(|local| local.reachable()) {
+            return Ok((Route::InProcess(Arc::clone(local)), runtime));
+        }
         let link = slot.get_or_insert_with(|| {
             Arc::new(Link::new(
                 self.authority.as_str().to_owned(),
                 self.connect_timeout,
             ))
         });
-        Ok((Arc::clone(link), runtime))
+        Ok((Route::Connection(Arc::clone(link)), runtime))
     }
 
     /// Blocks on `call` with the GIL released; the response's bytes, or the exception the
     /// factory makes of its status.
     pub(crate) fn block(&self, py: Python<'_>, call: unary::Call) -> PyResult<Bytes> {
-        let (link, runtime) = self.link(Mode::Blocking)?;
-        py.detach(|| runtime.block_on(unary::call(&link, call)))
-            .map_err(|status| failure(py, &self.error, &status))
+        let (route, runtime) = self.route(Mode::Blocking)?;
+        py.detach(|| match &route {
+            Route::InProcess(gate) => gate.block(call, runtime),
+            Route::Connection(_) => runtime.block_on(route.call(call)),
+        })
+        .map_err(|status| failure(py, &self.error, &status))
     }
 
     /// Starts `call` on the background runtime; `done` is called, on the runtime's thread, with
@@ -175,12 +205,12 @@ impl Channel {
         done: Py<PyAny>,
         answer: fn(Python<'_>, Bytes) -> PyResult<Py<PyAny>>,
     ) -> PyResult<Call> {
-        let (link, runtime) = self.link(Mode::Background)?;
+        let (route, runtime) = self.route(Mode::Background)?;
         let error = self.error.clone_ref(py);
         let task = runtime.spawn(async move {
-            let outcome = unary::call(&link, call).await;
+            let outcome = route.call(call).await;
             // None only while the interpreter shuts down: nobody is waiting any more.
-            Python::try_attach(|py| {
+            runtime::with_python(|py| {
                 let answer = outcome
                     .map_err(|status| failure(py, &error, &status))
                     .and_then(|response| answer(py, response))

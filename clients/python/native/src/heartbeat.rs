@@ -32,7 +32,6 @@ use pyo3::prelude::*;
 use crate::{
     channel::{Channel, failure},
     runtime::{self, Mode},
-    unary,
     worker::EXTEND_LEASE,
 };
 
@@ -225,17 +224,19 @@ impl Scheduler {
     fn extend(self: &Arc<Self>, lease: Arc<Lease>) {
         // The link and the runtime are the channel's, read with the GIL (as every call does); None
         // while the interpreter shuts down.
-        let Some(started) = Python::try_attach(|py| {
+        let Some(started) = runtime::with_python(|py| {
             let channel = lease.channel.get();
-            match channel.link(Mode::Background).and_then(|(link, runtime)| {
-                let call = channel.prepare(
-                    EXTEND_LEASE,
-                    Bytes::from(lease.request.encode_to_vec()),
-                    lease.timeout,
-                    lease.metadata.clone(),
-                )?;
-                Ok((link, runtime, call))
-            }) {
+            match channel
+                .route(Mode::Background)
+                .and_then(|(route, runtime)| {
+                    let call = channel.prepare(
+                        EXTEND_LEASE,
+                        Bytes::from(lease.request.encode_to_vec()),
+                        lease.timeout,
+                        lease.metadata.clone(),
+                    )?;
+                    Ok((route, runtime, call))
+                }) {
                 Ok(started) => Some(started),
                 Err(err) => {
                     // A closed channel: ask Python, as for a failed call.
@@ -249,16 +250,16 @@ impl Scheduler {
         .flatten() else {
             return;
         };
-        let (link, runtime, call) = started;
+        let (route, runtime, call) = started;
         let scheduler = Arc::clone(self);
         runtime.spawn(async move {
-            let outcome = unary::call(&link, call).await;
+            let outcome = route.call(call).await;
             if lease.stopped() {
                 return;
             }
             let keep = match outcome {
                 Ok(_) => true,
-                Err(status) => Python::try_attach(|py| {
+                Err(status) => runtime::with_python(|py| {
                     let channel = lease.channel.get();
                     let error = failure(py, channel.error(), &status);
                     keep_extending(py, &lease, error)

@@ -12,11 +12,12 @@
 //!   decided here. [`runtime`]: the tokio runtimes, one pair per process; [`link`]: the
 //!   connection.
 //! - The server. [`local`] runs `oncegate-server` on a runtime of its own, from `oncegate serve`'s
-//!   flags.
+//!   flags; a channel to it from this process calls its gate directly ([`in_process`]).
 
 mod channel;
 mod guard;
 mod heartbeat;
+mod in_process;
 mod json;
 mod link;
 mod local;
@@ -26,9 +27,17 @@ mod worker;
 
 use pyo3::prelude::*;
 
-/// The extension module: `Channel`, `Call`, the plain-value worker calls, `LocalServer`, and
+/// mimalloc for this extension's Rust allocations (Python's own stay with Python's allocator:
+/// whatever crosses to Python is copied into Python objects). glibc's malloc and free were about
+/// a quarter of the CPU of `oncegate.local`'s gate thread (perf, BENCHMARKS.md), as they were of
+/// the gate binary's before it took mimalloc (`src/main.rs`).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The extension module: `Channel`, `Call`, the plain-value worker calls, `LocalServer`,
 /// `forked()`, which `oncegate.native` registers with `os.register_at_fork` so that a forked
-/// child starts runtimes and connections of its own.
+/// child starts runtimes and connections of its own, and `exiting()`, which it registers with
+/// `atexit`.
 #[pymodule]
 #[pyo3(name = "_native")]
 fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -37,6 +46,7 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<local::LocalServer>()?;
     module.add_class::<guard::Guard>()?;
     module.add_function(wrap_pyfunction!(forked, module)?)?;
+    module.add_function(wrap_pyfunction!(exiting, module)?)?;
     module.add_function(wrap_pyfunction!(json::receipt_json, module)?)?;
     module.add_function(wrap_pyfunction!(worker::request_token, module)?)?;
     module.add_function(wrap_pyfunction!(worker::complete, module)?)?;
@@ -50,4 +60,11 @@ fn native(module: &Bound<'_, PyModule>) -> PyResult<()> {
 #[pyfunction]
 fn forked() {
     runtime::forked();
+}
+
+/// Registered with `atexit` by `oncegate.native`: the interpreter is exiting, so the native
+/// core's threads stop calling Python (see [`runtime::with_python`]).
+#[pyfunction]
+fn exiting(py: Python<'_>) {
+    runtime::exiting(py);
 }

@@ -1,5 +1,5 @@
 //! `oncegate.local`: the gate server `oncegate serve` runs ([`oncegate_server`]), on the embedded
-//! store, inside the Python process. It takes `oncegate serve`'s flags (`--data-dir`, `--config`,
+//! store or on Redis, inside the Python process. It takes `oncegate serve`'s flags (`--data-dir`, `--config`,
 //! `--unsigned`, ...; `--help` lists them) and nothing from the environment: a Python process's
 //! `ONCEGATE_*` variables belong to whatever else it runs, not to a gate it starts in passing.
 //!
@@ -7,12 +7,13 @@
 //! one is a one-worker runtime here, not `serve`'s current-thread one, since no caller's thread
 //! drives it),
 //! apart from the client's runtimes ([`crate::runtime`]), and listens on loopback TCP as a gate
-//! server does, so that every client, native or grpcio, threaded or asyncio, reaches it the same
-//! way and reads the same answers and errors. [`LocalServer::stop`] drains it and drops the
+//! server does, so that every client, native or grpcio, threaded or asyncio, reaches it and reads
+//! the same answers and errors; the native channels of this process skip the socket and call its
+//! gate service directly ([`crate::in_process`]). [`LocalServer::stop`] drains it and drops the
 //! runtime, which closes the store: the same data directory can then be opened again.
 
 use std::{
-    sync::{Mutex, PoisonError},
+    sync::{Arc, Mutex, PoisonError},
     time::Duration,
 };
 
@@ -27,7 +28,10 @@ use pyo3::{
 };
 use tokio::{runtime::Runtime, sync::oneshot, task::JoinHandle};
 
-use crate::runtime;
+use crate::{
+    in_process::Route,
+    runtime::{self, Mode},
+};
 
 /// How long [`LocalServer::stop`] waits for the runtime's tasks after the drain.
 const SHUTDOWN: Duration = Duration::from_secs(5);
@@ -54,6 +58,8 @@ struct Running {
     store_closed: Option<Closed>,
     stop: oneshot::Sender<()>,
     served: JoinHandle<Result<(), oncegate_server::ServeError>>,
+    /// How this process's channels reach the gate without the listener.
+    route: Arc<Route>,
 }
 
 #[pymethods]
@@ -62,12 +68,6 @@ impl LocalServer {
     #[pyo3(signature = (flags, log = None))]
     fn new(py: Python<'_>, flags: Vec<String>, log: Option<&str>) -> PyResult<Self> {
         let args = parse(&flags)?;
-        if matches!(args.redis_topology(), Ok(Some(_))) {
-            return Err(PyValueError::new_err(
-                "oncegate.local runs the gate on the embedded store: leave out the Redis flags \
-                 (run `oncegate serve` for a gate on Redis)",
-            ));
-        }
         if let Some(directives) = log {
             telemetry::try_init_embedded(LogFormat::Text, directives)
                 .map_err(|why| PyValueError::new_err(format!("log: {why}")))?;
@@ -85,6 +85,17 @@ impl LocalServer {
                 StartError::Unavailable(_) => PyOSError::new_err(e.to_string()),
             })?;
         let address = server.addr().to_string();
+        // On Redis, a second connection for the blocking callers, on the runtime they drive.
+        let blocking = runtime::get(Mode::Blocking)?;
+        let direct = py
+            .detach(|| blocking.block_on(server.in_process_on_this_runtime()))
+            .map_err(|e| PyOSError::new_err(e.to_string()))?;
+        let route = Route::register(
+            address.clone(),
+            server.in_process(),
+            direct,
+            runtime.handle().clone(),
+        );
         let data_dir = args.data_dir.display().to_string();
         let admin_socket = server.admin_socket().map(|path| path.display().to_string());
         let store_closed = server.store_closed();
@@ -102,6 +113,7 @@ impl LocalServer {
                 store_closed,
                 stop,
                 served,
+                route,
             })),
         })
     }
@@ -127,10 +139,17 @@ impl LocalServer {
             store_closed,
             stop,
             served,
+            route,
         } = running;
+        route.withdraw();
         let _ = stop.send(());
         let (outcome, closed) = py.detach(|| {
-            let outcome = runtime.block_on(served);
+            let outcome = runtime.block_on(async {
+                let outcome = served.await;
+                // The calls of this process's channels, which skip the listener's drain.
+                let _ = tokio::time::timeout(SHUTDOWN, route.drained()).await;
+                outcome
+            });
             // Dropping the runtime's tasks drops the last handles on the store; its writer
             // thread then closes the file, which another start in this process may want.
             runtime.shutdown_timeout(SHUTDOWN);
@@ -172,6 +191,7 @@ impl Drop for LocalServer {
             std::mem::forget(running);
             return;
         }
+        running.route.withdraw();
         let _ = running.stop.send(());
         running.runtime.shutdown_background();
     }

@@ -14,10 +14,12 @@
 use std::{
     sync::{
         Mutex, PoisonError,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
+
+use pyo3::Python;
 
 use tokio::runtime::{Builder, Runtime};
 
@@ -56,6 +58,45 @@ pub fn generation() -> u64 {
 /// A fork happened: what was started before it is not used again in this process.
 pub fn forked() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Whether the threads of the native core may still call Python: false once the interpreter
+/// began to exit ([`exiting`]).
+static PYTHON_OPEN: AtomicBool = AtomicBool::new(true);
+
+/// The threads of the native core inside [`with_python`] (waiting for the GIL, or holding it).
+static CALLING_PYTHON: AtomicUsize = AtomicUsize::new(0);
+
+/// How long [`exiting`] waits for the threads already calling Python.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
+
+/// Runs `f` with the GIL on a thread of the native core (a call's `done`, the heartbeat), or
+/// answers `None` when the interpreter is exiting. Python ends a thread that asks for the GIL
+/// while it finalizes by unwinding it from inside `take_gil`, which aborts the process when the
+/// unwinding meets Rust frames; [`exiting`] closes the door first and lets the threads already
+/// through it finish.
+pub fn with_python<R>(f: impl for<'py> FnOnce(Python<'py>) -> R) -> Option<R> {
+    CALLING_PYTHON.fetch_add(1, Ordering::SeqCst);
+    let result = if PYTHON_OPEN.load(Ordering::SeqCst) {
+        Python::try_attach(f)
+    } else {
+        None
+    };
+    CALLING_PYTHON.fetch_sub(1, Ordering::SeqCst);
+    result
+}
+
+/// The interpreter is exiting (an `atexit` hook, so before it finalizes): no thread of the native
+/// core calls Python from now on, and those already on their way get the GIL (released here) and
+/// finish, for at most [`EXIT_WAIT`].
+pub fn exiting(py: Python<'_>) {
+    PYTHON_OPEN.store(false, Ordering::SeqCst);
+    py.detach(|| {
+        let deadline = Instant::now() + EXIT_WAIT;
+        while CALLING_PYTHON.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    });
 }
 
 /// The runtime of `mode` in this process's generation, started when it is the first call.

@@ -54,7 +54,7 @@ pub async fn call(link: &Link, call: Call) -> Result<Bytes, Status> {
     match call.deadline {
         Some(deadline) => tokio::time::timeout(deadline, exchange)
             .await
-            .unwrap_or_else(|_| Err(Status::new(Code::DeadlineExceeded, "Deadline Exceeded"))),
+            .unwrap_or_else(|_| Err(deadline_exceeded())),
         None => exchange.await,
     }
 }
@@ -100,11 +100,40 @@ async fn exchange(connection: &Connection, call: &Call) -> Result<Bytes, Failure
         .ready()
         .await
         .map_err(Failure::from_h2)?;
+    let request = head(call).map_err(Failure::Answered)?;
+    let (response, mut stream) = send
+        .send_request(request, false)
+        .map_err(Failure::from_h2)?;
+    stream
+        .send_data(frame(&call.message).map_err(Failure::Answered)?, true)
+        .map_err(Failure::from_h2)?;
+
+    let response = response.await.map_err(Failure::from_h2)?;
+    let (parts, mut body) = response.into_parts();
+    if parts.status != StatusCode::OK {
+        return Err(Failure::Answered(http_status(parts.status)));
+    }
+    if let Some(status) = trailers_only(&parts.headers) {
+        return Err(Failure::Answered(status));
+    }
+    let mut received = BytesMut::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.map_err(Failure::from_h2)?;
+        let _ = body.flow_control().release_capacity(chunk.len());
+        received.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.map_err(Failure::from_h2)?;
+    ended(received.freeze(), trailers.as_ref()).map_err(Failure::Answered)
+}
+
+/// The request of `call` without its body: the method's URI and the call's headers (the
+/// deadline as `grpc-timeout`, then the metadata).
+pub(crate) fn head(call: &Call) -> Result<Request<()>, Status> {
     let mut request = Request::builder()
         .method(Method::POST)
         .uri(call.uri.clone())
         .body(())
-        .map_err(|e| Failure::Answered(Status::internal(format!("request: {e}"))))?;
+        .map_err(|e| Status::internal(format!("request: {e}")))?;
     let headers = request.headers_mut();
     headers.reserve(call.metadata.len() + 4);
     headers.insert(
@@ -122,51 +151,48 @@ async fn exchange(connection: &Connection, call: &Call) -> Result<Bytes, Failure
     for (name, value) in &call.metadata {
         headers.append(name, value.clone());
     }
-    let (response, mut stream) = send
-        .send_request(request, false)
-        .map_err(Failure::from_h2)?;
-    let mut frame = BytesMut::with_capacity(5 + call.message.len());
-    frame.put_u8(0);
-    frame.put_u32(u32::try_from(call.message.len()).map_err(|_| {
-        Failure::Answered(Status::resource_exhausted("request message over 4 GiB"))
-    })?);
-    frame.put_slice(&call.message);
-    stream
-        .send_data(frame.freeze(), true)
-        .map_err(Failure::from_h2)?;
+    Ok(request)
+}
 
-    let response = response.await.map_err(Failure::from_h2)?;
-    let (parts, mut body) = response.into_parts();
-    if parts.status != StatusCode::OK {
-        return Err(Failure::Answered(http_status(parts.status)));
-    }
-    // A trailers-only answer (how a failed call usually comes): the status is in the headers.
-    if let Some(status) = Status::from_header_map(&parts.headers) {
-        return Err(Failure::Answered(if status.code() == Code::Ok {
+/// `message` as the one message of a request: not compressed, its length, its bytes.
+pub(crate) fn frame(message: &Bytes) -> Result<Bytes, Status> {
+    let length = u32::try_from(message.len())
+        .map_err(|_| Status::resource_exhausted("request message over 4 GiB"))?;
+    let mut frame = BytesMut::with_capacity(5 + message.len());
+    frame.put_u8(0);
+    frame.put_u32(length);
+    frame.put_slice(message);
+    Ok(frame.freeze())
+}
+
+/// The status of a trailers-only answer (how a failed call usually comes): in the headers.
+pub(crate) fn trailers_only(headers: &HeaderMap) -> Option<Status> {
+    Status::from_header_map(headers).map(|status| {
+        if status.code() == Code::Ok {
             Status::internal("the gate answered OK without a message")
         } else {
             status
-        }));
-    }
-    let mut received = BytesMut::new();
-    while let Some(chunk) = body.data().await {
-        let chunk = chunk.map_err(Failure::from_h2)?;
-        let _ = body.flow_control().release_capacity(chunk.len());
-        received.extend_from_slice(&chunk);
-    }
-    let trailers = body.trailers().await.map_err(Failure::from_h2)?;
-    match trailers.as_ref().and_then(Status::from_header_map) {
-        Some(status) if status.code() == Code::Ok => message(received.freeze()),
-        Some(status) => Err(Failure::Answered(status)),
-        None => Err(Failure::Answered(Status::internal(
-            "the answer ended without a gRPC status",
-        ))),
+        }
+    })
+}
+
+/// The message of an answer that ended with `trailers` after `received`, or its status.
+pub(crate) fn ended(received: Bytes, trailers: Option<&HeaderMap>) -> Result<Bytes, Status> {
+    match trailers.and_then(Status::from_header_map) {
+        Some(status) if status.code() == Code::Ok => message(received),
+        Some(status) => Err(status),
+        None => Err(Status::internal("the answer ended without a gRPC status")),
     }
 }
 
+/// How a call past its deadline fails.
+pub(crate) fn deadline_exceeded() -> Status {
+    Status::new(Code::DeadlineExceeded, "Deadline Exceeded")
+}
+
 /// The one message of a unary answer: a 5-byte prefix (not compressed, length) and the bytes.
-fn message(mut received: Bytes) -> Result<Bytes, Failure> {
-    let invalid = |why: &str| Failure::Answered(Status::internal(format!("the answer: {why}")));
+fn message(mut received: Bytes) -> Result<Bytes, Status> {
+    let invalid = |why: &str| Status::internal(format!("the answer: {why}"));
     if received.len() < 5 {
         return Err(invalid("no message"));
     }
@@ -192,7 +218,7 @@ fn grpc_timeout(deadline: Duration) -> HeaderValue {
 }
 
 /// The status of an answer that is not HTTP 200 (a proxy's), as gRPC maps HTTP codes.
-fn http_status(status: StatusCode) -> Status {
+pub(crate) fn http_status(status: StatusCode) -> Status {
     let code = match status.as_u16() {
         400 => Code::Internal,
         401 => Code::Unauthenticated,

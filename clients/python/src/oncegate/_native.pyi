@@ -32,6 +32,10 @@ class Call:
 def forked() -> None:
     """To call in a forked child: the next call starts new runtimes and connections."""
 
+def exiting() -> None:
+    """To call at exit (``atexit``): the native core's threads stop calling Python, and those
+    already calling it finish first."""
+
 class LocalServer:
     """The gate server of ``oncegate serve`` in this process, on its own runtime: ``flags`` are
     ``oncegate serve``'s (no environment fallbacks), ``log`` a ``RUST_LOG`` filter or ``None``.

@@ -1,7 +1,9 @@
 """The gate in this process: :func:`local` runs the gate server ``oncegate serve`` runs, on its
-embedded store under ``data_dir``, inside the Python process, and returns a :class:`LocalGate`, a
-:class:`~oncegate.Gate` connected to it. For tests and single-process apps: no server to start,
-and nothing to compile (the server is part of the wheel's native extension).
+embedded store under ``data_dir`` (or, given the Redis flags, on Redis beside any other gates on
+it), inside the Python process, and returns a :class:`LocalGate`, a :class:`~oncegate.Gate`
+connected to it. For tests, single-process apps, and workers that want the gate's promise without
+a server to call: no server to start, and nothing to compile (the server is part of the wheel's
+native extension).
 
 Quick start::
 
@@ -15,11 +17,17 @@ Quick start::
 
 The gate is the real one (the same code, the same answers, errors, signing, audit and rules), so
 it keeps its promise the same way: what it completed survives the process, and a second
-:func:`local` on the same directory after a restart replays it. It listens on loopback TCP
-(``127.0.0.1`` and a free port, :attr:`LocalServer.target`) and on its admin socket in
-``data_dir``, as ``make run``'s gate does, so an asyncio client (:func:`oncegate.aio.local`), a
+:func:`local` on the same directory after a restart replays it. The worker calls of this process's
+native channels to it (the :class:`LocalGate`'s, and any other client's made with its
+:attr:`LocalServer.target`) skip the socket: they call its gate service directly, the same service
+its listener serves. It listens on loopback TCP (``127.0.0.1`` and a free port) and on its admin
+socket in ``data_dir``, as ``make run``'s gate does, so a grpcio channel, another process, a
 :class:`~oncegate.Resolver` or ``oncegate admin`` can reach it too. One process at a time may open
 a data directory.
+
+A gate in the worker's process enforces its rules, budgets and approvals there: where they must
+hold against the agent, or the signing key must stay out of its reach, run ``oncegate serve``
+apart instead.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ __all__ = ["LocalGate", "LocalServer", "local"]
 
 
 class LocalServer:
-    """A gate server running in this process, on the embedded store under ``data_dir``.
+    """A gate server running in this process, on the embedded store under ``data_dir`` or on Redis.
 
     Args:
         data_dir: The store's directory (created if missing), as ``oncegate serve --data-dir``.
@@ -44,16 +52,17 @@ class LocalServer:
         flags: More of ``oncegate serve``'s flags, as on its command line (``["--unsigned"]``,
             ``["--listen", "127.0.0.1:50051"]``, ``["--console-listen", "127.0.0.1:7480"]``);
             ``oncegate serve --help`` lists them; one given here overrides ``data_dir`` and the
-            default ``--listen``. The environment's ``ONCEGATE_*`` variables are not read. The
-            Redis flags are refused: this gate runs on the embedded store.
+            default ``--listen``. The environment's ``ONCEGATE_*`` variables are not read. With
+            ``--redis-url`` (or the Sentinel and Cluster flags) the store is that Redis, shared
+            with every other gate on it, and ``data_dir`` holds only the admin socket.
         log: Where the gate's log lines go: ``None`` (the default) keeps them quiet; a filter in
             ``RUST_LOG``'s syntax (``"info"``, ``"warn,oncegate::audit=info"``) writes them to
             standard error, unless the process already has a tracing subscriber.
 
     Raises:
         ValueError: a bad flag or configuration (the message is ``oncegate serve``'s).
-        OSError: the store cannot be opened (another process holds ``data_dir``) or an address
-            cannot be bound.
+        OSError: the store cannot be opened (another process holds ``data_dir``, or Redis does not
+            answer) or an address cannot be bound.
     """
 
     def __init__(
@@ -135,8 +144,9 @@ def local(
     api_key: str | None = None,
     timeout: float = 10.0,
 ) -> LocalGate:
-    """Starts a gate in this process on the embedded store under ``data_dir`` and returns a
-    :class:`LocalGate` connected to it; ``with`` it, or call ``close()``, to stop it.
+    """Starts a gate in this process on the embedded store under ``data_dir`` (or on Redis, given
+    the Redis flags in ``flags``) and returns a :class:`LocalGate` connected to it; ``with`` it, or
+    call ``close()``, to stop it.
 
     ``config``, ``flags`` and ``log`` are :class:`LocalServer`'s; ``api_key`` and ``timeout`` the
     client's (an ``api_key`` is needed when ``config`` has ``[[principals]]``).

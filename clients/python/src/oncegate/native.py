@@ -20,6 +20,7 @@ resolver scheme). The operator API (a resolver's calls, its stream) always goes 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import functools
 import os
 import re
@@ -72,6 +73,9 @@ else:
         ) from err
     # A forked child inherits the parent's runtimes and connections without their threads.
     os.register_at_fork(after_in_child=_native.forked)
+    # At exit, the native core's threads stop calling Python before the interpreter finalizes
+    # (one that asks for the GIL then would abort the process).
+    atexit.register(_native.exiting)
 
 _forks_followed = False
 """Whether :func:`local_server` registered the extension's fork hook (only needed when the
@@ -146,9 +150,10 @@ def local_server(flags: Sequence[str], log: str | None) -> Any:
             "Install the oncegate wheel, or run a gate with `oncegate serve` and connect with Gate(target)."
         ) from err
     if _native is None and not _forks_followed:
-        # Under ONCEGATE_PURE_PYTHON the import above did not register it: a forked child must
-        # know that the server (its threads) is the parent's.
+        # Under ONCEGATE_PURE_PYTHON the import above did not register them: a forked child must
+        # know that the server (its threads) is the parent's, and exiting must be announced.
         os.register_at_fork(after_in_child=extension.forked)
+        atexit.register(extension.exiting)
         _forks_followed = True
     return extension.LocalServer(list(flags), log)
 

@@ -1,0 +1,194 @@
+//! Calls to a gate that runs in this process (`oncegate.local`): a channel whose address is a
+//! [`crate::local::LocalServer`]'s sends its calls to that server's gate service directly
+//! ([`oncegate_server::InProcess`]) instead of through loopback TCP and HTTP/2. The service is the
+//! listener's (the same authenticator, limits, audit lines and metrics), so the answers and the
+//! errors are the ones the socket would have carried; what is saved is the socket, the framing
+//! and a thread of the gate's waking for each call.
+//!
+//! A call runs as a task on the gate's runtime, where the gate's own tasks (its store's
+//! connection among them) live, and the caller waits for it; except a blocking caller's on Redis,
+//! which runs on the caller's thread over a connection of the route's own (see [`Route::block`]):
+//! a thread that waits anyway does the work, and Redis's reply wakes it directly. A call past its deadline is dropped
+//! there, as the listener drops a call past its `grpc-timeout`, and so is a call whose caller
+//! stopped waiting (an asyncio caller that cancelled). After the gate stopped, a call fails as
+//! `UNAVAILABLE`, as a connection to a stopped listener does; stopping waits for the calls in
+//! flight, as the listener's drain does. A forked child does not call the
+//! parent's gate this way (the gate's threads are not in the child): its channels connect to
+//! the parent's listener over TCP.
+
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt as _, Full};
+use oncegate_server::InProcess;
+use tokio::{
+    runtime::{Handle, Runtime},
+    task::AbortHandle,
+};
+use tokio_util::task::TaskTracker;
+use tonic::{Status, body::Body};
+
+use crate::{runtime, unary};
+
+/// The gate of one [`crate::local::LocalServer`], for the channels of this process.
+pub struct Route {
+    /// `None` once the gate stopped: a call from then on is refused, and the route (which
+    /// channels keep) no longer holds the gate, so its store can close.
+    service: Mutex<Option<InProcess>>,
+    /// On Redis, the same service over a connection of its own, opened on the runtime that
+    /// blocking callers drive ([`runtime::Mode::Blocking`]): a thread waiting for a call then
+    /// runs it, Redis's I/O included, on its own, and no thread of the gate's wakes for it.
+    /// `None` on the embedded store (and once the gate stopped).
+    direct: Mutex<Option<InProcess>>,
+    handle: Handle,
+    generation: u64,
+    /// The calls in flight, which stopping waits for.
+    calls: TaskTracker,
+}
+
+/// The routes of the running local servers, by the address of their listener (`host:port`).
+static ROUTES: Mutex<Vec<(String, Weak<Route>)>> = Mutex::new(Vec::new());
+
+impl Route {
+    /// Registers the gate served at `address` by the runtime of `handle`; it is found by
+    /// [`find`] until [`Route::withdraw`] (or until the returned route is dropped).
+    pub fn register(
+        address: String,
+        service: InProcess,
+        direct: Option<InProcess>,
+        handle: Handle,
+    ) -> Arc<Route> {
+        let route = Arc::new(Route {
+            service: Mutex::new(Some(service)),
+            direct: Mutex::new(direct),
+            handle,
+            generation: runtime::generation(),
+            calls: TaskTracker::new(),
+        });
+        let mut routes = ROUTES.lock().unwrap_or_else(PoisonError::into_inner);
+        routes.retain(|(_, route)| route.strong_count() > 0);
+        routes.push((address, Arc::downgrade(&route)));
+        route
+    }
+
+    /// The gate stops: no channel made from now on finds it, and a call from now on is refused.
+    pub fn withdraw(self: &Arc<Self>) {
+        for service in [&self.service, &self.direct] {
+            service
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take();
+        }
+        self.calls.close();
+        let mut routes = ROUTES.lock().unwrap_or_else(PoisonError::into_inner);
+        routes.retain(|(_, route)| route.upgrade().is_some_and(|r| !Arc::ptr_eq(&r, self)));
+    }
+
+    /// Resolves when the calls in flight when it was withdrawn have finished.
+    pub async fn drained(&self) {
+        self.calls.wait().await;
+    }
+
+    /// Whether this process may call the gate directly: not in a forked child.
+    pub fn reachable(&self) -> bool {
+        self.generation == runtime::generation()
+    }
+
+    /// [`Route::call`] for a thread that waits for it (the GIL released). On Redis the thread
+    /// runs the call itself on `runtime` (the blocking callers' runtime, where the direct
+    /// connection lives); on the embedded store it sleeps until the gate's thread answers.
+    pub fn block(&self, call: unary::Call, runtime: &Runtime) -> Result<Bytes, Status> {
+        let direct = self
+            .direct
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(service) = direct else {
+            return self.handle.block_on(self.call(call));
+        };
+        let body = Body::new(Full::new(unary::frame(&call.message)?));
+        let request = unary::head(&call)?.map(|()| body);
+        let answered = async { answer(service.call(request).await).await };
+        runtime.block_on(self.calls.track_future(async {
+            match call.deadline {
+                Some(deadline) => tokio::time::timeout(deadline, answered)
+                    .await
+                    .unwrap_or_else(|_| Err(unary::deadline_exceeded())),
+                None => answered.await,
+            }
+        }))
+    }
+
+    /// Answers `call` as the gate's listener would: the response message, or the status.
+    pub async fn call(&self, call: unary::Call) -> Result<Bytes, Status> {
+        let body = Body::new(Full::new(unary::frame(&call.message)?));
+        let request = unary::head(&call)?.map(|()| body);
+        let service = self
+            .service
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(stopped)?;
+        let deadline = call.deadline;
+        let task = self.calls.spawn_on(
+            async move {
+                let answered = async { answer(service.call(request).await).await };
+                match deadline {
+                    Some(deadline) => tokio::time::timeout(deadline, answered)
+                        .await
+                        .unwrap_or_else(|_| Err(unary::deadline_exceeded())),
+                    None => answered.await,
+                }
+            },
+            &self.handle,
+        );
+        let _dropped_with_the_caller = Abort(task.abort_handle());
+        match task.await {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => Err(Status::internal(
+                "the gate in this process failed while answering",
+            )),
+            Err(_) => Err(stopped()),
+        }
+    }
+}
+
+fn stopped() -> Status {
+    Status::unavailable("the gate in this process has stopped")
+}
+
+/// The route to the gate this process serves at `authority` (`host:port`), if any.
+pub fn find(authority: &str) -> Option<Arc<Route>> {
+    let routes = ROUTES.lock().unwrap_or_else(PoisonError::into_inner);
+    routes
+        .iter()
+        .filter(|(address, _)| address == authority)
+        .find_map(|(_, route)| route.upgrade())
+}
+
+/// Aborts the call's task when the caller stops waiting for it; nothing once it finished.
+struct Abort(AbortHandle);
+
+impl Drop for Abort {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The message of a gRPC response, or its status (read as [`unary`] reads one from HTTP/2).
+async fn answer(response: Response<Body>) -> Result<Bytes, Status> {
+    let (parts, body) = response.into_parts();
+    if parts.status != StatusCode::OK {
+        return Err(unary::http_status(parts.status));
+    }
+    if let Some(status) = unary::trailers_only(&parts.headers) {
+        return Err(status);
+    }
+    let collected = body
+        .collect()
+        .await
+        .map_err(|e| Status::internal(format!("the answer's body: {e}")))?;
+    let trailers = collected.trailers().cloned();
+    unary::ended(collected.to_bytes(), trailers.as_ref())
+}
