@@ -203,7 +203,7 @@ def python_side(redis, gate, signed_gate, opts):
                "--gate-pid", str(gate.proc.pid), "--signed-gate-pid", str(signed_gate.proc.pid),
                "--redis-pid", str(redis.proc.pid),
                "--workers", str(opts.python_workers), "--seconds", str(opts.python_seconds)],
-              timeout=opts.python_seconds * 12 + 300)
+              timeout=opts.python_seconds * 14 + 300)
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -355,6 +355,8 @@ PYTHON_ROWS = {
     "oncegate-decorator": "oncegate Python decorator (native core), through the gate on Redis",
     "oncegate-decorator-signed": "the same, through the gate on Redis signing (`--signing-key`)",
     "oncegate-decorator-grpcio": "the same on grpcio alone (`ONCEGATE_PURE_PYTHON=1`)",
+    "oncegate-decorator-in-process": "the same decorator, its gate in process (`oncegate.local` on "
+                                     "the same Redis, `--unsigned`; the gate's CPU is the client's)",
     "oncegate-native-stubs": "the native core's stubs alone (RequestToken + Complete)",
     "oncegate-raw-stubs": "the generated grpcio stubs alone (RequestToken + Complete)",
 }
@@ -375,6 +377,8 @@ def python_table(python, opts):
                 f"{name}_cpu_us_per_cycle" in run[contender] for run in python) else 0.0
                 for name in ("client", "gate", "redis")]
             gate = f"{parts[1]:,.0f}" if contender.startswith("oncegate-") else "—"
+            if contender == "oncegate-decorator-in-process":
+                gate = "(in client)"
             lines.append(f"| {label} | {med(contender, 'cycles_per_s'):,.0f} | "
                          f"{parts[0]:,.0f} / {gate} / {parts[2]:,.0f} = {sum(parts):,.0f} | "
                          f"{med(contender, 'machine_idle'):.0%} |")
@@ -392,6 +396,13 @@ def python_table(python, opts):
               f"- what the guard adds to the native core's bare stubs, client CPU per cycle: "
               f"{overhead:+.0%} (in {opts.python_workers} processes; issue 24's < +10% is for one "
               f"process: scripts/bench_python_guard.py)"]
+    if all("oncegate-decorator-in-process" in run for run in python):
+        local = same_run(lambda run: run["oncegate-decorator-in-process"]["cycles_per_s"]
+                         / run["powertools"]["cycles_per_s"])
+        local_cpu = med("oncegate-decorator-in-process", "client_cpu_us_per_cycle")
+        lines.append(f"- the decorator with its gate in process, cycles/s ÷ Powertools', same run: "
+                     f"{local:.2f} (target ≥ 1.0: {verdict(local >= 1.0)}); its process's CPU per "
+                     f"cycle, the gate's included: {local_cpu:.0f} µs")
     return lines
 
 

@@ -14,6 +14,9 @@ for `--seconds`, every cycle a new action (nothing is replayed):
 - `oncegate-decorator-signed`: the same through a gate that signs grants and receipts
   (`--signed-gate`; skipped without it);
 - `oncegate-decorator-grpcio`: the same on grpcio alone (`ONCEGATE_PURE_PYTHON=1`);
+- `oncegate-decorator-in-process`: the same decorator with the gate in each worker process
+  (`oncegate.local` on the same Redis, `--unsigned`): the gate's code runs in the worker and its
+  calls skip the socket, so the gate's CPU is the client's here;
 - `oncegate-native-stubs`: the native core's stubs alone (`oncegate.native.Stub`), RequestToken +
   Complete, through the gate; what the guard adds on top of this is the guard's overhead;
 - `oncegate-raw-stubs`: the generated grpcio stubs alone, RequestToken + Complete.
@@ -47,6 +50,7 @@ CONTENDERS = [
     "oncegate-decorator",
     "oncegate-decorator-signed",
     "oncegate-decorator-grpcio",
+    "oncegate-decorator-in-process",
     "oncegate-native-stubs",
     "oncegate-raw-stubs",
 ]
@@ -129,6 +133,26 @@ def decorator_cycle(gate_addr: str):
     return cycle
 
 
+def in_process_cycle(redis_url: str):
+    import tempfile
+
+    import oncegate
+
+    data_dir = tempfile.mkdtemp(prefix="oncegate-bench-local-")
+    flags = ["--redis-url", redis_url, "--unsigned", "--no-admin-socket", "--worker-threads", "1"]
+    gate = oncegate.local(data_dir, flags=flags)
+
+    @gate.action("bench.noop")
+    def tool(order_id: str, amount: int, *, grant: Any) -> dict:
+        return {"ok": True}
+
+    def cycle(n: int) -> None:
+        with gate.scope(agent_id="bench-agent", run_id=f"run-{os.getpid()}"):
+            tool(order_id=f"{os.getpid()}-{n}", amount=100)
+
+    return cycle
+
+
 def raw_cycle(gate_addr: str, native: bool = False):
     import grpc
 
@@ -173,6 +197,7 @@ def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float, s
         "oncegate-decorator": lambda: decorator_cycle(gate_addr),
         "oncegate-decorator-signed": lambda: decorator_cycle(gate_addr),
         "oncegate-decorator-grpcio": lambda: decorator_cycle(gate_addr),
+        "oncegate-decorator-in-process": lambda: in_process_cycle(redis_url),
         "oncegate-native-stubs": lambda: raw_cycle(gate_addr, native=True),
         "oncegate-raw-stubs": lambda: raw_cycle(gate_addr),
     }[contender]
@@ -191,7 +216,8 @@ def measure(contender: str, args) -> dict:
     signed = contender == "oncegate-decorator-signed"
     gate = args.signed_gate if signed else args.gate
     servers = {"redis": args.redis_pid}
-    if contender.startswith("oncegate-"):  # the gate idles while Powertools and the seed run
+    # The gate server idles while Powertools and the seed run, and while the gates in process do.
+    if contender.startswith("oncegate-") and contender != "oncegate-decorator-in-process":
         servers["gate"] = args.signed_gate_pid if signed else args.gate_pid
     servers = {name: pid for name, pid in servers.items() if pid}
     out = multiprocessing.Queue()
