@@ -29,7 +29,7 @@ import pytest
 
 import oncegate
 import oncegate.aio
-from oncegate import InvalidRequestError, KeyReusedError, LocalGate, LocalServer, TransportError
+from oncegate import InvalidRequestError, KeyReusedError, LocalGate, LocalServer, TransportError, native
 
 SCOPE = {"agent_id": "billing-agent", "run_id": "run-local"}
 TRANSFER = {"amount": 5000, "currency": "EUR", "to": "DE89370400440532013000"}
@@ -309,6 +309,7 @@ def _connections_to(port: int) -> int:
     return count
 
 
+@pytest.mark.skipif(not native.enabled(), reason="grpcio's channels go through the listener")
 def test_its_calls_skip_the_socket_and_answer_as_the_listener(tmp_path: Path) -> None:
     with oncegate.local(tmp_path, flags=["--unsigned"]) as gate:
         port = int(gate.server.target.rsplit(":", 1)[1])

@@ -6,15 +6,16 @@
 //! and a thread of the gate's waking for each call.
 //!
 //! A call runs as a task on the gate's runtime, where the gate's own tasks (its store's
-//! connection among them) live, and the caller waits for it; except a blocking caller's on Redis,
-//! which runs on the caller's thread over a connection of the route's own (see [`Route::block`]):
-//! a thread that waits anyway does the work, and Redis's reply wakes it directly. A call past its deadline is dropped
-//! there, as the listener drops a call past its `grpc-timeout`, and so is a call whose caller
-//! stopped waiting (an asyncio caller that cancelled). After the gate stopped, a call fails as
-//! `UNAVAILABLE`, as a connection to a stopped listener does; stopping waits for the calls in
-//! flight, as the listener's drain does. A forked child does not call the
-//! parent's gate this way (the gate's threads are not in the child): its channels connect to
-//! the parent's listener over TCP.
+//! connection among them) live, and the caller waits for it. A blocking caller on Redis runs its
+//! call itself instead, over a connection of the route's own ([`Route::block`]): a thread that
+//! waits anyway does the work, and Redis's reply wakes it directly.
+//!
+//! A call past its deadline is dropped, as the listener drops a call past its `grpc-timeout`, and
+//! so is a call whose caller stopped waiting (an asyncio caller that cancelled). After the gate
+//! stopped, a call fails as `UNAVAILABLE`, as a connection to a stopped listener does; stopping
+//! waits for the calls in flight, as the listener's drain does. A forked child does not call the
+//! parent's gate this way (the gate's threads are not in the child): its channels connect to the
+//! parent's listener over TCP.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -107,42 +108,25 @@ impl Route {
         let Some(service) = direct else {
             return self.handle.block_on(self.call(call));
         };
-        let body = Body::new(Full::new(unary::frame(&call.message)?));
-        let request = unary::head(&call)?.map(|()| body);
-        let answered = async { answer(service.call(request).await).await };
-        runtime.block_on(self.calls.track_future(async {
-            match call.deadline {
-                Some(deadline) => tokio::time::timeout(deadline, answered)
-                    .await
-                    .unwrap_or_else(|_| Err(unary::deadline_exceeded())),
-                None => answered.await,
-            }
-        }))
+        let request = request(&call)?;
+        runtime.block_on(
+            self.calls
+                .track_future(answered(service, request, call.deadline)),
+        )
     }
 
     /// Answers `call` as the gate's listener would: the response message, or the status.
     pub async fn call(&self, call: unary::Call) -> Result<Bytes, Status> {
-        let body = Body::new(Full::new(unary::frame(&call.message)?));
-        let request = unary::head(&call)?.map(|()| body);
+        let request = request(&call)?;
         let service = self
             .service
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
             .ok_or_else(stopped)?;
-        let deadline = call.deadline;
-        let task = self.calls.spawn_on(
-            async move {
-                let answered = async { answer(service.call(request).await).await };
-                match deadline {
-                    Some(deadline) => tokio::time::timeout(deadline, answered)
-                        .await
-                        .unwrap_or_else(|_| Err(unary::deadline_exceeded())),
-                    None => answered.await,
-                }
-            },
-            &self.handle,
-        );
+        let task = self
+            .calls
+            .spawn_on(answered(service, request, call.deadline), &self.handle);
         let _dropped_with_the_caller = Abort(task.abort_handle());
         match task.await {
             Ok(outcome) => outcome,
@@ -173,6 +157,27 @@ struct Abort(AbortHandle);
 impl Drop for Abort {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// `call` as the request the listener would have received.
+fn request(call: &unary::Call) -> Result<http::Request<Body>, Status> {
+    let body = Body::new(Full::new(unary::frame(&call.message)?));
+    Ok(unary::head(call)?.map(|()| body))
+}
+
+/// `service`'s answer to `request`, within `deadline`.
+async fn answered(
+    service: InProcess,
+    request: http::Request<Body>,
+    deadline: Option<std::time::Duration>,
+) -> Result<Bytes, Status> {
+    let answered = async { answer(service.call(request).await).await };
+    match deadline {
+        Some(deadline) => tokio::time::timeout(deadline, answered)
+            .await
+            .unwrap_or_else(|_| Err(unary::deadline_exceeded())),
+        None => answered.await,
     }
 }
 
