@@ -1,7 +1,8 @@
 //! What Python holds: a [`Channel`] to one gate (an `http://host:port` address; a [`Link`] per
 //! runtime, made again after a fork; or, when this process serves that address with
-//! `oncegate.local`, that gate's service in process, [`in_process`]), and the [`Call`] an asyncio caller may cancel. A failed call becomes the exception that the Python side's factory builds from
-//! `(code, message, details)`; this module decides nothing about it.
+//! `oncegate.local`, that gate's service in process, [`in_process`]), and the [`Call`] an asyncio
+//! caller may cancel. A failed call becomes the exception that the Python side's factory builds
+//! from `(code, message, details)`; this module decides nothing about it.
 
 use std::{
     sync::{Arc, Mutex, PoisonError},

@@ -1,7 +1,8 @@
 //! `oncegate.local`: the gate server `oncegate serve` runs ([`oncegate_server`]), on the embedded
-//! store or on Redis, inside the Python process. It takes `oncegate serve`'s flags (`--data-dir`, `--config`,
-//! `--unsigned`, ...; `--help` lists them) and nothing from the environment: a Python process's
-//! `ONCEGATE_*` variables belong to whatever else it runs, not to a gate it starts in passing.
+//! store or on Redis, inside the Python process. It takes `oncegate serve`'s flags (`--data-dir`,
+//! `--config`, `--unsigned`, `--redis-url`, ...; `--help` lists them) and nothing from the
+//! environment: a Python process's `ONCEGATE_*` variables belong to whatever else it runs, not to
+//! a gate it starts in passing.
 //!
 //! The server runs on a tokio runtime of its own (its workers are the gate's `--worker-threads`;
 //! one is a one-worker runtime here, not `serve`'s current-thread one, since no caller's thread

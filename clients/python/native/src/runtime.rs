@@ -20,7 +20,6 @@ use std::{
 };
 
 use pyo3::Python;
-
 use tokio::runtime::{Builder, Runtime};
 
 /// Which runtime a call runs on.
