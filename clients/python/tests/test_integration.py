@@ -6,6 +6,7 @@ The gate runs with the ``payments.transfer`` policy (key fields ``/amount``, ``/
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -109,7 +110,10 @@ def test_in_progress_for_a_second_caller(gate: Gate, run_id: str) -> None:
         gate.request_token("pay", {"a": 1}, holder="worker-b", **scope_kwargs(run_id))
     assert raised.value.retry_after_ms is not None and 0 < raised.value.retry_after_ms <= 300_000
     again = gate.request_token("pay", {"a": 1}, holder="worker-a", **scope_kwargs(run_id))
-    assert again.redelivered and again.grant == first.grant
+    # The same token, fencing and lease end (CONTRACT §2); its statement is signed anew, and its
+    # `iat` differs when the two calls straddle a second.
+    assert again.redelivered and again.grant is not None and again.grant.statement
+    assert dataclasses.replace(again.grant, statement="") == dataclasses.replace(first.grant, statement="")
     with pytest.raises(InProgress):
         gate.run("pay", {"a": 1}, lambda grant: "second", max_wait=0, **scope_kwargs(run_id))
 
