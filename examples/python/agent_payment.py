@@ -350,10 +350,17 @@ def wait_until_serving(gate: Gate, timeout: float) -> None:
             return
 
 
-def free_address() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+def free_addresses(count: int) -> list[str]:
+    """``count`` distinct free loopback addresses (each socket is held until all are picked, so
+    the kernel cannot hand the same port out twice)."""
+    socks = [socket.socket() for _ in range(count)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        return [f"127.0.0.1:{sock.getsockname()[1]}" for sock in socks]
+    finally:
+        for sock in socks:
+            sock.close()
 
 
 @contextmanager
@@ -361,7 +368,7 @@ def spawned_gate(binary: Path, policy: Path) -> Iterator[tuple[str, str, str]]:
     """Starts ``binary serve`` on a free loopback port with ``policy`` (signing with a key it
     generates); yields its target, the URL of its public keys, and its admin socket (where the
     resolver connects as the gate's local operator)."""
-    target, metrics = free_address(), free_address()
+    target, metrics = free_addresses(2)
     with tempfile.TemporaryDirectory(prefix="oncegate-example-") as data_dir:
         process = subprocess.Popen(
             [str(binary), "serve", "--listen", target, "--data-dir", data_dir, "--config", str(policy),
