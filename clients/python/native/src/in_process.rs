@@ -8,7 +8,10 @@
 //! A call runs as a task on the gate's runtime, where the gate's own tasks (its store's
 //! connection among them) live, and the caller waits for it. A blocking caller on Redis runs its
 //! call itself instead, over a connection of the route's own ([`Route::block`]): a thread that
-//! waits anyway does the work, and Redis's reply wakes it directly.
+//! waits anyway does the work, and Redis's reply wakes it directly. That connection's own tasks
+//! (reconnecting, following a Sentinel failover, the seals and agents-index writes its calls
+//! start) run on the same runtime: while a caller waits, or when its idle driver wakes (every
+//! 200 ms, [`crate::runtime`]).
 //!
 //! A call past its deadline is dropped, as the listener drops a call past its `grpc-timeout`, and
 //! so is a call whose caller stopped waiting (an asyncio caller that cancelled). After the gate
