@@ -350,14 +350,19 @@ def test_the_heartbeat_keeps_a_long_call_leased_in_process(tmp_path: Path) -> No
     assert seen == [oncegate.InProgressError] * 3
 
 
-def test_a_call_after_stop_is_unavailable(tmp_path: Path) -> None:
+def test_a_call_after_stop_is_unavailable_until_a_gate_serves_there_again(tmp_path: Path) -> None:
     gate = oncegate.local(tmp_path)
-    assert gate.request_token("payments.transfer", TRANSFER, **SCOPE).grant is not None
+    other = oncegate.Gate(gate.server.target)  # made while the gate serves: it calls in process
+    assert other.run("payments.transfer", TRANSFER, lambda grant: "paid", **SCOPE) == "paid"
     gate.server.stop()
     with pytest.raises(TransportError) as refused:
-        gate.request_token("payments.transfer", TRANSFER, idempotency_key="after-stop", **SCOPE)
+        other.request_token("payments.transfer", TRANSFER, idempotency_key="after-stop", **SCOPE)
     assert refused.value.code == grpc.StatusCode.UNAVAILABLE
     gate.close()
+    # A gate started again on the same address and directory answers the same channel.
+    with LocalServer(tmp_path, flags=["--listen", gate.server.target]):
+        assert other.run("payments.transfer", TRANSFER, lambda grant: "again", **SCOPE) == "paid"
+    other.close()
 
 
 def _free_port() -> int:

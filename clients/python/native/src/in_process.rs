@@ -14,9 +14,9 @@
 //! 200 ms, [`crate::runtime`]).
 //!
 //! A call past its deadline is dropped, as the listener drops a call past its `grpc-timeout`, and
-//! so is a call whose caller stopped waiting (an asyncio caller that cancelled). After the gate
-//! stopped, a call fails as `UNAVAILABLE`, as a connection to a stopped listener does; stopping
-//! waits for the calls in flight, as the listener's drain does. A forked child does not call the
+//! so is a call whose caller stopped waiting (an asyncio caller that cancelled). Stopping waits
+//! for the calls in flight, as the listener's drain does; a call after it goes to the listener's
+//! address, where nobody answers (`UNAVAILABLE`) unless a gate was started there again. A forked child does not call the
 //! parent's gate this way (the gate's threads are not in the child): its channels connect to the
 //! parent's listener over TCP.
 
@@ -94,9 +94,16 @@ impl Route {
         self.calls.wait().await;
     }
 
-    /// Whether this process may call the gate directly: not in a forked child.
+    /// Whether this process may call the gate directly: it still serves, and this is not a
+    /// forked child. Otherwise a channel goes through the listener's address, as any other does
+    /// (where a gate started again on the same address answers).
     pub fn reachable(&self) -> bool {
         self.generation == runtime::generation()
+            && self
+                .service
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some()
     }
 
     /// [`Route::call`] for a thread that waits for it (the GIL released). On Redis the thread
