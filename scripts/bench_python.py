@@ -36,6 +36,7 @@ import json
 import multiprocessing
 import os
 import resource
+import tempfile
 import threading
 import time
 import uuid
@@ -133,12 +134,15 @@ def decorator_cycle(gate_addr: str):
     return cycle
 
 
-def in_process_cycle(redis_url: str):
-    import tempfile
+SCRATCH: str | None = None
+"""A directory for the gates in process, made by :func:`measure` before the workers fork and
+removed after they ended (a worker leaves through ``os._exit`` and removes nothing itself)."""
 
+
+def in_process_cycle(redis_url: str):
     import oncegate
 
-    data_dir = tempfile.mkdtemp(prefix="oncegate-bench-local-")
+    data_dir = tempfile.mkdtemp(prefix="gate-", dir=SCRATCH)
     flags = ["--redis-url", redis_url, "--unsigned", "--no-admin-socket", "--worker-threads", "1"]
     gate = oncegate.local(data_dir, flags=flags)
 
@@ -220,6 +224,9 @@ def measure(contender: str, args) -> dict:
     if contender.startswith("oncegate-") and contender != "oncegate-decorator-in-process":
         servers["gate"] = args.signed_gate_pid if signed else args.gate_pid
     servers = {name: pid for name, pid in servers.items() if pid}
+    global SCRATCH
+    scratch = tempfile.TemporaryDirectory(prefix="oncegate-bench-local-")
+    SCRATCH = scratch.name
     out = multiprocessing.Queue()
     start = multiprocessing.Barrier(args.workers + 1)
     procs = [
@@ -241,6 +248,7 @@ def measure(contender: str, args) -> dict:
     used = {name: cpu_seconds(pid) - before[name] for name, pid in servers.items()}
     for p in procs:
         p.join()
+    scratch.cleanup()
     for result in results:
         if result[0] == "error":
             raise RuntimeError(f"{contender} worker failed:\n{result[1]}")
