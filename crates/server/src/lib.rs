@@ -52,8 +52,6 @@ pub struct Server {
     gate: Gate,
     options: ServerOptions,
     store_closed: Option<oncegate_store::embedded::Closed>,
-    /// How the store was opened, to open it again for [`Server::in_process_on_this_runtime`].
-    store_config: oncegate_config::StoreConfig,
     /// The webhook tasks; aborted when the server is dropped.
     _notify: Option<oncegate_notify::Running>,
 }
@@ -69,7 +67,6 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
             Notice::Warn(message) => tracing::warn!("{message}"),
         }
     }
-    let store_config = config.store.clone();
     let store = match config.store.open().await {
         Ok(store) => store,
         Err(StoreError::Misconfigured(why)) => return Err(usage(why)),
@@ -185,7 +182,6 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         gate,
         options: config.server,
         store_closed,
-        store_config,
         _notify: notify,
     })
 }
@@ -213,21 +209,14 @@ impl Server {
         InProcess::new(&self.gate, &self.options)
     }
 
-    /// [`Server::in_process`] over a connection of its own to the same Redis, opened on the
+    /// [`Server::in_process`] over a connection of its own to the same Redis, made on the
     /// runtime this is awaited on: a caller that drives that runtime itself does the store's
-    /// I/O on its own thread. `None` on the embedded store, which one process opens once.
+    /// I/O on its own thread. `None` on the embedded store.
     pub async fn in_process_on_this_runtime(&self) -> Result<Option<InProcess>, StartError> {
-        if let oncegate_config::StoreConfig::Embedded { .. } = self.store_config {
-            return Ok(None);
-        }
-        let store =
-            self.store_config.open().await.map_err(|e| {
-                StartError::Unavailable(format!("cannot open the store again: {e}"))
-            })?;
-        Ok(Some(InProcess::new(
-            &self.gate.on_store(store),
-            &self.options,
-        )))
+        let store = self.gate.store().another_connection().await.map_err(|e| {
+            StartError::Unavailable(format!("cannot open a second connection to the store: {e}"))
+        })?;
+        Ok(store.map(|store| InProcess::new(&self.gate.on_store(store), &self.options)))
     }
 
     /// Serves calls until `shutdown` resolves, then drains the calls in flight (for at most the

@@ -202,6 +202,16 @@ impl Store {
         }
     }
 
+    /// On Redis, this store over a connection of its own, made on the runtime this is awaited on
+    /// ([`redis::RedisStore::another_connection`]); `None` for the embedded store, whose one
+    /// writer every handle shares.
+    pub async fn another_connection(&self) -> Result<Option<Store>, StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(None),
+            Store::Redis(redis) => Ok(Some(Store::Redis(redis.another_connection().await?))),
+        }
+    }
+
     /// RequestToken: grant, re-deliver, replay or refuse (see
     /// [`oncegate_domain::ledger::request_token`]). A grant is handed out only once `replicas`
     /// replicas (or the deployment's level, if higher) confirmed it; fails closed when fewer do.

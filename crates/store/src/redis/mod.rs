@@ -179,6 +179,8 @@ fn test_options() -> RedisOptions {
 #[derive(Clone)]
 pub struct RedisStore {
     conn: Conn,
+    /// Where `conn` connects, for [`RedisStore::another_connection`].
+    topology: Arc<Topology>,
     scripts: Arc<Scripts>,
     options: RedisOptions,
     /// Fails every call closed while a node may evict keys.
@@ -202,22 +204,10 @@ impl RedisStore {
         topology: &Topology,
         options: RedisOptions,
     ) -> Result<Self, StoreError> {
-        let conn = tokio::time::timeout(options.call_timeout, Conn::connect(topology, &options))
-            .await
-            .map_err(|_| {
-                StoreError::unavailable(format!(
-                    "timed out connecting to Redis ({})",
-                    topology.describe()
-                ))
-            })?
-            .map_err(|e| {
-                StoreError::unavailable_by(
-                    format!("cannot connect to Redis ({})", topology.describe()),
-                    e,
-                )
-            })?;
+        let conn = open(topology, &options).await?;
         let store = Self {
             conn,
+            topology: Arc::new(topology.clone()),
             scripts: Arc::new(Scripts::load()),
             options,
             eviction: Arc::default(),
@@ -230,6 +220,17 @@ impl RedisStore {
         store.load_library().await?;
         store.migrate_agents().await?;
         Ok(store)
+    }
+
+    /// The same store over a connection of its own, made on the runtime this is awaited on (its
+    /// tasks run there): the scripts, the eviction guard and the sealing and agents queues are
+    /// this store's, and nothing of the start-up (the library, the migration, the eviction
+    /// check) is done again.
+    pub async fn another_connection(&self) -> Result<Self, StoreError> {
+        Ok(Self {
+            conn: open(&self.topology, &self.options).await?,
+            ..self.clone()
+        })
     }
 
     /// Loads the scripts' library when the store connects, so that a Redis that cannot run it
@@ -354,6 +355,24 @@ enum Extra {
 }
 
 /// A per-action script invocation: every key of the agent from one hash tag ([`keys::Agent`]).
+/// A connection to `topology`, within the call timeout.
+async fn open(topology: &Topology, options: &RedisOptions) -> Result<Conn, StoreError> {
+    tokio::time::timeout(options.call_timeout, Conn::connect(topology, options))
+        .await
+        .map_err(|_| {
+            StoreError::unavailable(format!(
+                "timed out connecting to Redis ({})",
+                topology.describe()
+            ))
+        })?
+        .map_err(|e| {
+            StoreError::unavailable_by(
+                format!("cannot connect to Redis ({})", topology.describe()),
+                e,
+            )
+        })
+}
+
 fn invocation<'s>(
     script: &'s Function,
     key: &ActionKey,
