@@ -121,7 +121,11 @@ def seed_cycle(redis_url: str):
 def decorator_cycle(gate_addr: str):
     from oncegate import Gate
 
-    gate = Gate(gate_addr)
+    return decorated_cycle(Gate(gate_addr))
+
+
+def decorated_cycle(gate: Any):
+    """The decorator's cycle, every row's: a new action around the no-op tool, through ``gate``."""
 
     @gate.action("bench.noop")
     def tool(order_id: str, amount: int, *, grant: Any) -> dict:
@@ -144,17 +148,7 @@ def in_process_cycle(redis_url: str):
 
     data_dir = tempfile.mkdtemp(prefix="gate-", dir=SCRATCH)
     flags = ["--redis-url", redis_url, "--unsigned", "--no-admin-socket", "--worker-threads", "1"]
-    gate = oncegate.local(data_dir, flags=flags)
-
-    @gate.action("bench.noop")
-    def tool(order_id: str, amount: int, *, grant: Any) -> dict:
-        return {"ok": True}
-
-    def cycle(n: int) -> None:
-        with gate.scope(agent_id="bench-agent", run_id=f"run-{os.getpid()}"):
-            tool(order_id=f"{os.getpid()}-{n}", amount=100)
-
-    return cycle
+    return decorated_cycle(oncegate.local(data_dir, flags=flags))
 
 
 def raw_cycle(gate_addr: str, native: bool = False):

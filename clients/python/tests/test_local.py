@@ -233,6 +233,19 @@ def test_its_log_lines_go_to_stderr_only_when_asked(
     assert "payments.transfer" in err, err  # the audit line of the grant
 
 
+def _exit_code(pid: int, *, within: float, hung: str) -> int:
+    """The exit code of the forked child ``pid``; killed, and the test failed with ``hung``, when
+    it has not exited ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail(hung)
+    return os.waitstatus_to_exitcode(done[1])
+
+
 def test_a_forked_child_neither_stops_nor_waits_for_the_parents_gate(tmp_path: Path) -> None:
     # The child inherits the server without its threads: stopping it there must do nothing, and
     # dropping it must not wait for threads that do not exist (it would hang the child).
@@ -247,14 +260,7 @@ def test_a_forked_child_neither_stops_nor_waits_for_the_parents_gate(tmp_path: P
                 gc.collect()
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + 20
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung on the parent's gate")
-        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert _exit_code(pid, within=20, hung="the forked child hung on the parent's gate") == 0
         with oncegate.Gate(server.target) as gate:  # the parent's still serves
             assert gate.run("payments.transfer", TRANSFER, lambda grant: "ok", **SCOPE) == "ok"
 
@@ -280,14 +286,7 @@ def test_a_forked_child_reaches_the_parents_gate_through_its_listener(tmp_path: 
                 code = 0 if (replayed, other) == ("parent", "child") else 2
             finally:
                 os._exit(code)
-        deadline = time.monotonic() + 30
-        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if done[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung calling the parent's gate")
-        assert os.waitstatus_to_exitcode(done[1]) == 0
+        assert _exit_code(pid, within=30, hung="the forked child hung calling the parent's gate") == 0
         # What the child completed, the parent replays.
         again = gate.run(
             "payments.transfer", TRANSFER, lambda grant: "parent", idempotency_key="in-child", **SCOPE

@@ -182,13 +182,10 @@ async fn answered(
     request: http::Request<Body>,
     deadline: Option<std::time::Duration>,
 ) -> Result<Bytes, Status> {
-    let answered = async { answer(service.call(request).await).await };
-    match deadline {
-        Some(deadline) => tokio::time::timeout(deadline, answered)
-            .await
-            .unwrap_or_else(|_| Err(unary::deadline_exceeded())),
-        None => answered.await,
-    }
+    unary::within(deadline, async {
+        answer(service.call(request).await).await
+    })
+    .await
 }
 
 /// The message of a gRPC response, or its status (read as [`unary`] reads one from HTTP/2).

@@ -51,11 +51,19 @@ pub async fn call(link: &Link, call: Call) -> Result<Bytes, Status> {
             Ok(message) => Ok(message),
         }
     };
-    match call.deadline {
-        Some(deadline) => tokio::time::timeout(deadline, exchange)
+    within(call.deadline, exchange).await
+}
+
+/// `answer`, or `DEADLINE_EXCEEDED` once `deadline` passed (no deadline when `None`).
+pub(crate) async fn within(
+    deadline: Option<Duration>,
+    answer: impl Future<Output = Result<Bytes, Status>>,
+) -> Result<Bytes, Status> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout(deadline, answer)
             .await
             .unwrap_or_else(|_| Err(deadline_exceeded())),
-        None => exchange.await,
+        None => answer.await,
     }
 }
 
@@ -186,7 +194,7 @@ pub(crate) fn ended(received: Bytes, trailers: Option<&HeaderMap>) -> Result<Byt
 }
 
 /// How a call past its deadline fails.
-pub(crate) fn deadline_exceeded() -> Status {
+fn deadline_exceeded() -> Status {
     Status::new(Code::DeadlineExceeded, "Deadline Exceeded")
 }
 
