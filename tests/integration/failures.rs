@@ -1,6 +1,7 @@
 //! Failure tests: Redis stopped under a running gate fails closed and recovers by itself; the
 //! embedded store keeps every acknowledged Complete, and its receipt chain entry, across `kill -9`,
-//! idle or under load.
+//! idle or under load; a call its store holds past the caller's deadline ends `DEADLINE_EXCEEDED`
+//! and is counted, as is one its caller cancels.
 
 use std::{
     collections::HashSet,
@@ -12,6 +13,7 @@ use oncegate_domain::statement::{
     PublicKeys,
     receipt::{receipt_digest, verify_chain},
 };
+use oncegate_gate::policy::Policies;
 use oncegate_proto::{self as pb};
 use oncegate_store::embedded::{EmbeddedStore, system_clock};
 use tempfile::TempDir;
@@ -19,7 +21,8 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::{
-    GateProcess, Kind, TestGate, connect, expect_error, health, token_request, wait_for_health,
+    GateProcess, Kind, Scrape, TestGate, connect, expect_error, health, token_request,
+    wait_for_health,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,6 +64,123 @@ async fn redis_down_fails_closed_and_recovers_without_restart() {
     };
     assert_eq!(resp.decision(), pb::Decision::Granted);
     wait_for_health(&addr, ServingStatus::Serving).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_past_the_callers_deadline_ends_deadline_exceeded_and_is_counted() {
+    // tonic's own timer would answer CANCELLED ("Timeout expired") and leave the call unobserved.
+    let (gate, metrics) = TestGate::start_with_metrics(Kind::Redis, Policies::default()).await;
+    let mut client = gate.client().await;
+    let redis = redis::Client::open(gate.backend.redis.as_ref().unwrap().url()).unwrap();
+    let mut redis = redis.get_multiplexed_async_connection().await.unwrap();
+    let count = |scrape: &Scrape, code: &str| {
+        let rpc = "oncegate.v1.ActionGateService/RequestToken";
+        scrape.sum(
+            "oncegate_rpc_duration_seconds_count",
+            &[("rpc", rpc), ("code", code)],
+        )
+    };
+
+    // Redis holds every command for 1.5 s: below the store's deadline (2 s), past the caller's.
+    let pause = || {
+        redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(1500)
+            .arg("ALL")
+            .to_owned()
+    };
+    let () = pause().query_async(&mut redis).await.unwrap();
+    let began = Instant::now();
+    let late = token_request("a", "r", "x", r#"{"n":1}"#);
+    let (code, message) = request_token_by_hand(gate.addr, &late, "300m").await;
+    assert_eq!(code, "4", "DEADLINE_EXCEEDED: {message}");
+    assert!(message.contains("deadline%20passed"), "{message}");
+    assert!(
+        began.elapsed() < Duration::from_millis(1400),
+        "{:?}",
+        began.elapsed()
+    );
+    let scrape = Scrape::fetch(metrics).await;
+    assert_eq!(count(&scrape, "DEADLINE_EXCEEDED"), 1.0);
+    assert_eq!(count(&scrape, "CANCELLED"), 0.0);
+
+    // A caller that gives up without a deadline resets the stream: counted CANCELLED.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let () = pause().query_async(&mut redis).await.unwrap();
+    let mut abandoning = client.clone();
+    let abandoned = tokio::spawn(async move {
+        abandoning
+            .request_token(token_request("a", "r", "y", r#"{"n":2}"#))
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    abandoned.abort();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&Scrape::fetch(metrics).await, "CANCELLED") != 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the cancelled call was not counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // What the late call began, the store finished: the same request says which.
+    let again = client
+        .request_token(token_request("a", "r", "x", r#"{"n":1}"#))
+        .await;
+    match again {
+        Ok(answer) => assert_eq!(answer.into_inner().decision(), pb::Decision::Granted),
+        Err(status) => {
+            expect_error(&status, Code::Aborted, "IDEMPOTENCY_IN_PROGRESS");
+        }
+    }
+}
+
+/// RequestToken over plain HTTP/2 with `grpc-timeout: timeout`, from a caller that keeps no timer
+/// of its own (tonic's channel ends the call itself at that deadline, `CANCELLED`): the gate's
+/// answer, as its `grpc-status` and (percent-encoded) `grpc-message`.
+async fn request_token_by_hand(
+    addr: std::net::SocketAddr,
+    request: &pb::RequestTokenRequest,
+    timeout: &str,
+) -> (String, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+    tokio::spawn(connection);
+    let head = http::Request::post(format!(
+        "http://{addr}/oncegate.v1.ActionGateService/RequestToken"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("grpc-timeout", timeout)
+    .body(())
+    .unwrap();
+    let (answer, mut body) = client
+        .ready()
+        .await
+        .unwrap()
+        .send_request(head, false)
+        .unwrap();
+    let message = prost::Message::encode_to_vec(request);
+    let mut frame = vec![0];
+    frame.extend(u32::try_from(message.len()).unwrap().to_be_bytes());
+    frame.extend(message);
+    body.send_data(frame.into(), true).unwrap();
+    let (head, mut body) = answer.await.unwrap().into_parts();
+    // An error is a trailers-only answer: its status is in the head.
+    let trailers = if head.headers.contains_key("grpc-status") {
+        head.headers
+    } else {
+        while body.data().await.is_some() {}
+        body.trailers().await.unwrap().unwrap()
+    };
+    let field = |name| {
+        trailers
+            .get(name)
+            .map_or("", |v| v.to_str().unwrap())
+            .to_owned()
+    };
+    (field("grpc-status"), field("grpc-message"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

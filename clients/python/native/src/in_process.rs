@@ -13,8 +13,9 @@
 //! start) run on the same runtime: while a caller waits, or when its idle driver wakes (every
 //! 200 ms, [`crate::runtime`]).
 //!
-//! A call past its deadline is dropped, as the listener drops a call past its `grpc-timeout`, and
-//! so is a call whose caller stopped waiting (an asyncio caller that cancelled). Stopping waits
+//! A call past its deadline ends `DEADLINE_EXCEEDED`, as on the listener (its `grpc-timeout`
+//! travels with it, and the gate service's layer ends it there), and a call whose caller stopped
+//! waiting is dropped (an asyncio caller that cancelled). Stopping waits
 //! for the calls in flight, as the listener's drain does; a call after it goes to the listener's
 //! address, where nobody answers (`UNAVAILABLE`) unless a gate was started there again. A forked child does not call the
 //! parent's gate this way (the gate's threads are not in the child): its channels connect to the

@@ -6,16 +6,22 @@
 //! response whose headers carry `grpc-status`; a unary reply without it is an OK reply (its
 //! `grpc-status: 0` follows in the trailers). Latency is measured to the response head, which for
 //! a unary call is the whole handler.
+//!
+//! The caller's deadline (`grpc-timeout`) ends a call here, `DEADLINE_EXCEEDED`, a moment before
+//! tonic's own timer would: tonic answers a call past its `grpc-timeout` `CANCELLED` ("Timeout
+//! expired") and drops it unobserved. A call its caller cancels is observed `CANCELLED` when it
+//! is dropped.
 
 use std::{
     future::Future,
     pin::Pin,
     sync::Arc,
     task::{Context, Poll},
-    time::Instant,
+    time::{Duration, Instant},
 };
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
+use tokio::time::Sleep;
 use tower_layer::Layer;
 use tower_service::Service;
 use tracing::{Span, field::Empty};
@@ -25,6 +31,11 @@ use crate::metrics::{Metrics, code_name};
 
 /// The package whose calls are traced and timed.
 const PACKAGE_PREFIX: &str = "/oncegate.v1.";
+
+/// How much sooner than the caller's deadline a call is ended here: tonic's timer for the same
+/// deadline started earlier in the same call, and tokio's timers tick by the millisecond, so this
+/// one fires in an earlier tick or in the same one, where the call is polled before tonic's timer.
+const DEADLINE_MARGIN: Duration = Duration::from_millis(1);
 
 /// Adds the per-RPC span and latency histogram to every service it wraps.
 #[derive(Clone)]
@@ -60,6 +71,27 @@ pub struct RpcService<S> {
 /// `package.Service/Method` of a gate call, `None` for anything else (health, reflection).
 fn rpc_name(path: &str) -> Option<&str> {
     path.starts_with(PACKAGE_PREFIX).then(|| &path[1..])
+}
+
+/// The caller's deadline: `grpc-timeout`, at most 8 digits and a unit (`H`, `M`, `S`, `m`, `u`,
+/// `n`), as gRPC over HTTP/2 defines it. A malformed value is no deadline, as it is to tonic.
+fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
+    let (&unit, digits) = headers.get("grpc-timeout")?.as_bytes().split_last()?;
+    if digits.is_empty() || digits.len() > 8 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let n = digits
+        .iter()
+        .fold(0u64, |n, &digit| n * 10 + u64::from(digit - b'0'));
+    Some(match unit {
+        b'H' => Duration::from_secs(n * 3600),
+        b'M' => Duration::from_secs(n * 60),
+        b'S' => Duration::from_secs(n),
+        b'm' => Duration::from_millis(n),
+        b'u' => Duration::from_micros(n),
+        b'n' => Duration::from_nanos(n),
+        _ => return None,
+    })
 }
 
 /// The span of one RPC: the fields the gate fills in are declared empty here.
@@ -105,6 +137,7 @@ fn rpc_span<B>(rpc: &str, req: &Request<B>) -> Span {
 impl<S, B, RB> Service<Request<B>> for RpcService<S>
 where
     S: Service<Request<B>, Response = Response<RB>>,
+    RB: Default,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -118,18 +151,23 @@ where
         let Some(rpc) = rpc_name(req.uri().path()).map(str::to_owned) else {
             return RpcFuture {
                 inner: self.inner.call(req),
+                deadline: None,
                 observed: None,
             };
         };
         let start = Instant::now();
+        let timeout = caller_timeout(req.headers());
         let span = rpc_span(&rpc, &req);
         let inner = span.in_scope(|| self.inner.call(req));
         RpcFuture {
             inner,
+            deadline: timeout
+                .map(|timeout| tokio::time::sleep(timeout.saturating_sub(DEADLINE_MARGIN))),
             observed: Some(Observed {
                 span: Arc::new(span),
                 rpc,
                 start,
+                timeout,
                 metrics: self.metrics.clone(),
             }),
         }
@@ -140,22 +178,59 @@ struct Observed {
     span: Arc<Span>,
     rpc: String,
     start: Instant,
+    timeout: Option<Duration>,
     metrics: Metrics,
 }
 
+impl Observed {
+    /// The call ended with `code`: its span's last event and its latency.
+    fn finish(self, code: tonic::Code) {
+        self.span.record("grpc.code", code_name(code));
+        let elapsed = self.start.elapsed();
+        let elapsed_ms = elapsed.as_micros() as f64 / 1000.0;
+        // The span's last event: logs show its fields only with an event, and the code is known
+        // only now.
+        match code {
+            tonic::Code::DeadlineExceeded => tracing::info!(target: RPC_END, parent: &*self.span,
+                elapsed_ms, timeout_ms = self.timeout.map(|t| t.as_millis() as u64),
+                "finished: the caller's deadline passed before the gate answered"),
+            tonic::Code::Cancelled => tracing::info!(target: RPC_END, parent: &*self.span,
+                elapsed_ms, "finished: the caller cancelled the call before the gate answered"),
+            _ => tracing::info!(target: RPC_END, parent: &*self.span, elapsed_ms, "finished"),
+        }
+        // UNIMPLEMENTED is what tonic answers for a method no service has: the path came from the
+        // client, so it must not become a label value.
+        if code != tonic::Code::Unimplemented {
+            self.metrics.rpc(&self.rpc, code, elapsed);
+        }
+    }
+}
+
 pin_project_lite::pin_project! {
-    /// The response future of [`RpcService`]: polls the call inside its span and observes it when
-    /// the response head is ready.
+    /// The response future of [`RpcService`]: polls the call inside its span, ends it at the
+    /// caller's deadline, and observes it when the response head is ready (or when it is dropped
+    /// unanswered: the caller cancelled it).
     pub struct RpcFuture<F> {
         #[pin]
         inner: F,
+        #[pin]
+        deadline: Option<Sleep>,
         observed: Option<Observed>,
+    }
+
+    impl<F> PinnedDrop for RpcFuture<F> {
+        fn drop(this: Pin<&mut Self>) {
+            if let Some(observed) = this.project().observed.take() {
+                observed.finish(tonic::Code::Cancelled);
+            }
+        }
     }
 }
 
 impl<F, RB, E> Future for RpcFuture<F>
 where
     F: Future<Output = Result<Response<RB>, E>>,
+    RB: Default,
 {
     type Output = F::Output;
 
@@ -164,11 +239,22 @@ where
         let Some(observed) = this.observed.as_ref() else {
             return this.inner.poll(cx);
         };
-        let result = {
+        let polled = {
             let _entered = observed.span.enter();
-            match super::with_rpc_span(&observed.span, || this.inner.poll(cx)) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(result) => result,
+            super::with_rpc_span(&observed.span, || this.inner.poll(cx))
+        };
+        let result = match polled {
+            Poll::Ready(result) => result,
+            Poll::Pending => {
+                let Some(deadline) = this.deadline.as_pin_mut() else {
+                    return Poll::Pending;
+                };
+                std::task::ready!(deadline.poll(cx));
+                let status = tonic::Status::deadline_exceeded(
+                    "the caller's deadline passed before the gate answered: the call may or may \
+                     not have taken effect; ask again with the same request to learn which",
+                );
+                Ok(status.into_http())
             }
         };
         let code = match &result {
@@ -181,17 +267,7 @@ where
             Err(_) => tonic::Code::Unknown,
         };
         if let Some(observed) = this.observed.take() {
-            observed.span.record("grpc.code", code_name(code));
-            let elapsed = observed.start.elapsed();
-            // The span's last event: logs show its fields only with an event, and the code is
-            // known only now.
-            tracing::info!(target: RPC_END, parent: &*observed.span,
-                elapsed_ms = elapsed.as_micros() as f64 / 1000.0, "finished");
-            // UNIMPLEMENTED is what tonic answers for a method no service has: the path came from
-            // the client, so it must not become a label value.
-            if code != tonic::Code::Unimplemented {
-                observed.metrics.rpc(&observed.rpc, code, elapsed);
-            }
+            observed.finish(code);
         }
         Poll::Ready(result)
     }
@@ -199,7 +275,11 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::rpc_name;
+    use std::time::Duration;
+
+    use http::HeaderMap;
+
+    use super::{caller_timeout, rpc_name};
 
     #[test]
     fn only_gate_packages_are_observed() {
@@ -212,5 +292,29 @@ mod tests {
             rpc_name("/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"),
             None
         );
+    }
+
+    fn timeout(value: &str) -> Option<Duration> {
+        let mut headers = HeaderMap::new();
+        headers.insert("grpc-timeout", value.parse().unwrap());
+        caller_timeout(&headers)
+    }
+
+    #[test]
+    fn the_callers_deadline_is_read_as_grpc_over_http2_writes_it() {
+        assert_eq!(timeout("500m"), Some(Duration::from_millis(500)));
+        assert_eq!(timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(timeout("3M"), Some(Duration::from_secs(180)));
+        assert_eq!(
+            timeout("99999999u"),
+            Some(Duration::from_micros(99_999_999))
+        );
+        assert_eq!(timeout("7n"), Some(Duration::from_nanos(7)));
+        // Malformed: no deadline, as tonic reads it.
+        for bad in ["", "m", "123456789m", "5x", "-5m", "5 m", "1.5S"] {
+            assert_eq!(timeout(bad), None, "{bad:?}");
+        }
+        assert_eq!(caller_timeout(&HeaderMap::new()), None);
     }
 }
