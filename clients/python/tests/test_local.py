@@ -441,6 +441,55 @@ def redis_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]
         process.wait()
 
 
+def _wakeups(thread: str) -> int:
+    """How many times the threads of this process named ``thread`` woke from a sleep (their
+    voluntary context switches)."""
+    total = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            if (task / "comm").read_text().strip() != thread:
+                continue
+            status = (task / "status").read_text()
+        except FileNotFoundError:  # the thread ended
+            continue
+        for line in status.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not native.enabled(), reason="grpcio's channels go through the listener")
+def test_on_redis_a_blocking_call_runs_on_its_callers_thread_and_wakes_no_thread_of_the_gate(
+    tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]
+) -> None:
+    # A blocking caller runs the gate's handler itself, over a Redis connection of its own; an
+    # asyncio call is a task on the gate's runtime, whose thread wakes for it. The answers are
+    # the same either way (the tests above), so what shows the path is who wakes.
+    url, _ = redis_server
+    cycles = 150  # two calls each
+    flags = ["--redis-url", url, "--unsigned", "--no-admin-socket", "--worker-threads", "1"]
+    with oncegate.local(tmp_path, flags=flags) as gate:
+        gate.run("payments.transfer", TRANSFER, lambda grant: "ok", **SCOPE)
+        before = _wakeups("oncegate-local")
+        for n in range(cycles):
+            gate.run("payments.transfer", {**TRANSFER, "amount": n}, lambda grant: "ok", **SCOPE)
+        direct = _wakeups("oncegate-local") - before
+
+        async def as_tasks() -> int:
+            async with oncegate.aio.Gate(gate.server.target) as tasks:
+                before = _wakeups("oncegate-local")
+                for n in range(cycles):
+                    await tasks.run(
+                        "payments.transfer", {**TRANSFER, "amount": -n - 1}, lambda grant: "ok", **SCOPE
+                    )
+                return _wakeups("oncegate-local") - before
+
+        tasked = asyncio.run(as_tasks())
+    # The gate's thread wakes for its own timers either way (a few times a second).
+    assert tasked >= cycles, f"the gate's thread woke {tasked} times for {2 * cycles} asyncio calls"
+    assert direct * 4 < tasked, f"blocking calls woke the gate's thread {direct} times, asyncio ones {tasked}"
+
+
 def test_on_redis_two_gates_in_process_share_the_records(
     tmp_path: Path, redis_server: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
