@@ -195,7 +195,7 @@ impl Observed {
                 elapsed_ms, timeout_ms = self.timeout.map(|t| t.as_millis() as u64),
                 "finished: the caller's deadline passed before the gate answered"),
             tonic::Code::Cancelled => tracing::info!(target: RPC_END, parent: &*self.span,
-                elapsed_ms, "finished: the caller cancelled the call before the gate answered"),
+                elapsed_ms, "finished: dropped unanswered (its caller cancelled it, or its connection closed)"),
             _ => tracing::info!(target: RPC_END, parent: &*self.span, elapsed_ms, "finished"),
         }
         // UNIMPLEMENTED is what tonic answers for a method no service has: the path came from the
