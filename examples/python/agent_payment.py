@@ -290,8 +290,11 @@ class Agent:
         invoice = {"amount": 1250, "currency": "EUR", "to": IBAN, "memo": "Invoice 45"}
         scope = oncegate.current_scope()
         assert scope is not None
+        # A short lease, so the resolver's turn comes soon. Not shorter: the statement's `exp` is
+        # the lease end in whole seconds rounded down, so a 2-s lease leaves the bank at least 1 s
+        # to check it (a 1-s lease granted at x.95 s expired at x+1, before the bank saw it).
         granted = self.gate.request_token(
-            "payments.transfer", invoice, idempotency_key="invoice-45", lease_ttl=1.0,
+            "payments.transfer", invoice, idempotency_key="invoice-45", lease_ttl=2.0,
             agent_id=scope.agent_id, run_id=scope.run_id,
         )
         assert granted.grant is not None
