@@ -90,16 +90,11 @@ async fn a_call_past_the_callers_deadline_ends_deadline_exceeded_and_is_counted(
             .to_owned()
     };
     let () = pause().query_async(&mut redis).await.unwrap();
-    let began = Instant::now();
     let late = token_request("a", "r", "x", r#"{"n":1}"#);
     let (code, message) = request_token_by_hand(gate.addr, &late, "300m").await;
+    // Not the grant Redis gives after the pause: the call ended at its deadline.
     assert_eq!(code, "4", "DEADLINE_EXCEEDED: {message}");
     assert!(message.contains("deadline%20passed"), "{message}");
-    assert!(
-        began.elapsed() < Duration::from_millis(1400),
-        "{:?}",
-        began.elapsed()
-    );
     let scrape = Scrape::fetch(metrics).await;
     assert_eq!(count(&scrape, "DEADLINE_EXCEEDED"), 1.0);
     assert_eq!(count(&scrape, "CANCELLED"), 0.0);
@@ -113,7 +108,8 @@ async fn a_call_past_the_callers_deadline_ends_deadline_exceeded_and_is_counted(
             .request_token(token_request("a", "r", "y", r#"{"n":2}"#))
             .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Halfway through the pause: the call has reached the gate, and Redis holds it there.
+    tokio::time::sleep(Duration::from_millis(700)).await;
     abandoned.abort();
     let deadline = Instant::now() + Duration::from_secs(10);
     while count(&Scrape::fetch(metrics).await, "CANCELLED") != 1.0 {
