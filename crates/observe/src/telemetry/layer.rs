@@ -9,8 +9,8 @@
 //!
 //! The caller's deadline (`grpc-timeout`) ends a call here, `DEADLINE_EXCEEDED`, a moment before
 //! tonic's own timer would: tonic answers a call past its `grpc-timeout` `CANCELLED` ("Timeout
-//! expired") and drops it unobserved. A call its caller cancels is observed `CANCELLED` when it
-//! is dropped.
+//! expired") and drops it unobserved. A call dropped unanswered (its caller cancelled it, or its
+//! connection closed) is observed `CANCELLED`.
 
 use std::{
     future::Future,
@@ -209,7 +209,7 @@ impl Observed {
 pin_project_lite::pin_project! {
     /// The response future of [`RpcService`]: polls the call inside its span, ends it at the
     /// caller's deadline, and observes it when the response head is ready (or when it is dropped
-    /// unanswered: the caller cancelled it).
+    /// unanswered: its caller cancelled it, or its connection closed).
     pub struct RpcFuture<F> {
         #[pin]
         inner: F,
