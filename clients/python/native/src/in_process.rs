@@ -13,13 +13,13 @@
 //! start) run on the same runtime: while a caller waits, or when its idle driver wakes (every
 //! 200 ms, [`crate::runtime`]).
 //!
-//! A call past its deadline ends `DEADLINE_EXCEEDED`, as on the listener (its `grpc-timeout`
-//! travels with it, and the gate service's layer ends it there), and a call whose caller stopped
-//! waiting is dropped (an asyncio caller that cancelled). Stopping waits
+//! A call past its deadline ends `DEADLINE_EXCEEDED`, as on the listener: its `grpc-timeout`
+//! travels with it, and the gate service's own layer ends it there, with the listener's answer. A
+//! call whose caller stopped waiting (an asyncio caller that cancelled) is dropped. Stopping waits
 //! for the calls in flight, as the listener's drain does; a call after it goes to the listener's
-//! address, where nobody answers (`UNAVAILABLE`) unless a gate was started there again. A forked child does not call the
-//! parent's gate this way (the gate's threads are not in the child): its channels connect to the
-//! parent's listener over TCP.
+//! address, where nobody answers (`UNAVAILABLE`) unless a gate was started there again. A forked
+//! child does not call the parent's gate this way (the gate's threads are not in the child): its
+//! channels connect to the parent's listener over TCP.
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
@@ -120,10 +120,7 @@ impl Route {
             return self.handle.block_on(self.call(call));
         };
         let request = request(&call)?;
-        runtime.block_on(
-            self.calls
-                .track_future(answered(service, request, call.deadline)),
-        )
+        runtime.block_on(self.calls.track_future(answered(service, request)))
     }
 
     /// Answers `call` as the gate's listener would: the response message, or the status.
@@ -137,7 +134,7 @@ impl Route {
             .ok_or_else(stopped)?;
         let task = self
             .calls
-            .spawn_on(answered(service, request, call.deadline), &self.handle);
+            .spawn_on(answered(service, request), &self.handle);
         let _dropped_with_the_caller = Abort(task.abort_handle());
         match task.await {
             Ok(outcome) => outcome,
@@ -177,16 +174,10 @@ fn request(call: &unary::Call) -> Result<http::Request<Body>, Status> {
     Ok(unary::head(call)?.map(|()| body))
 }
 
-/// `service`'s answer to `request`, within `deadline`.
-async fn answered(
-    service: InProcess,
-    request: http::Request<Body>,
-    deadline: Option<std::time::Duration>,
-) -> Result<Bytes, Status> {
-    unary::within(deadline, async {
-        answer(service.call(request).await).await
-    })
-    .await
+/// `service`'s answer to `request`. Its deadline travels as `grpc-timeout`, which the gate
+/// service's own layer enforces (`DEADLINE_EXCEEDED`, as the listener answers it).
+async fn answered(service: InProcess, request: http::Request<Body>) -> Result<Bytes, Status> {
+    answer(service.call(request).await).await
 }
 
 /// The message of a gRPC response, or its status (read as [`unary`] reads one from HTTP/2).

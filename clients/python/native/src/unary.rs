@@ -55,7 +55,7 @@ pub async fn call(link: &Link, call: Call) -> Result<Bytes, Status> {
 }
 
 /// `answer`, or `DEADLINE_EXCEEDED` once `deadline` passed (no deadline when `None`).
-pub(crate) async fn within(
+async fn within(
     deadline: Option<Duration>,
     answer: impl Future<Output = Result<Bytes, Status>>,
 ) -> Result<Bytes, Status> {

@@ -354,7 +354,6 @@ enum Extra {
     Approvals,
 }
 
-/// A per-action script invocation: every key of the agent from one hash tag ([`keys::Agent`]).
 /// A connection to `topology`, within the call timeout.
 async fn open(topology: &Topology, options: &RedisOptions) -> Result<Conn, StoreError> {
     tokio::time::timeout(options.call_timeout, Conn::connect(topology, options))
@@ -373,6 +372,7 @@ async fn open(topology: &Topology, options: &RedisOptions) -> Result<Conn, Store
         })
 }
 
+/// A per-action script invocation: every key of the agent from one hash tag ([`keys::Agent`]).
 fn invocation<'s>(
     script: &'s Function,
     key: &ActionKey,
