@@ -87,9 +87,22 @@ async fn serve_admin_socket(
         }
         Err(_) => {}
     }
-    // Created with no permission for others, then set to owner read/write only.
-    let listener = tokio::net::UnixListener::bind(path).map_err(failed)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(failed)?;
+    // Bound under a name of its own, set to owner read/write only, then renamed into place: the
+    // socket is never at `path` with the mode the umask gave it (anyone the umask let in could
+    // connect, as the local operator, until the mode was set).
+    let unready = path.with_file_name(format!(
+        ".{}.{}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&unready);
+    let listener = tokio::net::UnixListener::bind(&unready).map_err(failed)?;
+    std::fs::set_permissions(&unready, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::rename(&unready, path))
+        .inspect_err(|_| {
+            let _ = std::fs::remove_file(&unready);
+        })
+        .map_err(failed)?;
     let (service, admin) = services(gate, options, Authenticator::local());
     let server = Server::builder()
         .layer(rpc_layer)
