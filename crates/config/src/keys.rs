@@ -98,7 +98,9 @@ pub fn read_public(path: &Path) -> Result<VerifyingKey, String> {
 }
 
 /// Generates a key from the operating system's random source and writes it to `path` (PKCS#8
-/// PEM, mode 0600, never over an existing file).
+/// PEM, mode 0600, never over an existing file). The key is written and synced under a temporary
+/// name beside `path`, then linked into place: a start killed half-way leaves no `path` to refuse
+/// at the next start, and `path` never holds part of a key.
 pub fn generate_file(path: &Path) -> Result<StatementKey, String> {
     let mut seed = [0u8; 32];
     getrandom::fill(&mut seed).map_err(|e| format!("no randomness for a key: {e}"))?;
@@ -107,18 +109,53 @@ pub fn generate_file(path: &Path) -> Result<StatementKey, String> {
         .signing_key()
         .to_pkcs8_pem(LineEnding::LF)
         .map_err(|e| format!("cannot encode the key: {e}"))?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-    }
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut file = options
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let cannot = |e: std::io::Error| format!("cannot create {}: {e}", path.display());
+    // tempfile creates it mode 0600.
+    let mut file = tempfile::Builder::new()
+        .prefix(".signing-key-")
+        .tempfile_in(dir)
+        .map_err(cannot)?;
     file.write_all(pem.as_bytes())
-        .and_then(|()| file.sync_all())
+        .and_then(|()| file.as_file().sync_all())
         .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    file.persist_noclobber(path).map_err(|e| cannot(e.error))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| format!("cannot sync {}: {e}", dir.display()))?;
     Ok(key)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    #[test]
+    fn a_generated_key_appears_whole_at_its_path_and_is_never_overwritten() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let path = dir.path().join("data").join(GENERATED_KEY_FILE);
+        let key = generate_file(&path).unwrap();
+        assert_eq!(read_private(&path).unwrap().public(), key.public());
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(path.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [GENERATED_KEY_FILE], "nothing but the key is left");
+
+        let refused = generate_file(&path).err().unwrap();
+        assert!(refused.starts_with("cannot create"), "{refused}");
+        assert_eq!(read_private(&path).unwrap().public(), key.public());
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            1
+        );
+    }
 }
