@@ -234,9 +234,14 @@ pub async fn run(
     // client's delayed ACK (~40 ms each on Linux). `Server::tcp_nodelay` does not reach a
     // listener passed in like this one, so the incoming stream sets it. Each connection's writes
     // are gathered until h2 flushes (`OneWrite`): a reply leaves in one segment.
+    let wrap = if options.tls.is_some() {
+        OneWrite::under_tls
+    } else {
+        OneWrite::new
+    };
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
-        .map(|accepted| accepted.map(OneWrite::new));
+        .map(move |accepted| accepted.map(wrap));
     let server = builder
         .layer(rpc_layer)
         .add_service(health)
