@@ -16,9 +16,10 @@
 //! encodes the trailers, in the same round. On a plaintext connection [`OneWrite`] follows the
 //! frames it is given, and that one flush, the first after a DATA frame that does not end its
 //! stream, it puts off: the trailers join the message, and the round's closing flush sends both in
-//! one `write`. A flush is put off at most once in a row, and the connection's task is woken when
-//! one is, so a message with no trailers behind it (a stream's) leaves at the next flush, at the
-//! latest one poll of the connection later.
+//! one `write` (several replies of one round, all in one). A flush is never put off twice with
+//! nothing written between the two, and the connection's task is woken when one is, so a message
+//! with no trailers behind it (a stream's) leaves at the next flush, at the latest one poll of the
+//! connection later.
 use std::{
     io,
     pin::Pin,
@@ -39,7 +40,7 @@ pub struct OneWrite<T> {
     /// The HTTP/2 frames written so far, on a plaintext connection; `None` under TLS (the bytes
     /// here are records, not frames).
     frames: Option<Frames>,
-    /// Whether the last flush asked for was put off.
+    /// Whether the last flush asked for was put off, and nothing was written since.
     put_off: bool,
 }
 
@@ -140,6 +141,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for OneWrite<T> {
         if let Some(frames) = &mut this.frames {
             frames.written(&buf[..n]);
         }
+        this.put_off &= n == 0;
         Poll::Ready(Ok(n))
     }
 
@@ -156,7 +158,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for OneWrite<T> {
             .as_ref()
             .is_some_and(Frames::ends_with_a_message);
         if message_last && !this.put_off && !this.io.buffer().is_empty() {
-            // The trailers are on their way; should they not be, the next poll flushes.
+            // The trailers are on their way; should they not be, the next flush sends it, and the
+            // task is polled again for one.
             this.put_off = true;
             cx.waker().wake_by_ref();
             return Poll::Ready(Ok(()));
@@ -294,8 +297,32 @@ mod tests {
         );
     }
 
+    /// Two long replies in one round of h2's: each message's flush is put off, the round's
+    /// closing flush sends both replies.
+    #[tokio::test]
+    async fn long_replies_of_one_round_leave_together() {
+        let (near, mut far) = duplex(8192);
+        let mut io = OneWrite::new(near);
+        let mut sent = Vec::new();
+        for _ in 0..2 {
+            let message = [
+                frame(HEADERS, END_HEADERS, b"head"),
+                frame(DATA, 0, &[7u8; 1100]),
+            ];
+            io.write_all(&message.concat()).await.unwrap();
+            assert_eq!(flush_once(&mut io), (true, 1));
+            let trailers = frame(HEADERS, END_HEADERS | END_STREAM, b"trailers");
+            io.write_all(&trailers).await.unwrap();
+            sent.extend(message.concat());
+            sent.extend(trailers);
+        }
+        assert!(!readable_now(&mut far).await);
+        assert_eq!(flush_once(&mut io), (true, 0));
+        assert_eq!(read_now(&mut far).await, sent);
+    }
+
     /// A stream's message has no trailers behind it: it leaves at the next flush, and a flush is
-    /// never put off twice in a row.
+    /// never put off twice with nothing written between.
     #[tokio::test]
     async fn a_message_with_nothing_behind_it_leaves_at_the_next_flush() {
         let (near, mut far) = duplex(8192);
