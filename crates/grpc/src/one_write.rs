@@ -20,6 +20,7 @@
 //! nothing written between the two, and the connection's task is woken when one is, so a message
 //! with no trailers behind it (a stream's) leaves at the next flush, at the latest one poll of the
 //! connection later.
+
 use std::{
     io,
     pin::Pin,
