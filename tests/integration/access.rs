@@ -229,3 +229,56 @@ async fn an_approver_decides_and_nothing_else() {
         "{err}"
     );
 }
+
+/// Gates pointed at one admin socket: a live one is left to the gate that serves it, a stale one
+/// (its gate killed) is replaced, the socket is 0600 whenever it is there, and no name it was
+/// bound under is left beside it.
+#[tokio::test]
+async fn a_live_admin_socket_is_left_to_its_gate_and_a_stale_one_is_replaced() {
+    let shared = TempDir::new().unwrap();
+    let socket = shared.path().join("ops.sock");
+    let url = format!("unix:{}", socket.display());
+    let flags = [
+        "--listen",
+        "127.0.0.1:0",
+        "--admin-socket",
+        socket.to_str().unwrap(),
+    ];
+    let list = |data: &std::path::Path| {
+        let (code, _, err) = admin(data, &["list-unresolved", "--server", &url]);
+        assert_eq!(code, Some(0), "{err}");
+    };
+    let mode = || std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777;
+
+    let (dir_a, dir_b, dir_c) = (
+        TempDir::new().unwrap(),
+        TempDir::new().unwrap(),
+        TempDir::new().unwrap(),
+    );
+    let a = LoggedGate::start(&dir_a, &flags);
+    a.wait_for_log("admin socket:", 1);
+    assert_eq!(mode(), 0o600);
+    let b = LoggedGate::start(&dir_b, &flags);
+    b.wait_for_log("another gate serves this admin socket", 1);
+    list(dir_a.path());
+    a.wait_for_log("local-operator", 1);
+    assert!(
+        !b.log().contains("local-operator"),
+        "the socket is still a's"
+    );
+
+    // Killed, a leaves its socket behind; the next gate replaces it.
+    drop(a);
+    drop(b);
+    assert!(socket.exists());
+    let c = LoggedGate::start(&dir_c, &flags);
+    c.wait_for_log("admin socket:", 1);
+    assert_eq!(mode(), 0o600);
+    list(dir_c.path());
+    c.wait_for_log("local-operator", 1);
+    let names: Vec<_> = std::fs::read_dir(shared.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["ops.sock"]);
+}

@@ -87,9 +87,10 @@ async fn serve_admin_socket(
         }
         Err(_) => {}
     }
-    // Bound under a name of its own, set to owner read/write only, then renamed into place: the
+    // Bound under a name of its own, set to owner read/write only, then linked into place: the
     // socket is never at `path` with the mode the umask gave it (anyone the umask let in could
-    // connect, as the local operator, until the mode was set).
+    // connect, as the local operator, until the mode was set), and a socket another gate put
+    // there meanwhile is not replaced (the link fails, as the bind did).
     let unready = path.with_file_name(format!(
         ".{}.{}",
         path.file_name().unwrap_or_default().to_string_lossy(),
@@ -97,12 +98,10 @@ async fn serve_admin_socket(
     ));
     let _ = std::fs::remove_file(&unready);
     let listener = tokio::net::UnixListener::bind(&unready).map_err(failed)?;
-    std::fs::set_permissions(&unready, std::fs::Permissions::from_mode(0o600))
-        .and_then(|()| std::fs::rename(&unready, path))
-        .inspect_err(|_| {
-            let _ = std::fs::remove_file(&unready);
-        })
-        .map_err(failed)?;
+    let placed = std::fs::set_permissions(&unready, std::fs::Permissions::from_mode(0o600))
+        .and_then(|()| std::fs::hard_link(&unready, path));
+    let _ = std::fs::remove_file(&unready);
+    placed.map_err(failed)?;
     let (service, admin) = services(gate, options, Authenticator::local());
     let server = Server::builder()
         .layer(rpc_layer)
