@@ -31,7 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, BufWriter, ReadBuf};
 use tonic::transport::server::Connected;
 
 /// The gathering buffer of one connection. A reply with a signed grant statement (about 1.1 KB
-/// with its headers and trailers) fits, and leaves in one write.
+/// with its headers and trailers) fits, and on a plaintext connection leaves in one write.
 pub const BUFFER: usize = 4096;
 
 /// An accepted connection whose writes are gathered until h2 flushes.
