@@ -58,7 +58,7 @@ local function grant(fencing, older, kind, nx, carried)
   if used_approval then approval_save(KEYS[4], KEYS[5], ARGV[1], used_approval) end
   local rec = new_record(AUTHORIZED, fencing, fingerprint, digests, retention, sliding, 0)
   rec[TOKEN], rec[HOLDER], rec[LEASE_END] = new_token, holder, NOW + lease
-  rec[OLDER], rec[PRINCIPAL], rec[RESERVED] = older, principal, reserved
+  rec[OLDER], rec[PRINCIPAL], rec[RESERVED] = older, principal, reserved or false
   rec[ASKED_ACTION], rec[ASKED_PARAMS] = ARGV[14] or '', ARGV[15] or ''
   if nx then
     -- A brand-new action: SET NX, as the design asks; the script already runs atomically, so NX
