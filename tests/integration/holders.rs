@@ -187,3 +187,108 @@ async fn listing_every_agent_is_bounded_and_prunes_settled_agents(kind: Kind) {
     assert_eq!(agents(), 0, "every settled agent pruned");
 }
 on_stores!(listing_every_agent_is_bounded_and_prunes_settled_agents: redis, cluster);
+
+/// The agents index is written when a grant opens its agent's lease index, not on every grant: a
+/// grant beside an unsettled action of the same agent leaves the index as it is, and a grant that
+/// opens the lease index again (after a listing pruned the agent) puts the agent back.
+async fn the_agents_index_is_written_when_an_agents_lease_index_opens(kind: Kind) {
+    use std::time::{Duration, Instant};
+
+    let gate = TestGate::start_with(kind, config(&principals_toml(""))).await;
+    let channel: Channel = tonic::transport::Endpoint::from_shared(format!("http://{}", gate.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = ActionGateServiceClient::new(channel.clone());
+    let mut admin = GateAdminServiceClient::new(channel);
+    // The agents index is one key, on one node; the others answer MOVED.
+    let ports: Vec<u16> = match (&gate.backend.redis, &gate.backend.cluster) {
+        (Some(redis), _) => vec![redis.port],
+        (None, Some(cluster)) => cluster.nodes.iter().map(|n| n.port).collect(),
+        _ => unreachable!("a Redis backend"),
+    };
+    let indexed = |agent: &str| {
+        let mut score = redis::cmd("ZSCORE");
+        score
+            .arg(keys::AGENTS)
+            .arg(format!("{:010}:{agent}", agent.len()));
+        ports.iter().any(|port| {
+            crate::support::topology::query::<Option<String>>(*port, &score)
+                .ok()
+                .flatten()
+                .is_some()
+        })
+    };
+    // Index entries are written after their grant, without holding it up: wait for one.
+    let wait_indexed = |agent: &'static str| {
+        let indexed = &indexed;
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !indexed(agent) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{agent} never reached the agents index"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let req = |agent: &str, n: u32| token_request(agent, "run", "pay", &format!(r#"{{"n":{n}}}"#));
+
+    let (open_action, open_grant) =
+        grant_as(&mut client, req("billing-fleet", 0), Some(WORKER_KEY)).await;
+    wait_indexed("billing-fleet").await;
+    // As if that write had been lost: the index forgets the agent.
+    for port in &ports {
+        let _ = crate::support::topology::query::<i64>(*port, redis::cmd("DEL").arg(keys::AGENTS));
+    }
+    let mut beside = Vec::new();
+    for n in 1..=5 {
+        beside.push(grant_as(&mut client, req("billing-fleet", n), Some(WORKER_KEY)).await);
+    }
+    // One writing task takes the queue in order: once a later agent is in, every write queued
+    // before it has been made.
+    grant_as(&mut client, req("billing-barrier", 0), Some(WORKER_KEY)).await;
+    wait_indexed("billing-barrier").await;
+    assert!(
+        !indexed("billing-fleet"),
+        "grants beside an unsettled action of the agent do not write the agents index"
+    );
+
+    // Every action of the agent settled: its lease index is gone, and a listing prunes it.
+    for (action, grant) in beside.iter().chain([&(open_action, open_grant)]) {
+        complete_as(&mut client, action, &grant.token, b"ok", Some(WORKER_KEY))
+            .await
+            .unwrap();
+    }
+    let request = pb::ListUnresolvedRequest {
+        page_size: 1000,
+        ..Default::default()
+    };
+    let mut token = String::new();
+    loop {
+        let page = admin
+            .list_unresolved(authed(
+                pb::ListUnresolvedRequest {
+                    page_token: token,
+                    ..request.clone()
+                },
+                Some(OPS_KEY),
+            ))
+            .await
+            .unwrap()
+            .into_inner();
+        token = page.next_page_token;
+        if token.is_empty() {
+            break;
+        }
+    }
+    assert!(
+        !indexed("billing-fleet"),
+        "the listing pruned the settled agent"
+    );
+    grant_as(&mut client, req("billing-fleet", 6), Some(WORKER_KEY)).await;
+    wait_indexed("billing-fleet").await;
+}
+on_stores!(the_agents_index_is_written_when_an_agents_lease_index_opens: redis, cluster);

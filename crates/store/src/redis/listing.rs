@@ -4,10 +4,11 @@
 //!
 //! Listing every agent walks the agents index ([`keys::AGENTS`], a sorted set ordered like the
 //! listing: shorter ids first, then bytes), a page visiting a bounded number of agents. It is a
-//! hint: it is updated after each new grant ([`super::agents`]; it lives in another slot than the
-//! grant's keys, so it cannot be inside the grant's script), and an agent whose only grant happened
-//! while that update failed is missing from it until its next grant. Agents without a lease index are pruned as the
-//! listing meets them. Listing one agent never depends on it.
+//! hint: it is updated after each grant that opens an agent's lease index ([`super::agents`]; it
+//! lives in another slot than the grant's keys, so it cannot be inside the grant's script), and an
+//! agent whose update failed (after its retries) is missing from it until its lease index opens
+//! again. Agents without a lease index are pruned as the listing meets them. Listing one agent
+//! never depends on it.
 
 use super::keys;
 use super::{Decoded, RedisStore, classify};

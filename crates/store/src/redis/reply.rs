@@ -17,7 +17,13 @@ use oncegate_domain::{
 /// What a script said, decoded once.
 #[derive(Debug)]
 pub(super) enum Decoded {
-    Granted(Grant, GrantKind),
+    Granted {
+        grant: Grant,
+        kind: GrantKind,
+        /// A new grant whose member is the only one in its agent's lease index: the grant opened
+        /// the index, which the agents index may then be without (see agents.rs).
+        opened: bool,
+    },
     Completed {
         completion: Completion,
         recorded: bool,
@@ -169,14 +175,16 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             let token = fields.string()?;
             let fencing = fields.uint()?;
             let lease_expires_at = fields.int()?;
-            Decoded::Granted(
-                Grant {
+            let opened = fields.int()? == 1;
+            Decoded::Granted {
+                grant: Grant {
                     token,
                     fencing,
                     lease_expires_at,
                 },
                 kind,
-            )
+                opened,
+            }
         }
         "completed" => {
             let recorded = fields.int()? == 1;

@@ -18,7 +18,8 @@
 -- ARGV[15]: the params as sent, JSON text (idem)
 -- KEYS[3..5], only with a hold or charges: the agent's budgets hash, the action's approval, the
 --   agent's approvals index (og:{<agent digest>}:budgets, …:<action digest>:approval, …:approvals)
--- Returns: { now, 'granted', kind (1 new, 2 redelivered, 3 regranted), token, fencing, lease_expires_at }
+-- Returns: { now, 'granted', kind (1 new, 2 redelivered, 3 regranted), token, fencing, lease_expires_at,
+--            opened (1: a new grant whose member is the only one in the agent's lease index) }
 --        | { now, 'completed', 0, 0, receipt, completed_at, fencing, token, source, note, operator,
 --            seq, statement, receipt_format, '', '' }
 --        | { now, 'key_reused', stored_digests }
@@ -71,7 +72,13 @@ local function grant(fencing, older, kind, nx, carried)
   else
     save(key, rec)
   end
-  return { NOW, 'granted', kind, new_token, fencing, rec[LEASE_END] }
+  -- Whether this grant opened the agent's lease index (no other member in it): only then may the
+  -- index be missing from the agents index, which the gate then adds the agent to (agents.rs).
+  local opened = 0
+  if kind == 1 and redis.call('ZCARD', KEYS[2]) == 1 then
+    opened = 1
+  end
+  return { NOW, 'granted', kind, new_token, fencing, rec[LEASE_END], opened }
 end
 
 local rec = load(key)
@@ -94,7 +101,7 @@ if rec[STATE] == COMPLETED then
 end
 if rec[STATE] == AUTHORIZED and NOW < rec[LEASE_END] then
   if holder ~= '' and holder == rec[HOLDER] and principal == (rec[PRINCIPAL] or '') then
-    return { NOW, 'granted', 2, rec[TOKEN], rec[FENCING], rec[LEASE_END] }
+    return { NOW, 'granted', 2, rec[TOKEN], rec[FENCING], rec[LEASE_END], 0 }
   end
   return { NOW, 'in_progress', rec[LEASE_END] - NOW }
 end

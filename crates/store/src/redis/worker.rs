@@ -60,11 +60,11 @@ impl RedisStore {
         } = self
             .run(&self.scripts.request_token, key, extra, &args, wait)
             .await?;
-        if matches!(decoded, Decoded::Granted(_, GrantKind::New)) {
+        if let Decoded::Granted { opened: true, .. } = decoded {
             self.remember_agent(&key.agent_id);
         }
         let result = match decoded {
-            Decoded::Granted(grant, kind) => {
+            Decoded::Granted { grant, kind, .. } => {
                 if kind == GrantKind::Redelivered {
                     acknowledged = self.sync(key, wait, acknowledged).await?;
                 }
