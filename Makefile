@@ -210,10 +210,14 @@ fuzz:
 
 ## The gate against the limit on this machine: release build, its own redis-server on a free
 ## loopback port, redis-benchmark, then the gate on Redis and on the embedded store (signed and
-## unsigned), this disk's fdatasync, and the Python side beside Powertools (in .venv-bench); prints
+## unsigned), this disk's fdatasync, the Python side beside Powertools (in .venv-bench) and Redis's
+## instructions per cycle under callgrind; prints
 ## one table with every target and writes it into BENCHMARKS.md (BENCH_ARGS passes options, e.g.
 ## --runs 5).
 bench: deps $(BENCH_VENV)/.installed
+	@command -v valgrind >/dev/null 2>&1 || { \
+	  echo "valgrind not found: installing it (Debian; the bench counts Redis's instructions under callgrind)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind; }
 	$(CARGO) build --release --locked --bin oncegate
 	$(BENCH_VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	$(PYTHON) scripts/bench.py --python $(BENCH_VENV)/bin/python $(BENCH_ARGS)

@@ -7,7 +7,9 @@ SET NX EX) at the same concurrency as the gate's callers, then loads the gate on
 gate on the embedded store with `oncegate bench` for every scenario (and grant-complete with
 signing the other way round), several short runs each; measures this disk's fdatasync (the
 embedded store's floor), the Python side beside Powertools (scripts/bench_python.py, in the
-bench's own virtualenv) and Redis memory per completed action. Prints one table of medians with
+bench's own virtualenv), Redis memory per completed action, and Redis's instructions per cycle
+under callgrind (scripts/bench_redis_instructions.py; --no-instructions skips it, as does a machine
+without valgrind). Prints one table of medians with
 the ratios to the EVALSHA limit of the same run and every target of issue 14, and writes it, with
 the exact command, the machine and the versions, into the generated block of BENCHMARKS.md.
 
@@ -286,7 +288,7 @@ def cpu_cell(reports, names):
     return " / ".join(f"{statistics.median(r['cpu_us'][n] for r in reports):.0f}" for n in names)
 
 
-def table(lim, results, python, mem, fsync, opts):
+def table(lim, results, python, mem, fsync, instructions, opts):
     limit = median(lim[LIMIT], "ops")
     out = ["| what | RequestToken/s | grant+complete pairs/s | RPCs/s | RequestToken p50 / p99 ms "
            "| RequestToken/s ÷ EVALSHA | RPCs/s ÷ EVALSHA | CPU µs per call: gate / load generator / Redis "
@@ -346,7 +348,56 @@ def table(lim, results, python, mem, fsync, opts):
             f"B per key (target ≤ 400: {verdict(m['memory_usage_mean'] <= 400)}); "
             f"key layout `{m['key_example']}`")
     lines += python_table(python, opts)
+    lines += instructions_table(instructions)
     return "\n".join(out + lines)
+
+
+INSTRUCTION_ROWS = {
+    "powertools": "AWS Lambda Powertools `@idempotent_function` (its two commands)",
+    "in-process": "the oncegate decorator, its gate in process, unsigned",
+    "gate-unsigned": "a gate server, unsigned: `oncegate bench --scenario grant-complete --concurrency 1`",
+    "gate-signed": "the same, signing (and sealing its chain every 50 ms)",
+}
+
+
+def redis_instructions(opts):
+    """Redis's instructions per cycle under callgrind (scripts/bench_redis_instructions.py), or
+    None when skipped or when valgrind is missing."""
+    if opts.no_instructions or not shutil.which("valgrind"):
+        return None
+    python = opts.python if Path(opts.python).exists() else sys.executable
+    only = [] if Path(opts.python).exists() else ["--only", "gate-unsigned", "--only", "gate-signed"]
+    print("Redis instructions per cycle (callgrind):", flush=True)
+    out = run([python, str(ROOT / "scripts" / "bench_redis_instructions.py"), "--bin", str(BIN),
+               "--json", *only], timeout=1800)
+    return json.loads(out)
+
+
+def instructions_table(instructions):
+    if not instructions:
+        return ["", "Redis instructions per cycle: skipped (--no-instructions, or no valgrind)."]
+    first = next(iter(instructions.values()))["instructions_per_cycle"]
+    lines = ["", "Redis's own instructions per cycle, one sequential caller, Redis under callgrind "
+             "(`scripts/bench_redis_instructions.py`: within about 2% on every run of the same "
+             "build, where seconds move by a third; Redis's timer work and the gate's seals "
+             "run by time, not by cycle; the kernel's share of Redis's socket calls is not in "
+             "it):", "",
+             "| contender | instructions per cycle | ÷ first row | FCALLs per cycle | commands run per "
+             "cycle, the functions' included |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for name, row in instructions.items():
+        calls = row["commands_per_cycle"]
+        ran = sum(n for c, n in calls.items() if c != "fcall" and not c.startswith("config"))
+        lines.append(f"| {INSTRUCTION_ROWS.get(name, name)} | {row['instructions_per_cycle']:,.0f} | "
+                     f"{row['instructions_per_cycle'] / first:.2f} | {calls.get('fcall', 0):.2f} | "
+                     f"{ran:.2f} |")
+    if "gate-signed" in instructions and "gate-unsigned" in instructions:
+        ratio = (instructions["gate-signed"]["instructions_per_cycle"]
+                 / instructions["gate-unsigned"]["instructions_per_cycle"])
+        lines += ["", f"- Redis instructions per grant-complete pair, signed ÷ unsigned: {ratio:.2f} "
+                  f"(issue 25's Redis CPU per signed pair ≤ 1.2× unsigned: "
+                  f"{'met' if ratio <= 1.2 else 'MISSED'} in instructions)"]
+    return lines
 
 
 PYTHON_ROWS = {
@@ -474,6 +525,8 @@ def main():
     parser.add_argument("--gate-args", default="",
                         help="with --python-only: extra `oncegate serve` flags for both gates "
                              "(e.g. '--worker-threads 1')")
+    parser.add_argument("--no-instructions", action="store_true",
+                        help="skip counting Redis's instructions per cycle under callgrind")
     parser.add_argument("--python-only", action="store_true",
                         help="only the Python comparison (Redis and the gates on it), printed, "
                              "BENCHMARKS.md left as it is")
@@ -521,9 +574,10 @@ def main():
         finally:
             for process in (*started, redis):
                 process.stop()
+    instructions = redis_instructions(opts)
     elapsed, load_after = time.time() - began, os.getloadavg()
 
-    result = table(lim, results, python, mem, fsync, opts)
+    result = table(lim, results, python, mem, fsync, instructions, opts)
     command = "make bench  # = " + shlex.join(["python3", "scripts/bench.py", *sys.argv[1:]])
     header = "\n".join([
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(began))} in {elapsed:.0f} s with:",

@@ -2,7 +2,8 @@
 """What Redis spends per cycle, in instructions: Powertools' commands against the gate's functions.
 
 Redis's CPU per call moves by a third between runs on the shared 2-core machines, too much to see
-a change of a few µs in the functions. Instructions do not move: this starts its own redis-server
+a change of a few µs in the functions. Instructions barely move (within about 2% between runs of
+one build: Redis's timer work and the signed gate's seals run by time): this starts its own redis-server
 on a free loopback port under `valgrind --tool=callgrind`, runs each contender for two counts of
 cycles from one sequential caller, and prints the instructions Redis executed per cycle (the
 difference of the two runs divided by the difference of their counts, so that connecting, loading
@@ -22,13 +23,15 @@ Contenders:
   under valgrind's slowdown falls on fewer pairs than at full speed (see the per-command table).
 
 Usage: `.venv-bench/bin/python scripts/bench_redis_instructions.py [--bin target/release/oncegate]
-[--cycles 400 1200] [--only NAME ...]`. Prints a table; `--per-command` adds Redis's inclusive
+[--cycles 400 1200] [--only NAME ...] [--json]`. Prints a table (`make bench` prints it as one of
+its rows' tables); `--per-command` adds Redis's inclusive
 instructions per cycle by command (`callgrind_annotate`), `--keep DIR` keeps each contender's
 dump (of the longer run) for `callgrind_annotate`. The server is killed at the end.
 """
 
 import argparse
 import glob
+import json
 import os
 import re
 import shutil
@@ -187,6 +190,7 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, nargs=2, default=[400, 1200])
     parser.add_argument("--only", choices=CONTENDERS, action="append")
     parser.add_argument("--per-command", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the rows as one JSON object")
     parser.add_argument("--keep", type=Path, help="copy each contender's dump into this directory")
     opts = parser.parse_args()
     low, high = sorted(opts.cycles)
@@ -219,6 +223,10 @@ def main() -> None:
                 print(f"{name}: {per_cycle:,.0f} instructions per cycle", file=sys.stderr)
         finally:
             redis.stop()
+    if opts.json:
+        print(json.dumps({name: {"instructions_per_cycle": per_cycle, "commands_per_cycle": calls}
+                          for name, per_cycle, _, calls in rows}))
+        return
     print(f"Redis instructions per cycle ({low} and {high} cycles, one caller; callgrind):\n")
     print("| contender | instructions per cycle | ÷ first row | commands per cycle |")
     print("| --- | ---: | ---: | --- |")
