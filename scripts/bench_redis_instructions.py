@@ -118,10 +118,11 @@ class Callgrind:
             self.proc.kill()
 
 
-def python_runner(name: str, redis_url: str):
+def python_runner(name: str, redis_url: str, tmp: Path):
     """A function running n cycles of a Python contender in this process (set up, warm)."""
     import bench_python
 
+    bench_python.SCRATCH = str(tmp)  # the gate in process keeps its directory there
     if name == "powertools":
         cycle = bench_python.powertools_cycle(redis_url)
     else:
@@ -205,7 +206,7 @@ def main() -> None:
                 if name.startswith("gate-"):
                     run, done = gate_runner(name, redis.url, opts.bin, tmp)
                 else:
-                    run, done = python_runner(name, redis.url)
+                    run, done = python_runner(name, redis.url, tmp)
                 try:
                     small, _, _ = redis.measure(lambda: run(low))
                     big, dump, calls = redis.measure(lambda: run(high))
