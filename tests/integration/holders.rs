@@ -116,6 +116,15 @@ async fn a_holder_name_is_no_credential(kind: Kind) {
 }
 on_stores!(a_holder_name_is_no_credential: embedded, redis);
 
+/// Every node the agents index may live on: it is one key, on one node; the others answer MOVED.
+fn agents_index_ports(gate: &TestGate) -> Vec<u16> {
+    match (&gate.backend.redis, &gate.backend.cluster) {
+        (Some(redis), _) => vec![redis.port],
+        (None, Some(cluster)) => cluster.nodes.iter().map(|n| n.port).collect(),
+        _ => unreachable!("a Redis backend"),
+    }
+}
+
 /// 300 agents whose actions all settled: one all-agents page visits a bounded number of them
 /// (and says where to go on), and the agents index forgets every agent with nothing to list.
 async fn listing_every_agent_is_bounded_and_prunes_settled_agents(kind: Kind) {
@@ -134,12 +143,7 @@ async fn listing_every_agent_is_bounded_and_prunes_settled_agents(kind: Kind) {
             .await
             .unwrap();
     }
-    // The agents index is one key, on one node; the others answer MOVED.
-    let ports: Vec<u16> = match (&gate.backend.redis, &gate.backend.cluster) {
-        (Some(redis), _) => vec![redis.port],
-        (None, Some(cluster)) => cluster.nodes.iter().map(|n| n.port).collect(),
-        _ => unreachable!("a Redis backend"),
-    };
+    let ports = agents_index_ports(&gate);
     let agents = || {
         ports
             .iter()
@@ -202,12 +206,7 @@ async fn the_agents_index_is_written_when_an_agents_lease_index_opens(kind: Kind
         .unwrap();
     let mut client = ActionGateServiceClient::new(channel.clone());
     let mut admin = GateAdminServiceClient::new(channel);
-    // The agents index is one key, on one node; the others answer MOVED.
-    let ports: Vec<u16> = match (&gate.backend.redis, &gate.backend.cluster) {
-        (Some(redis), _) => vec![redis.port],
-        (None, Some(cluster)) => cluster.nodes.iter().map(|n| n.port).collect(),
-        _ => unreachable!("a Redis backend"),
-    };
+    let ports = agents_index_ports(&gate);
     let indexed = |agent: &str| {
         let mut score = redis::cmd("ZSCORE");
         score

@@ -73,7 +73,7 @@ local function grant(fencing, older, kind, nx, carried)
     save(key, rec)
   end
   -- Whether this grant opened the agent's lease index (no other member in it): only then may the
-  -- index be missing from the agents index, which the gate then adds the agent to (agents.rs).
+  -- agent be missing from the agents index, and the gate then adds it (agents.rs).
   local opened = 0
   if kind == 1 and redis.call('ZCARD', KEYS[2]) == 1 then
     opened = 1
