@@ -74,6 +74,8 @@ pub struct Gate {
     metrics: Metrics,
     /// Signs grants and receipts; `None`: the gate hands out no statements and keeps no chains.
     signer: Option<Arc<Signer>>,
+    /// Where grants are signed when not on the calling task ([`Gate::signing_on_own_thread`]).
+    signing_thread: Option<Arc<signing::SigningThread>>,
     authz: Arc<Authorization>,
     /// Where events for webhooks go; `None` (no webhook configured): no event is built.
     events: Option<Emitter>,
@@ -97,6 +99,7 @@ impl Gate {
             policies: Arc::new(policies),
             metrics,
             signer: None,
+            signing_thread: None,
             authz: Arc::default(),
             events: None,
             watcher: watch::Watcher::default(),
@@ -129,6 +132,15 @@ impl Gate {
     pub fn with_signer(mut self, signer: Arc<Signer>) -> Self {
         self.signer = Some(signer);
         self
+    }
+
+    /// This gate, signing grant statements on a thread of their own (see `SigningThread`):
+    /// for a gate whose calls all run on one thread. Nothing changes when the gate does not sign.
+    pub fn signing_on_own_thread(mut self) -> std::io::Result<Self> {
+        if let Some(signer) = &self.signer {
+            self.signing_thread = Some(Arc::new(signing::SigningThread::start(signer.clone())?));
+        }
+        Ok(self)
     }
 
     /// The signer, when the gate signs.
@@ -167,6 +179,9 @@ impl Gate {
     pub fn on_store(&self, store: Store) -> Self {
         Self {
             store,
+            // Its callers drive their own runtime and wait for their answer: a hand-off to
+            // another thread would only add two wake-ups.
+            signing_thread: None,
             ..self.clone()
         }
     }

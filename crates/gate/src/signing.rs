@@ -5,7 +5,12 @@
 //!
 //! Where the keys come from (files, or generated into the data directory) is the configuration's.
 
-use std::sync::Arc;
+use std::{
+    panic::{self, AssertUnwindSafe},
+    sync::{Arc, mpsc},
+};
+
+use tokio::sync::oneshot;
 
 use ed25519_dalek::VerifyingKey;
 
@@ -63,5 +68,107 @@ impl Signer {
 impl ReceiptSigner for Signer {
     fn sign_head(&self, core: &ReceiptCore, prev: &str, covers: Vec<String>) -> String {
         ReceiptClaims::new(&self.issuer, core.clone(), prev, covers).sign(&self.active)
+    }
+}
+
+/// Grant statements signed on a thread of their own, for a gate whose calls all run on one
+/// thread (the current-thread scheduler). Signed inline, each grant's Ed25519 signature (about
+/// 20 µs) holds that one thread, and every other call with it; here the thread goes on with
+/// other calls (reading requests, sending Redis their commands, writing replies) while the
+/// signing thread uses the CPU it leaves. Jobs queue and are signed in order; the thread stops
+/// when the last clone of the gate is dropped.
+#[derive(Debug)]
+pub(crate) struct SigningThread {
+    jobs: mpsc::Sender<Job>,
+}
+
+/// A grant's claims and where its statement goes: `Err` gives the claims back when signing
+/// panicked, so that the caller signs them itself (and panics as an inline signature would).
+type Job = (GrantClaims, oneshot::Sender<Result<String, GrantClaims>>);
+
+impl SigningThread {
+    /// Starts the thread that signs with `signer`'s active key.
+    pub(crate) fn start(signer: Arc<Signer>) -> std::io::Result<Self> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("oncegate-signer".into())
+            .spawn(move || {
+                for (claims, done) in queue {
+                    let signed =
+                        panic::catch_unwind(AssertUnwindSafe(|| signer.sign_grant(&claims)));
+                    // The caller may have gone (its call cancelled): nothing to answer.
+                    let _ = done.send(signed.map_err(|_| claims));
+                }
+            })?;
+        Ok(Self { jobs })
+    }
+
+    /// The statement for `claims`, signed on the thread; `signer` signs it here when the thread
+    /// cannot (gone, or its signature panicked).
+    pub(crate) async fn sign(&self, signer: &Signer, claims: GrantClaims) -> String {
+        let (done, signed) = oneshot::channel();
+        let claims = match self.jobs.send((claims, done)) {
+            Ok(()) => match signed.await {
+                Ok(Ok(statement)) => return statement,
+                Ok(Err(claims)) => claims,
+                // The thread dropped the job without answering: it can only have been the
+                // thread's end, and the claims went with it. Sign nothing twice: this is a bug.
+                Err(_) => unreachable!("the signing thread answers every job it takes"),
+            },
+            Err(mpsc::SendError((claims, _))) => claims,
+        };
+        signer.sign_grant(&claims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ed25519_dalek::SigningKey;
+
+    use super::*;
+
+    fn claims(fencing: u64) -> GrantClaims {
+        GrantClaims {
+            iss: "gate-test".into(),
+            aud: "payments.transfer".into(),
+            iat: 1_700_000_000,
+            exp: 1_700_000_030,
+            agent: "agent-1".into(),
+            run: "run-1".into(),
+            action: "payments.transfer".into(),
+            key: format!("key-{fencing}"),
+            intent: String::new(),
+            fingerprint: "v1-abc".into(),
+            fencing,
+            provider_key: format!("og-{fencing}"),
+        }
+    }
+
+    /// Calls waiting on the thread together each get their own statement, the same bytes the
+    /// signer gives inline (Ed25519 signatures are deterministic).
+    #[tokio::test(flavor = "current_thread")]
+    async fn the_signing_thread_gives_each_caller_its_own_inline_statement() {
+        let signer = Signer::new(
+            "gate-test",
+            StatementKey::new(SigningKey::from_bytes(&[7; 32])),
+            [],
+        );
+        let thread = Arc::new(SigningThread::start(signer.clone()).expect("a thread starts"));
+        let mut calls = tokio::task::JoinSet::new();
+        for fencing in 1..=64 {
+            let (thread, signer) = (thread.clone(), signer.clone());
+            calls.spawn(async move { (fencing, thread.sign(&signer, claims(fencing)).await) });
+        }
+        let mut answered = 0;
+        while let Some(call) = calls.join_next().await {
+            let (fencing, statement) = call.expect("a call ends");
+            assert_eq!(
+                statement,
+                signer.sign_grant(&claims(fencing)),
+                "fencing {fencing}"
+            );
+            answered += 1;
+        }
+        assert_eq!(answered, 64);
     }
 }

@@ -69,7 +69,9 @@ impl Gate {
         } = prepared;
         if mode == Mode::Shadow && !decision.is_grant() {
             let answer = self.shadow_grant(key, &request);
-            return Ok(self.signed(answer, policy, &action, &intent_id, shadow::now()));
+            return Ok(self
+                .signed(answer, policy, &action, &intent_id, shadow::now())
+                .await);
         }
         let outcome = match decision {
             TokenDecision::BudgetExceeded(exceeded) => {
@@ -86,7 +88,7 @@ impl Gate {
             statement: String::new(),
             shadow: false,
         };
-        Ok(self.signed(answer, policy, &action, &intent_id, now))
+        Ok(self.signed(answer, policy, &action, &intent_id, now).await)
     }
 
     /// A budget refusal in the budget's own units, with when it frees up (`now`: the store's
@@ -198,7 +200,7 @@ impl Gate {
     /// `answer` with its signed grant statement when the gate signs and the answer is a grant
     /// (issued at `now`). Shadow grants are signed too: in shadow mode an executor sees what
     /// enforcement would hand out.
-    fn signed(
+    async fn signed(
         &self,
         mut answer: TokenAnswer,
         policy: Option<&ActionPolicy>,
@@ -226,7 +228,10 @@ impl Gate {
             fencing: grant.fencing,
             provider_key: answer.provider_key.clone(),
         };
-        answer.statement = signer.sign_grant(&claims);
+        answer.statement = match &self.signing_thread {
+            Some(thread) => thread.sign(signer, claims).await,
+            None => signer.sign_grant(&claims),
+        };
         answer
     }
 
