@@ -12,8 +12,9 @@ use oncegate_store::redis::keys;
 use tonic::{Code, transport::Channel};
 
 use crate::support::{
-    Kind, OPS_KEY, Pki, TestGate, WORKER_KEY, authed, backend, complete_as, config, expect_error,
-    grant, grant_as, on_stores, principals_toml, tls_channel, token_request,
+    Kind, LoggedGate, OPS_KEY, Pki, RedisServer, TestGate, WORKER_KEY, authed, backend,
+    complete_as, config, connect, expect_error, grant, grant_as, on_stores, principals_toml,
+    tls_channel, token_request,
 };
 
 /// Mutual TLS without `[[principals]]` (the shape of a quick production start): every certificate
@@ -191,6 +192,91 @@ async fn listing_every_agent_is_bounded_and_prunes_settled_agents(kind: Kind) {
     assert_eq!(agents(), 0, "every settled agent pruned");
 }
 on_stores!(listing_every_agent_is_bounded_and_prunes_settled_agents: redis, cluster);
+
+/// A failed write of the agents index is logged and tried again with what queued meanwhile; after
+/// its attempts the agents of the last one are given up, logged by name, and the next agent starts
+/// the writing afresh. The index key holds a string meanwhile, so each `ZADD` to it fails
+/// (`WRONGTYPE`) while every other command of the gate works.
+#[tokio::test]
+async fn a_failed_agents_index_write_is_tried_again_then_given_up_and_logged() {
+    use std::time::{Duration, Instant};
+
+    let redis = RedisServer::start();
+    let dir = tempfile::TempDir::new().unwrap();
+    let url = redis.url();
+    let gate = LoggedGate::serve(
+        &dir,
+        &["--listen", "127.0.0.1:0", "--redis-url", &url, "--unsigned"],
+    );
+    let mut client = connect(&gate.addr).await;
+    let query = |cmd: &redis::Cmd| crate::support::topology::query::<redis::Value>(redis.port, cmd);
+    let break_index = || query(redis::cmd("SET").arg(keys::AGENTS).arg("not a sorted set"));
+    let mend_index = || query(redis::cmd("DEL").arg(keys::AGENTS));
+    let indexed = |agent: &str| {
+        let member = format!("{:010}:{agent}", agent.len());
+        query(redis::cmd("ZSCORE").arg(keys::AGENTS).arg(member))
+            .is_ok_and(|score| score != redis::Value::Nil)
+    };
+    let wait = |what: &str, done: &dyn Fn() -> bool, within: Duration| {
+        let deadline = Instant::now() + within;
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}: {}", gate.log());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let retried = "could not add agents to the agents index; trying again";
+    let given_up = "gave up adding agents to the agents index";
+
+    // A write that fails once is made on the next attempt (half a second later).
+    break_index().unwrap();
+    grant(
+        &mut client,
+        token_request("billing-late", "run", "pay", "{}"),
+    )
+    .await;
+    gate.wait_for_log(retried, 1);
+    mend_index().unwrap();
+    wait(
+        "billing-late indexed on a later attempt",
+        &|| indexed("billing-late"),
+        Duration::from_secs(10),
+    );
+    assert!(!gate.log().contains(given_up), "{}", gate.log());
+
+    // A write that keeps failing is given up after 5 attempts (7.5 s of pauses), by name.
+    break_index().unwrap();
+    grant(
+        &mut client,
+        token_request("billing-lost", "run", "pay", "{}"),
+    )
+    .await;
+    wait(
+        "the write given up",
+        &|| gate.log().contains(given_up),
+        Duration::from_secs(30),
+    );
+    let log = gate.log();
+    assert_eq!(log.matches(retried).count(), 1 + 4, "{log}");
+    let line = log.lines().find(|l| l.contains(given_up)).unwrap();
+    assert!(
+        line.contains("billing-lost") && line.contains("ERROR"),
+        "{line}"
+    );
+
+    // The writing ended with it: the next agent's grant starts it again.
+    mend_index().unwrap();
+    grant(
+        &mut client,
+        token_request("billing-next", "run", "pay", "{}"),
+    )
+    .await;
+    wait(
+        "billing-next indexed",
+        &|| indexed("billing-next"),
+        Duration::from_secs(10),
+    );
+    assert!(!indexed("billing-lost"), "given up, not written later");
+}
 
 /// The agents index is written when a grant opens its agent's lease index, not on every grant: a
 /// grant beside an unsettled action of the same agent leaves the index as it is, and a grant that
