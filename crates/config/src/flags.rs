@@ -52,9 +52,9 @@ pub struct ServeArgs {
     /// together in one system call each: on 2 CPUs shared with Redis, about 0.6x the gate CPU per
     /// call of two workers and as many calls per second (BENCHMARKS.md, "Gate CPU per call"). Set
     /// it when the gate's share of the machine is not what the CPU count says. The start-up line
-    /// logs the count, the scheduler, the CPUs and which rule chose the count. A signing gate on
-    /// one thread signs its grants on a second (`oncegate-signer`), so that a signature does not
-    /// hold every other call.
+    /// logs the count, the scheduler, the CPUs and which rule chose the count. A signing gate
+    /// signs its grants on one thread more (`oncegate-signer`), so that a signature does not hold
+    /// the calls queued behind it.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_WORKER_THREADS",
           value_parser = clap::value_parser!(u16).range(1..=i64::from(defaults::MAX_WORKER_THREADS)))]
     pub worker_threads: Option<u16>,

@@ -134,8 +134,8 @@ impl Gate {
         self
     }
 
-    /// This gate, signing grant statements on a thread of their own (see `SigningThread`):
-    /// for a gate whose calls all run on one thread. Nothing changes when the gate does not sign.
+    /// This gate, signing grant statements on a thread of their own (see `SigningThread`), as
+    /// a served gate does. Nothing changes when the gate does not sign.
     pub fn signing_on_own_thread(mut self) -> std::io::Result<Self> {
         if let Some(signer) = &self.signer {
             self.signing_thread = Some(Arc::new(signing::SigningThread::start(signer.clone())?));

@@ -71,12 +71,12 @@ impl ReceiptSigner for Signer {
     }
 }
 
-/// Grant statements signed on a thread of their own, for a gate whose calls all run on one
-/// thread (the current-thread scheduler). Signed inline, each grant's Ed25519 signature (about
-/// 20 µs) holds that one thread, and every other call with it; here the thread goes on with
-/// other calls (reading requests, sending Redis their commands, writing replies) while the
-/// signing thread uses the CPU it leaves. Jobs queue and are signed in order; the thread stops
-/// when the last clone of the gate is dropped.
+/// Grant statements signed on a thread of their own. Signed inline, each grant's Ed25519
+/// signature (20–30 µs) holds the thread that runs the call, and every call queued behind it
+/// there (all of them on a gate with one thread); here that thread goes on with other calls
+/// (reading requests, sending the store their steps, writing replies) while the signing thread
+/// uses the CPU the waits leave. Jobs queue and are signed in order; the thread stops when the
+/// last clone of the gate is dropped.
 #[derive(Debug)]
 pub(crate) struct SigningThread {
     jobs: mpsc::Sender<Job>,

@@ -155,18 +155,11 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         .with_authorization(config.authorization);
     if let Some(signer) = signer {
         gate = gate.with_signer(signer);
-        // One thread runs every call: the grants' signatures go to a thread of their own, so
-        // that the calls' I/O goes on meanwhile (BENCHMARKS.md, "Grants signed on a thread of
-        // their own").
-        if runtime_flavor() == "current_thread" {
-            gate = gate.signing_on_own_thread().map_err(|e| {
-                StartError::Unavailable(format!("cannot start the signing thread: {e}"))
-            })?;
-            tracing::info!(
-                thread = "oncegate-signer",
-                "grants signed on a thread of their own"
-            );
-        }
+        // The grants' signatures go to a thread of their own, so that the calls' I/O goes on
+        // meanwhile (BENCHMARKS.md, "Grants signed on a thread of their own").
+        gate = gate.signing_on_own_thread().map_err(|e| {
+            StartError::Unavailable(format!("cannot start the signing thread: {e}"))
+        })?;
     }
     if console_listener.is_some() {
         gate = gate.with_recent_decisions(oncegate_console::RECENT_DECISIONS);
