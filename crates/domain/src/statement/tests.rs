@@ -367,6 +367,27 @@ fn the_signature_is_ed25519_of_the_signing_input_as_the_plain_signer_makes_it() 
     }
 }
 
+proptest::proptest! {
+    /// aws-lc signs (for speed) what ed25519-dalek keeps and verifies: over any seed and any
+    /// claims, its signature is dalek's, byte for byte, and verifies strictly.
+    #[test]
+    fn aws_lc_signs_the_bytes_dalek_would_for_any_key_and_claims(
+        seed in proptest::array::uniform32(proptest::num::u8::ANY),
+        agent in "\\PC{0,40}",
+        key_text in "\\PC{0,300}",
+        fencing in proptest::num::u64::ANY,
+    ) {
+        use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD as B64};
+        use ed25519_dalek::Signer as _;
+        let key = StatementKey::from_seed(&seed);
+        let statement = GrantClaims { agent, key: key_text, fencing, ..claims() }.sign(&key);
+        let (signed, signature) = statement.rsplit_once('.').unwrap();
+        let expected = key.signing_key().sign(signed.as_bytes());
+        proptest::prop_assert_eq!(B64.decode(signature).unwrap(), expected.to_bytes().to_vec());
+        proptest::prop_assert!(key.public().verify_strict(signed.as_bytes(), &expected).is_ok());
+    }
+}
+
 #[test]
 fn sealing_with_the_digests_a_store_kept_signs_the_same_heads() {
     let signer = TestSigner(key(1));
