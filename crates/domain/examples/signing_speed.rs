@@ -5,7 +5,7 @@
 //! cargo run --release -p oncegate-domain --example signing_speed [-- SIGNATURES_PER_ROUND]
 //! ```
 //!
-//! Three rounds; each signs the same grant statement (about 700 bytes of signing input) the given
+//! Three rounds; each signs the same grant statement (about 600 bytes of signing input) the given
 //! number of times (20,000 unless told) each way and prints µs per statement. The two ways give
 //! the same bytes, checked before the clock starts.
 
