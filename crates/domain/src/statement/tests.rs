@@ -354,19 +354,6 @@ proptest::proptest! {
     }
 }
 
-#[test]
-fn the_signature_is_ed25519_of_the_signing_input_as_the_plain_signer_makes_it() {
-    use base64::{Engine as _, engine::general_purpose::URL_SAFE_NO_PAD as B64};
-    use ed25519_dalek::Signer as _;
-    for n in [1, 2, 7] {
-        let key = key(n);
-        let statement = claims().sign(&key);
-        let (signed, signature) = statement.rsplit_once('.').unwrap();
-        let expected = key.signing_key().sign(signed.as_bytes()).to_bytes();
-        assert_eq!(B64.decode(signature).unwrap(), expected.to_vec());
-    }
-}
-
 proptest::proptest! {
     /// aws-lc signs (for speed) what ed25519-dalek keeps and verifies: over any seed and any
     /// claims, its signature is dalek's, byte for byte, and verifies strictly.
