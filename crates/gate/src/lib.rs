@@ -27,7 +27,13 @@ pub mod signing;
 mod token;
 mod watch;
 
-use std::{future::Future, sync::Arc, time::Instant};
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll, ready},
+    time::Instant,
+};
 
 pub use decision::TokenDecision;
 pub use error::{GateError, OverBudget};
@@ -210,22 +216,13 @@ impl Gate {
     }
 
     /// Runs one store call, timing it and counting its failure.
-    async fn timed<T>(
-        &self,
-        operation: &'static str,
-        call: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let start = Instant::now();
-        let result = call.await;
-        self.metrics.store_call(
+    fn timed<F>(&self, operation: &'static str, call: F) -> Timed<'_, F> {
+        Timed {
+            metrics: &self.metrics,
             operation,
-            start.elapsed(),
-            result.as_ref().err().map(StoreError::kind),
-        );
-        if result.is_err() {
-            telemetry::record_decision("store_error");
+            start: None,
+            call,
         }
-        result
     }
 
     /// Complete: record the outcome of an attempt.
@@ -389,4 +386,37 @@ impl Gate {
 /// The metrics' `action` label of a policy (`None`: no policy names the action).
 fn policy_name(policy: Option<&ActionPolicy>) -> Option<&str> {
     policy.and_then(|p| p.name.as_deref())
+}
+
+pin_project_lite::pin_project! {
+    /// One store call ([`Gate::timed`]), timed from its first poll and counted when it ends. A
+    /// future of its own, not an `async fn`: that would hold the call's future twice (as its
+    /// argument and as what it awaits), and so every RPC's future above it, which is moved whole
+    /// (into its box, and into each caller's state).
+    struct Timed<'a, F> {
+        metrics: &'a Metrics,
+        operation: &'static str,
+        start: Option<Instant>,
+        #[pin]
+        call: F,
+    }
+}
+
+impl<T, F: Future<Output = Result<T, StoreError>>> Future for Timed<'_, F> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let start = *this.start.get_or_insert_with(Instant::now);
+        let result = ready!(this.call.poll(cx));
+        this.metrics.store_call(
+            this.operation,
+            start.elapsed(),
+            result.as_ref().err().map(StoreError::kind),
+        );
+        if result.is_err() {
+            telemetry::record_decision("store_error");
+        }
+        Poll::Ready(result)
+    }
 }

@@ -96,10 +96,32 @@ impl Wire {
 
 /// Answers an RPC: the body's value as the response, or its error as the one [`status`] mapping.
 /// The services write their bodies in an `async` block, so `?` works on every [`GateError`].
-pub async fn answer<T>(
-    body: impl std::future::Future<Output = Result<T, GateError>>,
-) -> Result<tonic::Response<T>, Status> {
-    body.await.map(tonic::Response::new).map_err(status)
+pub fn answer<F>(body: F) -> Answer<F> {
+    Answer { body }
+}
+
+pin_project_lite::pin_project! {
+    /// An RPC's body answered ([`answer`]). A future of its own, not an `async fn`: that would
+    /// hold the body twice (as its argument and as what it awaits), and the RPC's future, which
+    /// tonic moves whole into its box, with it.
+    pub struct Answer<F> {
+        #[pin]
+        body: F,
+    }
+}
+
+impl<T, F: std::future::Future<Output = Result<T, GateError>>> std::future::Future for Answer<F> {
+    type Output = Result<tonic::Response<T>, Status>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        self.project()
+            .body
+            .poll(cx)
+            .map(|done| done.map(tonic::Response::new).map_err(status))
+    }
 }
 
 /// The one mapping of a gate error to the wire: its code, message, `ErrorInfo` and details.

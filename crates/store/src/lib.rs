@@ -222,7 +222,10 @@ impl Store {
         replicas: u32,
     ) -> Result<Reply<TokenOutcome>, StoreError> {
         match self {
-            Store::Embedded(s) => unreplicated(replicas, s.request_token(key, req)).await,
+            Store::Embedded(s) => {
+                unreplicated(replicas)?;
+                s.request_token(key, req).await
+            }
             Store::Redis(s) => s.request_token(key, req, replicas).await,
         }
     }
@@ -239,7 +242,8 @@ impl Store {
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
         match self {
             Store::Embedded(s) => {
-                unreplicated(replicas, s.complete(key, token, receipt, receipts)).await
+                unreplicated(replicas)?;
+                s.complete(key, token, receipt, receipts).await
             }
             Store::Redis(s) => s.complete(key, token, receipt, replicas, receipts).await,
         }
@@ -254,7 +258,10 @@ impl Store {
         replicas: u32,
     ) -> Result<Reply<u64>, StoreError> {
         match self {
-            Store::Embedded(s) => unreplicated(replicas, s.release(key, token)).await,
+            Store::Embedded(s) => {
+                unreplicated(replicas)?;
+                s.release(key, token).await
+            }
             Store::Redis(s) => s.release(key, token, replicas).await,
         }
     }
@@ -269,7 +276,10 @@ impl Store {
         replicas: u32,
     ) -> Result<Reply<Millis>, StoreError> {
         match self {
-            Store::Embedded(s) => unreplicated(replicas, s.extend_lease(key, token, ttl)).await,
+            Store::Embedded(s) => {
+                unreplicated(replicas)?;
+                s.extend_lease(key, token, ttl).await
+            }
             Store::Redis(s) => s.extend_lease(key, token, ttl, replicas).await,
         }
     }
@@ -289,7 +299,8 @@ impl Store {
     ) -> Result<Reply<CompleteOutcome>, StoreError> {
         match self {
             Store::Embedded(s) => {
-                unreplicated(replicas, s.record_external(key, ext, receipts)).await
+                unreplicated(replicas)?;
+                s.record_external(key, ext, receipts).await
             }
             Store::Redis(s) => s.record_external(key, ext, replicas, receipts).await,
         }
@@ -307,11 +318,8 @@ impl Store {
     ) -> Result<Reply<Resolved>, StoreError> {
         match self {
             Store::Embedded(s) => {
-                unreplicated(
-                    replicas,
-                    s.resolve_expired(key, resolution, expected, receipts),
-                )
-                .await
+                unreplicated(replicas)?;
+                s.resolve_expired(key, resolution, expected, receipts).await
             }
             Store::Redis(s) => {
                 s.resolve_expired(key, resolution, expected, replicas, receipts)
@@ -364,7 +372,10 @@ impl Store {
         replicas: u32,
     ) -> Result<Reply<(Approval, bool)>, StoreError> {
         match self {
-            Store::Embedded(s) => unreplicated(replicas, s.decide_approval(key, decision)).await,
+            Store::Embedded(s) => {
+                unreplicated(replicas)?;
+                s.decide_approval(key, decision).await
+            }
             Store::Redis(s) => s.decide_approval(key, decision, replicas).await,
         }
     }
@@ -452,15 +463,13 @@ pub(crate) fn source_name(source: oncegate_domain::ledger::Source) -> &'static s
 
 /// The embedded store has no replicas: a durability level above 0 cannot be met, so the call
 /// fails closed before anything is written (start-up refuses that configuration; this is the
-/// last line).
-async fn unreplicated<T>(
-    replicas: u32,
-    step: impl Future<Output = Result<Reply<T>, StoreError>>,
-) -> Result<Reply<T>, StoreError> {
+/// last line). A check before the step, not a future wrapped around it: a wrapper would hold the
+/// step's future twice (as its argument and as what it awaits), and every call's future with it.
+fn unreplicated(replicas: u32) -> Result<(), StoreError> {
     if replicas > 0 {
         return Err(StoreError::unavailable(format!(
             "durability level {replicas} needs Redis replicas; the embedded store has none"
         )));
     }
-    step.await
+    Ok(())
 }
