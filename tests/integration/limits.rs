@@ -99,3 +99,53 @@ async fn embedded_store_calls_have_a_deadline() {
     );
     assert!(started.elapsed() < Duration::from_millis(400));
 }
+
+/// The embedded store has no replicas: a step asked for at a durability level above 0 fails closed
+/// (`Unavailable`, naming why) before anything is written; start-up refuses such a configuration,
+/// and this is the store's own last line.
+#[tokio::test]
+async fn the_embedded_store_refuses_a_durability_level_before_writing_anything() {
+    use oncegate_domain::ledger::{OnExpiry, State, TokenRequest};
+    use oncegate_store::{StoreError, embedded::system_clock};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let store = oncegate_store::Store::Embedded(
+        oncegate_store::embedded::EmbeddedStore::open(
+            dir.path(),
+            system_clock(),
+            Duration::from_secs(5),
+        )
+        .unwrap(),
+    );
+    let key = ActionKey::new("a", "r", "k");
+    let req = TokenRequest {
+        fingerprint: "v1-k".into(),
+        digests: String::new(),
+        holder: String::new(),
+        new_token: "t1".into(),
+        lease: 60_000,
+        retention: 60_000,
+        sliding: false,
+        on_expiry: OnExpiry::Reconcile,
+        principal: String::new(),
+        max_superseded: 8,
+        hold: None,
+        charges: Vec::new(),
+        asked: Default::default(),
+    };
+    let needs_replicas = |result: &Result<_, StoreError>, level: u32| {
+        matches!(result, Err(StoreError::Unavailable { what, .. })
+            if what.contains(&format!("durability level {level} needs Redis replicas")))
+    };
+
+    let refused = store.request_token(&key, &req, 1).await.map(|_| ());
+    assert!(needs_replicas(&refused, 1), "{refused:?}");
+    let view = store.get(&key).await.unwrap().result.unwrap();
+    assert_eq!(view.state, State::Absent, "nothing was written: {view:?}");
+
+    store.request_token(&key, &req, 0).await.unwrap();
+    let refused = store.complete(&key, "t1", b"ok", 2, None).await.map(|_| ());
+    assert!(needs_replicas(&refused, 2), "{refused:?}");
+    let view = store.get(&key).await.unwrap().result.unwrap();
+    assert_eq!(view.state, State::Authorized, "the grant was not completed");
+}
