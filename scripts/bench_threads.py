@@ -72,18 +72,19 @@ def measure(binary, mode, env, tmp, key, redis, o):
         # Sample the middle of the measured window: after the warm-up, before the end.
         time.sleep(1 + o.duration * 0.15)
         r0 = threads(redis.proc.pid) if redis else {}
-        g0, l0, s0, t0 = threads(gate.proc.pid), threads(load.pid), switches(gate.proc.pid), time.monotonic()
+        g0, l0, s0 = threads(gate.proc.pid), threads(load.pid), switches(gate.proc.pid)
+        t0 = time.monotonic()
         time.sleep(o.duration * 0.7)
         g1, l1, s1 = threads(gate.proc.pid), threads(load.pid), switches(gate.proc.pid)
         r1, seconds = threads(redis.proc.pid) if redis else {}, time.monotonic() - t0
         pairs = json.loads(load.communicate()[0])["throughput"]["pairs_per_s"]
     finally:
         gate.stop()
-    # A gate beside its Redis on 2 CPUs runs its calls on its main thread (one worker).
     return {"mode": mode, "env": env, "store": "redis" if redis else "embedded",
             "pairs_per_s": round(pairs),
             "workers_us": per_pair(g0, g1, seconds, pairs, "tokio-rt-worker"),
             "writer_us": per_pair(g0, g1, seconds, pairs, "oncegate-embedd"),
+            # A gate beside its Redis on 2 CPUs runs its calls on its main thread (one worker).
             "main_us": per_pair(g0, g1, seconds, pairs, tid=str(gate.proc.pid)),
             "signer_us": per_pair(g0, g1, seconds, pairs, "oncegate-signer"),
             "gate_us": per_pair(g0, g1, seconds, pairs),
