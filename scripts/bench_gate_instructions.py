@@ -36,6 +36,16 @@ def functions(path, inclusive):
     return found
 
 
+def dumped(path, seconds=30):
+    """`path` once callgrind has finished writing it (its `totals:` line is the last it writes)."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if os.path.exists(path) and re.search(r"^totals: ", Path(path).read_text(), re.M):
+            return path
+        time.sleep(0.1)
+    raise RuntimeError(f"callgrind wrote no complete dump to {path}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("binary")
@@ -58,6 +68,8 @@ def main():
                 # A wrapper, so that bench.Gate starts the gate under callgrind (exec: same pid).
                 wrapper = Path(tmp) / f"{mode}.sh"
                 out = out_dir / f"{mode}.callgrind"
+                for stale in out_dir.glob(f"{mode}.callgrind*"):  # an earlier run's dumps
+                    stale.unlink()
                 wrapper.write_text(f"#!/bin/sh\nexec valgrind --tool=callgrind "
                                    f"--callgrind-out-file={out} {binary} \"$@\"\n")
                 wrapper.chmod(0o755)
@@ -73,11 +85,10 @@ def main():
                     B.run(["callgrind_control", "-z", str(gate.proc.pid)])
                     load(o.actions)
                     B.run(["callgrind_control", "-d", str(gate.proc.pid)])
-                    time.sleep(1)
+                    # callgrind_control -d writes <out>.1; the final dump at exit, <out>.
+                    files[mode] = dumped(f"{out}.1")
                 finally:
                     gate.stop()
-                # callgrind_control -d writes <out>.1; the final dump at exit, <out>.
-                files[mode] = f"{out}.1"
         finally:
             redis.stop()
     totals = {m: functions(f, "no")["PROGRAM TOTALS"] / o.actions for m, f in files.items()}

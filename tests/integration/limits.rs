@@ -14,7 +14,7 @@ use tonic_types::StatusExt;
 
 use crate::support::{
     Kind, OPS_KEY, TestGate, WORKER_KEY, authed, backend, config, expect_error, principals_toml,
-    token_request,
+    store_request, token_request,
 };
 
 #[tokio::test]
@@ -105,34 +105,13 @@ async fn embedded_store_calls_have_a_deadline() {
 /// and this is the store's own last line.
 #[tokio::test]
 async fn the_embedded_store_refuses_a_durability_level_before_writing_anything() {
-    use oncegate_domain::ledger::{OnExpiry, State, TokenRequest};
-    use oncegate_store::{StoreError, embedded::system_clock};
+    use oncegate_domain::ledger::State;
+    use oncegate_store::StoreError;
 
-    let dir = tempfile::TempDir::new().unwrap();
-    let store = oncegate_store::Store::Embedded(
-        oncegate_store::embedded::EmbeddedStore::open(
-            dir.path(),
-            system_clock(),
-            Duration::from_secs(5),
-        )
-        .unwrap(),
-    );
+    let backend = backend(Kind::Embedded).await;
+    let store = &backend.store;
     let key = ActionKey::new("a", "r", "k");
-    let req = TokenRequest {
-        fingerprint: "v1-k".into(),
-        digests: String::new(),
-        holder: String::new(),
-        new_token: "t1".into(),
-        lease: 60_000,
-        retention: 60_000,
-        sliding: false,
-        on_expiry: OnExpiry::Reconcile,
-        principal: String::new(),
-        max_superseded: 8,
-        hold: None,
-        charges: Vec::new(),
-        asked: Default::default(),
-    };
+    let req = store_request("v1-k", "t1");
     let needs_replicas = |result: &Result<_, StoreError>, level: u32| {
         matches!(result, Err(StoreError::Unavailable { what, .. })
             if what.contains(&format!("durability level {level} needs Redis replicas")))

@@ -10,7 +10,6 @@ use redb::ReadableTable as _;
 
 use oncegate_domain::{
     ActionKey,
-    ledger::{OnExpiry, TokenRequest},
     statement::receipt::{ChainEntry, ReceiptCore, verify_chain},
 };
 use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
@@ -23,7 +22,7 @@ use tonic::transport::Channel;
 
 use crate::support::{
     Kind, OPS_KEY, STORE_TIMEOUT, TestGate, authed, complete_as, config, grant_as, on_stores,
-    principals_toml, test_signer, token_request,
+    principals_toml, store_request, test_signer, token_request,
 };
 
 /// Every entry of `agent`'s chain, read a page of 5 at a time through ExportReceipts.
@@ -204,21 +203,7 @@ async fn complete_directly(store: &Store, signer: &Receipts, n: usize) {
 async fn complete_more(store: &Store, signer: &Receipts, from: usize, to: usize) {
     for i in from..to {
         let key = ActionKey::new("a", "r", format!("k{i}"));
-        let req = TokenRequest {
-            fingerprint: format!("v1-{i}"),
-            digests: String::new(),
-            holder: String::new(),
-            new_token: format!("t{i}"),
-            lease: 60_000,
-            retention: 60_000,
-            sliding: false,
-            on_expiry: OnExpiry::Reconcile,
-            principal: String::new(),
-            max_superseded: 8,
-            hold: None,
-            charges: Vec::new(),
-            asked: Default::default(),
-        };
+        let req = store_request(&format!("v1-{i}"), &format!("t{i}"));
         store.request_token(&key, &req, 0).await.unwrap();
         let done = store
             .complete(&key, &req.new_token, b"ok", 0, Some(signer))

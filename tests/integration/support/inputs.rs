@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use oncegate_config::ConfigFile;
+use oncegate_domain::ledger::{OnExpiry, TokenRequest};
 use oncegate_gate::policy::Policies;
 use oncegate_proto::{self as pb};
 
@@ -22,6 +23,26 @@ pub fn token_request(
         action: action.into(),
         params_json: params.into(),
         ..Default::default()
+    }
+}
+
+/// A store-level grant step (for tests that drive a `Store` directly): `fingerprint`, handing out
+/// `new_token` with a 60-s lease and retention, reconciling on expiry, no holder, hold or charges.
+pub fn store_request(fingerprint: &str, new_token: &str) -> TokenRequest {
+    TokenRequest {
+        fingerprint: fingerprint.into(),
+        digests: String::new(),
+        holder: String::new(),
+        new_token: new_token.into(),
+        lease: 60_000,
+        retention: 60_000,
+        sliding: false,
+        on_expiry: OnExpiry::Reconcile,
+        principal: String::new(),
+        max_superseded: 8,
+        hold: None,
+        charges: Vec::new(),
+        asked: Default::default(),
     }
 }
 

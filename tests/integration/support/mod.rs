@@ -74,7 +74,9 @@ pub use self::{
     errors::{expect_error, reason},
     gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command, serve_to_exit},
     health::{health, wait_for_health},
-    inputs::{BASIC_RULES, config, policies, token_request, ttl_ms, with_rules, write_file},
+    inputs::{
+        BASIC_RULES, config, policies, store_request, token_request, ttl_ms, with_rules, write_file,
+    },
     pki::{Ca, Pem, Pki, PkiFiles, tls_channel},
     principals::{OPS_KEY, WORKER_KEY, authed, principals_toml},
     receiver::{Answer, Delivery, Receiver},
