@@ -165,6 +165,25 @@ def bench(gate, redis, scenario, opts, extra=()):
     return report
 
 
+# Issue 25 compares each store's signed grant-complete row with its unsigned one: (unsigned row,
+# signed row) per store.
+SIGNING_PAIRS = {"Redis": ("gate on Redis", "gate on Redis, signed"),
+                 "the embedded store": ("gate on embedded, --unsigned", "gate on embedded")}
+
+
+def order(gates, i):
+    """The (row, scenario) runs of round `i`: each store's signed and unsigned grant-complete runs
+    first and back to back, the signed one second in even rounds and first in odd ones (so that
+    neither gets the machine's drift between two runs, nor the earlier place, every time); then
+    the other scenarios, row by row."""
+    paired = []
+    for pair in SIGNING_PAIRS.values():
+        runs = [(row, "grant-complete") for row in pair]
+        paired += runs if i % 2 == 0 else runs[::-1]
+    return paired + [(row, scenario) for row, (_, scenarios) in gates.items()
+                     for scenario in scenarios if (row, scenario) not in paired]
+
+
 def rounds(redis, gates, opts):
     """Every measurement once per round, rounds repeated: the noise of a shared machine falls on
     the limit and on the gate alike, instead of on whichever was measured at a bad moment.
@@ -182,11 +201,10 @@ def rounds(redis, gates, opts):
             lim[name].append(redis_benchmark(redis, opts.concurrency, sizes[name], command))
             print(f"  limit {name}: {lim[name][-1]['ops']:.0f} ops/s", flush=True)
         redis.cli("FLUSHALL")
-        for row, (gate, scenarios) in gates.items():
-            for scenario in scenarios:
-                results[row][scenario].append(bench(gate, redis, scenario, opts))
-                tok = results[row][scenario][-1]["throughput"]["request_token_per_s"]
-                print(f"  {row}, {scenario}: {tok:.0f} RequestToken/s", flush=True)
+        for row, scenario in order(gates, i):
+            results[row][scenario].append(bench(gates[row][0], redis, scenario, opts))
+            tok = results[row][scenario][-1]["throughput"]["request_token_per_s"]
+            print(f"  {row}, {scenario}: {tok:.0f} RequestToken/s", flush=True)
         if opts.python_seconds > 0 and Path(opts.python).exists():
             redis.cli("FLUSHALL")
             python.append(python_side(redis, gates["gate on Redis"][0],
@@ -288,6 +306,24 @@ def cpu_cell(reports, names):
     return " / ".join(f"{statistics.median(r['cpu_us'][n] for r in reports):.0f}" for n in names)
 
 
+def signing_lines(results):
+    """Issue 25, point 1: each store's signed grant-complete pairs/s ÷ its unsigned ones, by the
+    rows' medians (the target's measure) and round by round (the two runs of a round are back to
+    back, so the machine's drift between rounds falls on both)."""
+    lines = []
+    for store, (unsigned, signed) in SIGNING_PAIRS.items():
+        u, s = results[unsigned]["grant-complete"], results[signed]["grant-complete"]
+        by_medians = median_of(s, "pairs_per_s") / median_of(u, "pairs_per_s")
+        per_round = [b["throughput"]["pairs_per_s"] / a["throughput"]["pairs_per_s"]
+                     for a, b in zip(u, s)]
+        lines.append(
+            f"- {store}: signed ÷ unsigned grant-complete pairs/s {by_medians:.2f} by the rows' "
+            f"medians (issue 25: ≥ 0.85: {'met' if by_medians >= 0.85 else 'MISSED'}); round by "
+            f"round, the two runs back to back: {', '.join(f'{r:.2f}' for r in per_round)} "
+            f"(median {statistics.median(per_round):.2f})")
+    return lines
+
+
 def table(lim, results, python, mem, fsync, instructions, opts):
     limit = median(lim[LIMIT], "ops")
     out = ["| what | RequestToken/s | grant+complete pairs/s | RPCs/s | RequestToken p50 / p99 ms "
@@ -340,6 +376,7 @@ def table(lim, results, python, mem, fsync, instructions, opts):
         f"at most {opts.concurrency} / (2 × {fsync * 1000:.2f} ms) = {bound:,.0f} pairs/s on the embedded "
         f"store however little CPU it takes ({pairs / bound:.0%} of that here)",
     ]
+    lines += signing_lines(results)
     for label, m in mem.items():
         lines.append(
             f"- Redis memory per completed action ({label}, {m['actions']:,} actions, {m['keys']:,} keys, "
