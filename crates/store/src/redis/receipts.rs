@@ -19,7 +19,7 @@ use crate::{Receipts, StoreError};
 use oncegate_domain::{
     ActionKey,
     ledger::Source,
-    statement::receipt::{ChainEntry, MAX_COVERED, ReceiptCore, seal},
+    statement::receipt::{ChainEntry, MAX_COVERED, ReceiptCore, ReceiptSigner, seal},
 };
 
 /// The most entries one seal reads: a longer unsigned run is sealed a page at a time.
@@ -108,26 +108,27 @@ impl RedisStore {
             let mut read = self.scripts.unsealed.key(&chain);
             read.key(&mark_key).arg(SEAL_PAGE);
             let (value, _) = self.call(&read, None).await?;
-            let (mark, entries) = unsealed(value)?;
-            if entries.is_empty() {
+            // Decoding the entries, digesting each and signing the head take CPU in proportion to
+            // the entries since the last seal: done on Tokio's blocking pool, not on the thread
+            // that runs the calls (beside a local Redis, the gate's only one).
+            let signer = signer.clone();
+            let ready = tokio::task::spawn_blocking(move || prepare(value, signer.as_ref()))
+                .await
+                .unwrap_or_else(|e| match e.try_into_panic() {
+                    Ok(panic) => std::panic::resume_unwind(panic),
+                    Err(_) => Err(StoreError::unavailable("the gate is shutting down")),
+                })?;
+            let Some(ready) = ready else {
                 return Ok(());
-            }
-            let prev = match mark.split_once(' ') {
-                Some((_, digest)) => digest.to_owned(),
-                None => String::new(),
             };
-            let cores: Vec<ReceiptCore> = entries.into_iter().map(|e| e.core).collect();
-            let sealed = seal(signer.as_ref(), &prev, &cores);
-            let last = cores.last().map_or(0, |c| c.seq);
-            let new_mark = format!("{last} {}", sealed.digest);
             let mut write = self.scripts.seal.key(&chain);
-            write.key(&mark_key).arg(&mark).arg(&new_mark);
-            for (i, statement) in &sealed.heads {
-                write.arg(cores[*i].seq).arg(statement);
+            write.key(&mark_key).arg(&ready.mark).arg(&ready.new_mark);
+            for (seq, statement) in &ready.heads {
+                write.arg(seq).arg(statement);
             }
             let (value, _) = self.call(&write, None).await?;
             // 0: another replica sealed meanwhile; read again from its mark.
-            if matches!(value, Value::Int(1)) && cores.len() < SEAL_PAGE {
+            if matches!(value, Value::Int(1)) && ready.entries < SEAL_PAGE {
                 return Ok(());
             }
         }
@@ -157,6 +158,35 @@ impl RedisStore {
             })
             .collect()
     }
+}
+
+/// One seal, ready to store: the mark it moves from and the one it moves to, each head's seq and
+/// statement, and how many entries it covers.
+struct Ready {
+    mark: String,
+    new_mark: String,
+    heads: Vec<(u64, String)>,
+    entries: usize,
+}
+
+/// Seals the entries of the unsealed script's answer: decodes them, digests each from the mark's
+/// digest on, and signs the heads. None: nothing after the mark.
+fn prepare(value: Value, signer: &dyn ReceiptSigner) -> Result<Option<Ready>, StoreError> {
+    let (mark, entries) = unsealed(value)?;
+    let Some(last) = entries.last().map(|e| e.core.seq) else {
+        return Ok(None);
+    };
+    let cores: Vec<ReceiptCore> = entries.into_iter().map(|e| e.core).collect();
+    let prev = mark.split_once(' ').map_or("", |(_, digest)| digest);
+    let sealed = seal(signer, prev, &cores);
+    Ok(Some(Ready {
+        new_mark: format!("{last} {}", sealed.digest),
+        heads: (sealed.heads.into_iter())
+            .map(|(i, statement)| (cores[i].seq, statement))
+            .collect(),
+        entries: cores.len(),
+        mark,
+    }))
 }
 
 /// The unsealed script's answer: the seal mark and the entries after it.
