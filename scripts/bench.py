@@ -172,10 +172,10 @@ SIGNING_PAIRS = {"Redis": ("gate on Redis", "gate on Redis, signed"),
 
 
 def order(gates, i):
-    """The (row, scenario) runs of round `i`: each store's signed and unsigned grant-complete runs
-    first and back to back, the signed one second in even rounds and first in odd ones (so that
-    neither gets the machine's drift between two runs, nor the earlier place, every time); then
-    the other scenarios, row by row."""
+    """The (row, scenario) runs of round `i` (from 0): each store's signed and unsigned
+    grant-complete runs first and back to back, the signed one second in rounds 1, 3, … and first
+    in rounds 2, 4, … (so that neither gets the machine's drift between two runs, nor the earlier
+    place, every time); then the other scenarios, row by row."""
     paired = []
     for pair in SIGNING_PAIRS.values():
         runs = [(row, "grant-complete") for row in pair]
