@@ -2,7 +2,8 @@
 //! operator) form one gapless chain that verifies, each completion carrying its place (replays
 //! too), only heads signed; another agent has its own chain. A chain entry rewritten directly in
 //! Redis, or in the embedded store's file, is named by the verification; entries recorded after
-//! the last signed head (a gate stopped before sealing them) are unsigned yet, not tampered.
+//! the last signed head (a gate stopped before sealing them) are unsigned yet, not tampered; a
+//! signer that panics while sealing a Redis chain panics its caller and stores nothing.
 
 use std::{sync::Arc, time::Duration};
 
@@ -401,6 +402,68 @@ async fn entries_after_the_last_signed_head_are_unsigned_yet_not_tampered() {
         (4, "k3")
     );
     assert!(report.problems[0].what.contains("rewritten"));
+}
+
+/// A head signature that panics while a Redis chain is sealed (off the calls' thread, on the
+/// blocking pool) comes back as that panic to whoever sealed, not as a store error that would
+/// hide it; nothing was stored, so the entries stay unsigned, and the next seal covers them.
+#[tokio::test]
+async fn a_panic_while_sealing_comes_back_as_itself_and_stores_nothing() {
+    struct Panicking;
+    impl oncegate_domain::statement::receipt::ReceiptSigner for Panicking {
+        fn sign_head(&self, _: &ReceiptCore, _: &str, _: Vec<String>) -> String {
+            panic!("the signer broke");
+        }
+    }
+    let options = RedisOptions {
+        // Only this test seals.
+        seal_interval: Duration::from_secs(3600),
+        ..crate::support::test_options()
+    };
+    let backend = crate::support::backend_with(Kind::Redis, options).await;
+    let signer: Receipts = test_signer();
+    complete_directly(&backend.store, &signer, 3).await;
+
+    let store = backend.store.clone();
+    let sealing = tokio::spawn(async move {
+        let panicking: Receipts = Arc::new(Panicking);
+        store.seal_receipts("a", &panicking).await
+    });
+    let panic = sealing
+        .await
+        .expect_err("the seal panics")
+        .try_into_panic()
+        .expect("a panic, not a cancellation");
+    assert_eq!(panic.downcast_ref::<&str>(), Some(&"the signer broke"));
+
+    let keys = test_signer().public_keys().clone();
+    let report = verify_chain(
+        &keys,
+        "a",
+        &backend.store.receipts("a", 0, 100).await.unwrap(),
+    );
+    assert_eq!(
+        (
+            report.verified,
+            report.unsigned.clone(),
+            report.problems.len()
+        ),
+        (0, vec![1, 2, 3], 0)
+    );
+    backend.store.seal_receipts("a", &signer).await.unwrap();
+    let report = verify_chain(
+        &keys,
+        "a",
+        &backend.store.receipts("a", 0, 100).await.unwrap(),
+    );
+    assert_eq!(
+        (
+            report.verified,
+            report.unsigned.len(),
+            report.problems.len()
+        ),
+        (3, 0, 0)
+    );
 }
 
 /// A second handle on the backend's Redis, as another gate would have.
