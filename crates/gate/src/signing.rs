@@ -89,13 +89,19 @@ type Job = (GrantClaims, oneshot::Sender<Result<String, GrantClaims>>);
 impl SigningThread {
     /// Starts the thread that signs with `signer`'s active key.
     pub(crate) fn start(signer: Arc<Signer>) -> std::io::Result<Self> {
+        Self::start_signing(move |claims| signer.sign_grant(claims))
+    }
+
+    /// Starts the thread that signs each job's claims with `sign`.
+    fn start_signing(
+        sign: impl Fn(&GrantClaims) -> String + Send + 'static,
+    ) -> std::io::Result<Self> {
         let (jobs, queue) = mpsc::channel::<Job>();
         std::thread::Builder::new()
             .name("oncegate-signer".into())
             .spawn(move || {
                 for (claims, done) in queue {
-                    let signed =
-                        panic::catch_unwind(AssertUnwindSafe(|| signer.sign_grant(&claims)));
+                    let signed = panic::catch_unwind(AssertUnwindSafe(|| sign(&claims)));
                     // The caller may have gone (its call cancelled): nothing to answer.
                     let _ = done.send(signed.map_err(|_| claims));
                 }
@@ -170,5 +176,32 @@ mod tests {
             answered += 1;
         }
         assert_eq!(answered, 64);
+    }
+
+    /// A signature that panics on the thread is signed again by the caller (and would panic
+    /// there, as an inline signature does); the thread goes on signing the jobs after it.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_panic_on_the_signing_thread_is_signed_inline_and_the_thread_goes_on() {
+        let signer = Signer::new(
+            "gate-test",
+            StatementKey::new(SigningKey::from_bytes(&[7; 32])),
+            [],
+        );
+        let on_thread = signer.clone();
+        let thread = SigningThread::start_signing(move |claims| {
+            assert_ne!(claims.fencing, 2, "the thread's signature broke");
+            format!("thread:{}", on_thread.sign_grant(claims))
+        })
+        .expect("a thread starts");
+        let inline = |fencing| signer.sign_grant(&claims(fencing));
+        assert_eq!(
+            thread.sign(&signer, claims(1)).await,
+            format!("thread:{}", inline(1))
+        );
+        assert_eq!(thread.sign(&signer, claims(2)).await, inline(2));
+        assert_eq!(
+            thread.sign(&signer, claims(3)).await,
+            format!("thread:{}", inline(3))
+        );
     }
 }
