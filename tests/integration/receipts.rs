@@ -341,33 +341,14 @@ async fn entries_after_the_last_signed_head_are_unsigned_yet_not_tampered() {
     complete_directly(&backend.store, &signer, 2).await;
     backend.store.seal_receipts("a", &signer).await.unwrap();
     complete_more(&backend.store, &signer, 2, 5).await;
-    let chain = backend.store.receipts("a", 0, 100).await.unwrap();
-    let report = verify_chain(&keys, "a", &chain);
-    assert_eq!(
-        (
-            report.verified,
-            report.unsigned.clone(),
-            report.problems.len()
-        ),
-        (2, vec![3, 4, 5], 0),
-        "{:?}",
-        report.problems
-    );
+    assert_eq!(verified(&backend.store).await, (2, vec![3, 4, 5], vec![]));
 
     // Another gate seals the chain (its agent's next completion, or an export): one head covers
     // the three.
     let other = backend_store_again(&backend).await;
     other.seal_receipts("a", &signer).await.unwrap();
+    assert_eq!(verified(&other).await, (5, vec![], vec![]));
     let chain = other.receipts("a", 0, 100).await.unwrap();
-    let report = verify_chain(&keys, "a", &chain);
-    assert_eq!(
-        (
-            report.verified,
-            report.unsigned.len(),
-            report.problems.len()
-        ),
-        (5, 0, 0)
-    );
     let heads: Vec<u64> = chain
         .iter()
         .filter(|e| !e.statement.is_empty())
@@ -436,34 +417,18 @@ async fn a_panic_while_sealing_comes_back_as_itself_and_stores_nothing() {
         .expect("a panic, not a cancellation");
     assert_eq!(panic.downcast_ref::<&str>(), Some(&"the signer broke"));
 
-    let keys = test_signer().public_keys().clone();
-    let report = verify_chain(
-        &keys,
-        "a",
-        &backend.store.receipts("a", 0, 100).await.unwrap(),
-    );
-    assert_eq!(
-        (
-            report.verified,
-            report.unsigned.clone(),
-            report.problems.len()
-        ),
-        (0, vec![1, 2, 3], 0)
-    );
+    assert_eq!(verified(&backend.store).await, (0, vec![1, 2, 3], vec![]));
     backend.store.seal_receipts("a", &signer).await.unwrap();
-    let report = verify_chain(
-        &keys,
-        "a",
-        &backend.store.receipts("a", 0, 100).await.unwrap(),
-    );
-    assert_eq!(
-        (
-            report.verified,
-            report.unsigned.len(),
-            report.problems.len()
-        ),
-        (3, 0, 0)
-    );
+    assert_eq!(verified(&backend.store).await, (3, vec![], vec![]));
+}
+
+/// Agent `a`'s chain on `store` as a verifier sees it: the entries a signed head covers, the seqs
+/// of the unsigned ones after the last head, and what does not hold.
+async fn verified(store: &Store) -> (usize, Vec<u64>, Vec<String>) {
+    let keys = test_signer().public_keys().clone();
+    let report = verify_chain(&keys, "a", &store.receipts("a", 0, 100).await.unwrap());
+    let problems = report.problems.into_iter().map(|p| p.what).collect();
+    (report.verified, report.unsigned, problems)
 }
 
 /// A second handle on the backend's Redis, as another gate would have.
