@@ -172,14 +172,19 @@ SIGNING_PAIRS = {"Redis": ("gate on Redis", "gate on Redis, signed"),
 
 
 def order(gates, i):
-    """The (row, scenario) runs of round `i` (from 0): each store's signed and unsigned
-    grant-complete runs first and back to back, the signed one second in rounds 1, 3, … and first
-    in rounds 2, 4, … (so that neither gets the machine's drift between two runs, nor the earlier
-    place, every time); then the other scenarios, row by row."""
+    """The (row, scenario) runs of round `i` (from 0): each store's unsigned (U) and signed (S)
+    grant-complete runs first, four back to back, U S S U in rounds 1, 3, … and S U U S in rounds
+    2, 4, …, so that in every round each row runs once before the other and once after it, and
+    the two rows' mean places are the same (a drift of the machine across the four runs falls on
+    both alike); then the other scenarios, row by row. (With one run of each per round, the signed
+    run came second in two rounds of three, and in 19 of 22 such paired rounds of eleven runs it
+    measured better in the round where it came first: BENCHMARKS.md, "Four runs per store and
+    round".)"""
     paired = []
     for pair in SIGNING_PAIRS.values():
         runs = [(row, "grant-complete") for row in pair]
-        paired += runs if i % 2 == 0 else runs[::-1]
+        first = runs if i % 2 == 0 else runs[::-1]
+        paired += first + first[::-1]
     return paired + [(row, scenario) for row, (_, scenarios) in gates.items()
                      for scenario in scenarios if (row, scenario) not in paired]
 
@@ -315,18 +320,19 @@ def verdict(ok: bool) -> str:
 
 def signing_lines(results):
     """Issue 25, point 1: each store's signed grant-complete pairs/s ÷ its unsigned ones, by the
-    rows' medians (the target's measure) and round by round (the two runs of a round are back to
-    back, so the machine's drift between rounds falls on both)."""
+    rows' medians (the target's measure, over every run) and round by round (a round's two runs of
+    each row are its four back-to-back runs of that store, [`order`]: their means)."""
     lines = []
     for store, (unsigned, signed) in SIGNING_PAIRS.items():
         u, s = results[unsigned]["grant-complete"], results[signed]["grant-complete"]
         by_medians = median_of(s, "pairs_per_s") / median_of(u, "pairs_per_s")
-        per_round = [b["throughput"]["pairs_per_s"] / a["throughput"]["pairs_per_s"]
-                     for a, b in zip(u, s)]
+        mean = lambda reports: statistics.mean(r["throughput"]["pairs_per_s"] for r in reports)
+        per_round = [mean(s[k:k + 2]) / mean(u[k:k + 2]) for k in range(0, len(u), 2)]
         lines.append(
             f"- {store}: signed ÷ unsigned grant-complete pairs/s {by_medians:.3f} by the rows' "
-            f"medians (issue 25: ≥ 0.85: {verdict(by_medians >= 0.85)}); round by "
-            f"round, the two runs back to back: {', '.join(f'{r:.2f}' for r in per_round)} "
+            f"medians of {len(s)} runs each (issue 25: ≥ 0.85: {verdict(by_medians >= 0.85)}); "
+            f"round by round, the means of each round's four runs (U S S U or S U U S): "
+            f"{', '.join(f'{r:.2f}' for r in per_round)} "
             f"(median {statistics.median(per_round):.2f})")
     return lines
 
@@ -631,7 +637,9 @@ def main():
         f"- {info['rustc']}; {info['redis']}; oncegate {info['commit']} (release build)",
         f"- {opts.concurrency} concurrent callers ({opts.connections} HTTP/2 connection(s)) and "
         f"redis-benchmark -c {opts.concurrency}; medians of {opts.runs} runs of {opts.duration:g} s "
-        f"(gate runs after {opts.warmup:g} s warm-up); Redis without persistence (--save '' "
+        f"(gate runs after {opts.warmup:g} s warm-up), and of {2 * opts.runs} for each store's "
+        "signed and unsigned grant-complete rows (four runs back to back per round, U S S U or "
+        "S U U S); Redis without persistence (--save '' "
         "--appendonly no); gate logging at its default (info, audit events on, stderr discarded); "
         "the gate on Redis serves unsigned (no --signing-key), the gate on the embedded store signs "
         "(the key it generates); one row each the other way round",
