@@ -177,9 +177,8 @@ def order(gates, i):
     2, 4, …, so that in every round each row runs once before the other and once after it, and
     the two rows' mean places are the same (a drift of the machine across the four runs falls on
     both alike); then the other scenarios, row by row. (With one run of each per round, the signed
-    run came second in two rounds of three, and in 19 of 22 such paired rounds of eleven runs it
-    measured better in the round where it came first: BENCHMARKS.md, "Four runs per store and
-    round".)"""
+    run came second in rounds 1 and 3, and in 18 of eleven runs' 22 stores its ratio was higher
+    in round 2, where it came first: BENCHMARKS.md, "Four runs per store and round".)"""
     paired = []
     for pair in SIGNING_PAIRS.values():
         runs = [(row, "grant-complete") for row in pair]
