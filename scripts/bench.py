@@ -177,8 +177,9 @@ def order(gates, i):
     2, 4, …, so that in every round each row runs once before the other and once after it, and
     the two rows' mean places are the same (a drift of the machine across the four runs falls on
     both alike); then the other scenarios, row by row. (With one run of each per round, the signed
-    run came second in rounds 1 and 3, and in 18 of eleven runs' 22 stores its ratio was higher
-    in round 2, where it came first: BENCHMARKS.md, "Four runs per store and round".)"""
+    run came second in rounds 1 and 3; over eleven such runs, a store's signed ÷ unsigned was
+    higher in round 2, where it came first, than in rounds 1 and 3 on average, 18 times in 22:
+    BENCHMARKS.md, "Four runs per store and round".)"""
     paired = []
     for pair in SIGNING_PAIRS.values():
         runs = [(row, "grant-complete") for row in pair]
@@ -319,8 +320,8 @@ def verdict(ok: bool) -> str:
 
 def signing_lines(results):
     """Issue 25, point 1: each store's signed grant-complete pairs/s ÷ its unsigned ones, by the
-    rows' medians (the target's measure, over every run) and round by round (a round's two runs of
-    each row are its four back-to-back runs of that store, [`order`]: their means)."""
+    rows' medians (the target's measure, over every run) and round by round (the mean of the
+    signed row's two runs in the round ÷ the mean of the unsigned row's two; see `order`)."""
     lines = []
     for store, (unsigned, signed) in SIGNING_PAIRS.items():
         u, s = results[unsigned]["grant-complete"], results[signed]["grant-complete"]
