@@ -1,11 +1,11 @@
 //! The `oncegate` binary: parse the command line, start tracing, and start the server
-//! (`oncegate-server`: exit 64 when the configuration is bad, 69 when the store cannot be opened or
-//! an address bound), print the bound address and serve until SIGTERM or SIGINT. The other
-//! subcommands are the tools that talk to a gate from outside: the worker calls (`oncegate call`,
-//! [`call_cli`]) and the operator client (`oncegate admin`, [`admin`]) over what they share
-//! ([`remote`], [`views`]), the load generator ([`bench`]), the signing keys and `oncegate verify`
-//! ([`keys`]), `oncegate fingerprint`, and the MCP gateway (the `oncegate-mcp` crate, with the
-//! default `mcp` feature).
+//! (`oncegate-server`: exit 64 when the configuration is bad, 69 when the store cannot be opened,
+//! an address bound or the signing thread started), print the bound address and serve until
+//! SIGTERM or SIGINT. The other subcommands are the tools that talk to a gate from outside: the
+//! worker calls (`oncegate call`, [`call_cli`]) and the operator client (`oncegate admin`,
+//! [`admin`]) over what they share ([`remote`], [`views`]), the load generator ([`bench`]), the
+//! signing keys and `oncegate verify` ([`keys`]), `oncegate fingerprint`, and the MCP gateway (the
+//! `oncegate-mcp` crate, with the default `mcp` feature).
 //!
 //! The layers below are crates (ARCHITECTURE.md): domain → store, observe → gate → grpc, notify,
 //! rules → config, console → server, mcp → this binary. `--console-listen` serves the operator

@@ -3,13 +3,15 @@
 //! `--retired-signing-keys`, `--signing-issuer`, `--unsigned`) as the JWKS endpoint and the
 //! statements show them, `oncegate verify` accepting a live grant and refusing it for changed
 //! params, another audience or a key it was not given, a rotation that keeps the old key's
-//! statements valid, and `oncegate admin audit` over a chain that spans it.
+//! statements valid, `oncegate admin audit` over a chain that spans it, and a signing thread the
+//! system refuses to start.
 
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
+    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
-    process::Output,
+    process::{Command, Output, Stdio},
 };
 
 use base64::Engine;
@@ -18,8 +20,8 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::support::{
-    LoggedGate, OPS_KEY, WORKER_KEY, complete_as, connect, grant_as, http_get, oncegate_command,
-    principals_toml, token_request, ttl_ms, write_file,
+    LoggedGate, OPS_KEY, RedisServer, WORKER_KEY, complete_as, connect, grant_as, http_get,
+    oncegate_command, principals_toml, run_to_exit, token_request, ttl_ms, write_file,
 };
 
 const POLICY: &str = r#"
@@ -542,4 +544,47 @@ async fn an_unsigned_gate_grants_and_completes_without_statements_and_verify_fai
         path_str(&key),
     ]);
     assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+}
+
+/// A user id no process on a test machine runs as: the process limit below counts its tasks only.
+const LIMITED_UID: u32 = 64_242;
+
+/// A signing gate whose signing thread the system refuses (a limit of one task, so no thread at
+/// all; as root, under a user id of its own, since root is not held to the limit): it exits 69
+/// and says why, and it never says it is serving. A gate on Redis with one worker thread starts
+/// no other thread before that one.
+#[test]
+fn a_signing_thread_the_system_refuses_exits_69_saying_why() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new().unwrap();
+    let (key, _) = generate_key(dir.path(), "signing.key");
+    let mut command = Command::new("prlimit");
+    command.arg("--nproc=1:1");
+    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
+    if root {
+        for path in [dir.path(), &key] {
+            std::os::unix::fs::chown(path, Some(LIMITED_UID), Some(LIMITED_UID)).unwrap();
+        }
+        let id = LIMITED_UID.to_string();
+        command.args(["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups"]);
+    }
+    command
+        .arg(env!("CARGO_BIN_EXE_oncegate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--no-admin-socket"])
+        .args(["--redis-url", &format!("redis://127.0.0.1:{}", redis.port)])
+        .args(["--worker-threads", "1", "--signing-key", path_str(&key)])
+        .env_remove("ONCEGATE_DATA_DIR")
+        .env_remove("ONCEGATE_API_KEY")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null());
+    let (code, stderr) = run_to_exit(command);
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.contains("cannot start the signing thread"),
+        "the reason is not logged: {stderr}"
+    );
+    assert!(
+        !stderr.contains("oncegate serving"),
+        "a gate that did not start said it serves: {stderr}"
+    );
 }

@@ -30,7 +30,8 @@ pub enum StartError {
     /// The flags or the configuration file are wrong (`oncegate serve` exits 64).
     #[error("bad configuration: {0}")]
     Usage(String),
-    /// The store cannot be opened or an address cannot be bound (`oncegate serve` exits 69).
+    /// The store cannot be opened, an address cannot be bound or the signing thread cannot start
+    /// (`oncegate serve` exits 69).
     #[error("{0}")]
     Unavailable(String),
 }
@@ -125,32 +126,20 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         unavailable("cannot listen", config.listen, &e)
     })?;
     let addr = listener.local_addr().map_err(|e| {
+        tracing::error!(listen = %config.listen, error = %e, "cannot read the bound address");
         StartError::Unavailable(format!(
             "cannot read the bound address of {}: {e}",
             config.listen
         ))
     })?;
-    let cpus = oncegate_config::cpus();
-    let config_file = args
-        .config
-        .as_ref()
-        .map_or_else(|| "none".to_owned(), |p| p.display().to_string());
-    tracing::info!(%addr, store = config.store.name(), durability_replicas = config.durability_replicas,
-        config = %config_file, policies = config.policies.names().count(),
-        strict = config.policies.strict, principals = config.server.principals.len(),
-        budgets = config.authorization.budgets.len(),
-        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
-        runtime = runtime_flavor(), cpus,
-        worker_threads_rule = args.worker_threads(cpus).rule(),
-        admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
-        "oncegate serving");
-    if let Some(rules) = &config.authorization.rules {
-        tracing::info!(
-            policies = rules.len(),
-            mode = config.authorization.mode.as_str(),
-            "authorization policies loaded (SIGHUP reloads them)"
-        );
-    }
+    // The start-up line and the policies' line below read what the gate takes.
+    let (policies, strict, budgets) = (
+        config.policies.names().count(),
+        config.policies.strict,
+        config.authorization.budgets.len(),
+    );
+    let rules = (config.authorization.rules.as_ref())
+        .map(|rules| (rules.len(), config.authorization.mode.as_str()));
     let mut gate = Gate::with_metrics(store.clone(), config.policies, metrics.clone())
         .with_authorization(config.authorization);
     if let Some(signer) = signer {
@@ -158,8 +147,29 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         // The grants' signatures go to a thread of their own, so that the calls' I/O goes on
         // meanwhile (BENCHMARKS.md, "Grants signed on a thread of their own").
         gate = gate.signing_on_own_thread().map_err(|e| {
+            tracing::error!(error = %e, "cannot start the signing thread");
             StartError::Unavailable(format!("cannot start the signing thread: {e}"))
         })?;
+    }
+    let cpus = oncegate_config::cpus();
+    let config_file = args
+        .config
+        .as_ref()
+        .map_or_else(|| "none".to_owned(), |p| p.display().to_string());
+    tracing::info!(%addr, store = config.store.name(), durability_replicas = config.durability_replicas,
+        config = %config_file, policies, strict, principals = config.server.principals.len(),
+        budgets,
+        worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
+        runtime = runtime_flavor(), cpus,
+        worker_threads_rule = args.worker_threads(cpus).rule(),
+        admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
+        "oncegate serving");
+    if let Some((policies, mode)) = rules {
+        tracing::info!(
+            policies,
+            mode,
+            "authorization policies loaded (SIGHUP reloads them)"
+        );
     }
     if console_listener.is_some() {
         gate = gate.with_recent_decisions(oncegate_console::RECENT_DECISIONS);

@@ -279,15 +279,20 @@ fn no_stray_admin_socket<S: AsRef<OsStr>>(args: &[S]) -> Option<&'static str> {
 /// Runs `oncegate serve --listen 127.0.0.1:0 <args>` to its exit, killed after 20 s (the code is
 /// then `None`): the exit code and standard error.
 pub fn serve_to_exit<S: AsRef<OsStr>>(args: &[S]) -> (Option<i32>, String) {
-    let mut child = oncegate_command()
+    let mut command = oncegate_command();
+    command
         .args(["serve", "--listen", "127.0.0.1:0"])
         .args(args)
         .args(no_stray_admin_socket(args))
         .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+        .stdout(Stdio::null());
+    run_to_exit(command)
+}
+
+/// Runs `command` to its exit, killed after 20 s (the code is then `None`): the exit code and
+/// standard error.
+pub fn run_to_exit(mut command: Command) -> (Option<i32>, String) {
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {

@@ -5,7 +5,7 @@
 //! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]), and [`on_stores!`].
 //! - [`clock`]: store time a test moves ([`TestClock`], [`StoreTime`]).
 //! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
-//!   ([`GateProcess`], [`LoggedGate`], [`serve_to_exit`]), and [`connect`].
+//!   ([`GateProcess`], [`LoggedGate`], [`serve_to_exit`], [`run_to_exit`]), and [`connect`].
 //! - [`inputs`]: requests, TTLs, configuration text, files; [`calls`]: one worker RPC each.
 //! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
 //!   [`pki`]: certificates made here and a TLS channel.
@@ -72,7 +72,9 @@ pub use self::{
     },
     clock::{StoreTime, TestClock, millis_of},
     errors::{expect_error, reason},
-    gate::{GateProcess, LoggedGate, TestGate, connect, oncegate_command, serve_to_exit},
+    gate::{
+        GateProcess, LoggedGate, TestGate, connect, oncegate_command, run_to_exit, serve_to_exit,
+    },
     health::{health, wait_for_health},
     inputs::{
         BASIC_RULES, config, policies, store_request, token_request, ttl_ms, with_rules, write_file,
