@@ -1,6 +1,6 @@
 //! The `oncegate` binary: parse the command line, start tracing, and start the server
 //! (`oncegate-server`: exit 64 when the configuration is bad, 69 when the store cannot be opened,
-//! an address bound or the signing thread started), print the bound address and serve until
+//! an address bound or a thread started), print the bound address and serve until
 //! SIGTERM or SIGINT. The other subcommands are the tools that talk to a gate from outside: the
 //! worker calls (`oncegate call`, [`call_cli`]) and the operator client (`oncegate admin`,
 //! [`admin`]) over what they share ([`remote`], [`views`]), the load generator ([`bench`]), the
@@ -97,12 +97,31 @@ fn with_runtime_of(
     if let Some(workers) = workers.filter(|w| !w.is_current_thread()) {
         builder.worker_threads(workers.count());
     }
-    match builder.build() {
+    match build(&mut builder) {
         Ok(runtime) => run(&runtime),
-        Err(e) => {
-            eprintln!("oncegate: cannot start the async runtime: {e}");
-            ExitCode::FAILURE
+        Err(why) => {
+            eprintln!("oncegate: cannot start the async runtime: {why}");
+            ExitCode::from(exit::UNAVAILABLE)
         }
+    }
+}
+
+/// Builds the runtime, or says why not. Tokio panics instead of returning an error when the
+/// system refuses one of a multi-thread runtime's threads (a container's task limit, a user's
+/// `RLIMIT_NPROC`): that panic, quiet, is such a reason too. Only this thread runs here, so
+/// silencing the panic hook meanwhile silences nothing else.
+fn build(builder: &mut tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| builder.build()));
+    std::panic::set_hook(hook);
+    match built {
+        Ok(runtime) => runtime.map_err(|e| e.to_string()),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "the runtime panicked while starting".to_owned())),
     }
 }
 

@@ -1,12 +1,12 @@
 //! The command line as a user meets it: `oncegate fingerprint`, `--help` (grouped and wrapped),
-//! configuration errors, exit codes (a port in use, a Redis unreachable at start-up), and the
-//! Makefile's `run` and `clean-data`.
+//! configuration errors, exit codes (a port in use, a Redis unreachable at start-up, threads the
+//! system refuses), and the Makefile's `run` and `clean-data`.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use tempfile::TempDir;
 
-use crate::support::{free_port, serve_to_exit, write_file};
+use crate::support::{free_port, oncegate_without_threads, run_to_exit, serve_to_exit, write_file};
 
 fn oncegate(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_oncegate"))
@@ -330,6 +330,45 @@ fn an_unreachable_redis_at_start_up_exits_69_naming_the_address() {
         stderr.contains(&closed),
         "the address is not named: {stderr}"
     );
+}
+
+/// A runtime of two worker threads that the system refuses (a task limit of one): exit 69 with
+/// the reason on one line, not Tokio's panic and its backtrace.
+#[test]
+fn a_runtime_the_system_refuses_threads_exits_69_saying_why() {
+    let dir = TempDir::new().unwrap();
+    let mut command = oncegate_without_threads(&[dir.path()]);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--worker-threads", "2"])
+        .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
+        .stdout(Stdio::null());
+    let (code, stderr) = run_to_exit(command);
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.starts_with("oncegate: cannot start the async runtime: ")
+            && stderr.contains("os error 11"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// The embedded store's writer thread refused (one worker thread, so the runtime starts none):
+/// exit 69, logged as a store that cannot be opened.
+#[test]
+fn an_embedded_writer_the_system_refuses_exits_69_saying_why() {
+    let dir = TempDir::new().unwrap();
+    let mut command = oncegate_without_threads(&[dir.path()]);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--worker-threads", "1"])
+        .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
+        .stdout(Stdio::null());
+    let (code, stderr) = run_to_exit(command);
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.contains("cannot open the store") && stderr.contains("starting the writer thread"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("oncegate serving"), "{stderr}");
 }
 
 /// What `make <args>` would run (`make -n`), from the repository root.

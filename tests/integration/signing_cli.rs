@@ -9,9 +9,8 @@
 use std::{
     collections::BTreeSet,
     net::SocketAddr,
-    os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
+    process::{Output, Stdio},
 };
 
 use base64::Engine;
@@ -21,7 +20,8 @@ use tempfile::TempDir;
 
 use crate::support::{
     LoggedGate, OPS_KEY, RedisServer, WORKER_KEY, complete_as, connect, grant_as, http_get,
-    oncegate_command, principals_toml, run_to_exit, token_request, ttl_ms, write_file,
+    oncegate_command, oncegate_without_threads, principals_toml, run_to_exit, token_request,
+    ttl_ms, write_file,
 };
 
 const POLICY: &str = r#"
@@ -546,30 +546,16 @@ async fn an_unsigned_gate_grants_and_completes_without_statements_and_verify_fai
     assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
 }
 
-/// A user id no process on a test machine runs as: the process limit below counts its tasks only.
-const LIMITED_UID: u32 = 64_242;
-
-/// A signing gate whose signing thread the system refuses (a limit of one task, so no thread at
-/// all; as root, under a user id of its own, since root is not held to the limit): it exits 69
-/// and says why, and it never says it is serving. A gate on Redis with one worker thread starts
-/// no other thread before that one.
+/// A signing gate whose signing thread the system refuses: it exits 69 and says why, and it never
+/// says it is serving. A gate on Redis with one worker thread starts no other thread before that
+/// one.
 #[test]
 fn a_signing_thread_the_system_refuses_exits_69_saying_why() {
     let redis = RedisServer::start();
     let dir = TempDir::new().unwrap();
     let (key, _) = generate_key(dir.path(), "signing.key");
-    let mut command = Command::new("prlimit");
-    command.arg("--nproc=1:1");
-    let root = std::fs::metadata("/proc/self").unwrap().uid() == 0;
-    if root {
-        for path in [dir.path(), &key] {
-            std::os::unix::fs::chown(path, Some(LIMITED_UID), Some(LIMITED_UID)).unwrap();
-        }
-        let id = LIMITED_UID.to_string();
-        command.args(["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups"]);
-    }
+    let mut command = oncegate_without_threads(&[dir.path(), &key]);
     command
-        .arg(env!("CARGO_BIN_EXE_oncegate"))
         .args(["serve", "--listen", "127.0.0.1:0", "--no-admin-socket"])
         .args(["--redis-url", &format!("redis://127.0.0.1:{}", redis.port)])
         .args(["--worker-threads", "1", "--signing-key", path_str(&key)])

@@ -7,7 +7,8 @@ use std::{
     ffi::OsStr,
     io::{BufRead, BufReader, Read},
     net::SocketAddr,
-    path::PathBuf,
+    os::unix::fs::MetadataExt,
+    path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
@@ -252,6 +253,26 @@ pub async fn connect(addr: &str) -> ActionGateServiceClient<Channel> {
 /// The `oncegate` binary under test.
 pub fn oncegate_command() -> Command {
     Command::new(env!("CARGO_BIN_EXE_oncegate"))
+}
+
+/// A user id no process on a test machine runs as: a task limit counts that user's tasks only.
+const LIMITED_UID: u32 = 64_242;
+
+/// `oncegate` under a limit of one task (`prlimit --nproc=1:1`), so that the system refuses it
+/// every thread. As root, whom the limit does not hold, it runs as a user id no process runs as,
+/// which is given `owned` (what the command reads or writes).
+pub fn oncegate_without_threads(owned: &[&Path]) -> Command {
+    let mut command = Command::new("prlimit");
+    command.arg("--nproc=1:1");
+    if std::fs::metadata("/proc/self").unwrap().uid() == 0 {
+        for path in owned {
+            std::os::unix::fs::chown(path, Some(LIMITED_UID), Some(LIMITED_UID)).unwrap();
+        }
+        let id = LIMITED_UID.to_string();
+        command.args(["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups"]);
+    }
+    command.arg(env!("CARGO_BIN_EXE_oncegate"));
+    command
 }
 
 /// Reads the `listening on <addr>` line a starting `oncegate serve` prints first; `None` when the

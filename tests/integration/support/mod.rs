@@ -5,7 +5,8 @@
 //! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]), and [`on_stores!`].
 //! - [`clock`]: store time a test moves ([`TestClock`], [`StoreTime`]).
 //! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
-//!   ([`GateProcess`], [`LoggedGate`], [`serve_to_exit`], [`run_to_exit`]), and [`connect`].
+//!   ([`GateProcess`], [`LoggedGate`], [`serve_to_exit`], [`run_to_exit`], one refused every
+//!   thread: [`oncegate_without_threads`]), and [`connect`].
 //! - [`inputs`]: requests, TTLs, configuration text, files; [`calls`]: one worker RPC each.
 //! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
 //!   [`pki`]: certificates made here and a TLS channel.
@@ -73,7 +74,8 @@ pub use self::{
     clock::{StoreTime, TestClock, millis_of},
     errors::{expect_error, reason},
     gate::{
-        GateProcess, LoggedGate, TestGate, connect, oncegate_command, run_to_exit, serve_to_exit,
+        GateProcess, LoggedGate, TestGate, connect, oncegate_command, oncegate_without_threads,
+        run_to_exit, serve_to_exit,
     },
     health::{health, wait_for_health},
     inputs::{
