@@ -10,6 +10,7 @@ use std::{
     os::unix::fs::MetadataExt,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
     time::{Duration, Instant},
 };
 
@@ -255,20 +256,21 @@ pub fn oncegate_command() -> Command {
     Command::new(env!("CARGO_BIN_EXE_oncegate"))
 }
 
-/// A user id no process on a test machine runs as: a task limit counts that user's tasks only.
-const LIMITED_UID: u32 = 64_242;
-
 /// `oncegate` under a limit of one task (`prlimit --nproc=1:1`), so that the system refuses it
-/// every thread. As root, whom the limit does not hold, it runs as a user id no process runs as,
-/// which is given `owned` (what the command reads or writes).
+/// every thread. As root, whom the limit does not hold, it runs as a user id of its own, which is
+/// given `owned` (what the command reads or writes): the limit counts every task of that user, so
+/// two such commands at once must not share one (a test process's id and a count make it).
 pub fn oncegate_without_threads(owned: &[&Path]) -> Command {
+    static MADE: AtomicU32 = AtomicU32::new(0);
     let mut command = Command::new("prlimit");
     command.arg("--nproc=1:1");
     if std::fs::metadata("/proc/self").unwrap().uid() == 0 {
+        let made = MADE.fetch_add(1, Ordering::Relaxed) % 16;
+        let uid = 1_000_000 + std::process::id() * 16 + made;
         for path in owned {
-            std::os::unix::fs::chown(path, Some(LIMITED_UID), Some(LIMITED_UID)).unwrap();
+            std::os::unix::fs::chown(path, Some(uid), Some(uid)).unwrap();
         }
-        let id = LIMITED_UID.to_string();
+        let id = uid.to_string();
         command.args(["setpriv", "--reuid", &id, "--regid", &id, "--clear-groups"]);
     }
     command.arg(env!("CARGO_BIN_EXE_oncegate"));
