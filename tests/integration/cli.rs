@@ -332,6 +332,39 @@ fn an_unreachable_redis_at_start_up_exits_69_naming_the_address() {
     );
 }
 
+/// Every listener is bound before the start-up line: a health-only port in use, or an admin
+/// socket path that is not a socket, exits 69 with the reason, and the gate never says it serves.
+#[test]
+fn a_listener_beside_the_grpc_one_that_cannot_be_bound_exits_69_before_serving() {
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("data");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken = taken.local_addr().unwrap().to_string();
+    let not_a_socket = write_file(dir.path(), "not-a-socket", "");
+    for (flag, value, reason) in [
+        ("--health-listen", taken.as_str(), "health listener"),
+        (
+            "--admin-socket",
+            not_a_socket.to_str().unwrap(),
+            "exists and is not a socket",
+        ),
+    ] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_oncegate"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", flag, value])
+            .args(["--data-dir", data.to_str().unwrap()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null());
+        let (code, stderr) = run_to_exit(command);
+        assert_eq!(code, Some(69), "{flag}: {stderr}");
+        assert!(
+            stderr.contains(reason) && stderr.contains(value),
+            "{flag}: {stderr}"
+        );
+        assert!(!stderr.contains("oncegate serving"), "{flag}: {stderr}");
+    }
+}
+
 /// A runtime of two worker threads that the system refuses (a task limit of one): exit 69 with
 /// the reason on one line, not Tokio's panic and its backtrace.
 #[test]

@@ -1,7 +1,9 @@
-//! Runs the gRPC server on a listener it is given: the gate service and the operator API behind
-//! the authenticator, gRPC health (overall and per service, the latter following the store) and
-//! reflection (v1 and v1alpha, describing the error details too) without credentials, TLS when configured, bounded messages, and a
-//! graceful drain with a deadline when `shutdown` resolves.
+//! Runs the gRPC server on listeners bound before it serves ([`Listeners`]: the gRPC listener it
+//! is given, a health-only one and the admin socket): the gate service and the operator API
+//! behind the authenticator, gRPC health (overall and per service, the latter following the
+//! store) and reflection (v1 and v1alpha, describing the error details too) without credentials,
+//! TLS when configured, bounded messages, and a graceful drain with a deadline when `shutdown`
+//! resolves.
 
 use std::{future::Future, time::Duration};
 
@@ -53,68 +55,125 @@ pub(crate) fn services(
     (service, admin)
 }
 
-/// Serves both gate services on the Unix socket `path` to the local operator: the socket is
-/// created mode 0600 (only the gate's user, and root, can connect), a stale one from an earlier
-/// run is replaced, and a path that is not a socket is refused. `None` when another gate already
-/// serves it (replicas sharing a data directory): that one answers `oncegate admin`.
-async fn serve_admin_socket(
-    path: &std::path::Path,
-    gate: &Gate,
-    options: &ServerOptions,
-    rpc_layer: RpcLayer,
-) -> Result<Option<(tokio::task::JoinHandle<()>, std::path::PathBuf)>, ServeError> {
-    use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
-    let failed = |source| ServeError::AdminSocket {
-        path: path.to_owned(),
-        source,
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(failed)?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                tracing::warn!(socket = %path.display(), "another gate serves this admin socket; this one serves none");
-                return Ok(None);
+/// The Unix socket at `path` that serves both gate services to the local operator, bound: the
+/// socket is created mode 0600 (only the gate's user, and root, can connect), a stale one from an
+/// earlier run is replaced, and a path that is not a socket is refused. Dropped, it removes its
+/// socket file.
+struct AdminSocket {
+    listener: Option<tokio::net::UnixListener>,
+    path: std::path::PathBuf,
+}
+
+impl AdminSocket {
+    /// Binds `path`; `None` when another gate already serves it (replicas sharing a data
+    /// directory): that one answers `oncegate admin`.
+    fn bind(path: &std::path::Path) -> Result<Option<Self>, ServeError> {
+        use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+        let failed = |source| ServeError::AdminSocket {
+            path: path.to_owned(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(failed)?;
+        }
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.file_type().is_socket() => {
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    tracing::warn!(socket = %path.display(), "another gate serves this admin socket; this one serves none");
+                    return Ok(None);
+                }
+                std::fs::remove_file(path).map_err(failed)?
             }
-            std::fs::remove_file(path).map_err(failed)?
+            Ok(_) => {
+                return Err(failed(std::io::Error::new(
+                    std::io::ErrorKind::AlreadyExists,
+                    "exists and is not a socket; remove it or choose another --admin-socket",
+                )));
+            }
+            Err(_) => {}
         }
-        Ok(_) => {
-            return Err(failed(std::io::Error::new(
-                std::io::ErrorKind::AlreadyExists,
-                "exists and is not a socket; remove it or choose another --admin-socket",
-            )));
-        }
-        Err(_) => {}
+        // Bound under a name of its own, set to owner read/write only, then linked into place:
+        // the socket is never at `path` with the mode the umask gave it (anyone the umask let in
+        // could connect, as the local operator, until the mode was set), and a socket another
+        // gate put there meanwhile is not replaced (the link fails, as the bind did).
+        let unready = path.with_file_name(format!(
+            ".{}.{}",
+            path.file_name().unwrap_or_default().to_string_lossy(),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&unready);
+        let listener = tokio::net::UnixListener::bind(&unready).map_err(failed)?;
+        let placed = std::fs::set_permissions(&unready, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::hard_link(&unready, path));
+        let _ = std::fs::remove_file(&unready);
+        placed.map_err(failed)?;
+        tracing::info!(socket = %path.display(), "admin socket: `oncegate admin` on this machine is the local operator");
+        Ok(Some(Self {
+            listener: Some(listener),
+            path: path.to_owned(),
+        }))
     }
-    // Bound under a name of its own, set to owner read/write only, then linked into place: the
-    // socket is never at `path` with the mode the umask gave it (anyone the umask let in could
-    // connect, as the local operator, until the mode was set), and a socket another gate put
-    // there meanwhile is not replaced (the link fails, as the bind did).
-    let unready = path.with_file_name(format!(
-        ".{}.{}",
-        path.file_name().unwrap_or_default().to_string_lossy(),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&unready);
-    let listener = tokio::net::UnixListener::bind(&unready).map_err(failed)?;
-    let placed = std::fs::set_permissions(&unready, std::fs::Permissions::from_mode(0o600))
-        .and_then(|()| std::fs::hard_link(&unready, path));
-    let _ = std::fs::remove_file(&unready);
-    placed.map_err(failed)?;
-    let (service, admin) = services(gate, options, Authenticator::local());
-    let server = Server::builder()
-        .layer(rpc_layer)
-        .add_service(service)
-        .add_service(admin)
-        .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener));
-    tracing::info!(socket = %path.display(), "admin socket: `oncegate admin` on this machine is the local operator");
-    let task = tokio::spawn(async move {
-        if let Err(e) = server.await {
-            tracing::error!(error = %e, "the admin socket stopped serving");
-        }
-    });
-    Ok(Some((task, path.to_owned())))
+
+    /// Serves both gate services on the socket until the task is aborted.
+    fn serve(
+        &mut self,
+        gate: &Gate,
+        options: &ServerOptions,
+        rpc_layer: RpcLayer,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        let listener = self.listener.take()?;
+        let (service, admin) = services(gate, options, Authenticator::local());
+        let server = Server::builder()
+            .layer(rpc_layer)
+            .add_service(service)
+            .add_service(admin)
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener));
+        Some(tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(error = %e, "the admin socket stopped serving");
+            }
+        }))
+    }
+}
+
+impl Drop for AdminSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Every listener of a server, bound before it serves: the gRPC listener it is given, and the
+/// health-only listener and the admin socket its options ask for. Bound first, a port in use or
+/// an unusable socket path fails the start, before the gate says it serves.
+pub struct Listeners {
+    grpc: TcpListener,
+    health: Option<TcpListener>,
+    admin: Option<AdminSocket>,
+}
+
+impl Listeners {
+    /// Binds what `options` ask for beside `grpc`.
+    pub async fn bind(grpc: TcpListener, options: &ServerOptions) -> Result<Self, ServeError> {
+        let health = match options.health_listen {
+            Some(addr) => {
+                let listener = TcpListener::bind(addr)
+                    .await
+                    .map_err(|e| ServeError::HealthListen(addr, e))?;
+                tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "plaintext health-only listener");
+                Some(listener)
+            }
+            None => None,
+        };
+        let admin = match &options.admin_socket {
+            Some(path) => AdminSocket::bind(path)?,
+            None => None,
+        };
+        Ok(Self {
+            grpc,
+            health,
+            admin,
+        })
+    }
 }
 
 /// Name of the gate service in the health service (readiness follows the store under this name).
@@ -163,13 +222,30 @@ pub enum ServeError {
 }
 
 /// Serves `gate` on `listener` until `shutdown` resolves, then drains in-flight calls for at most
-/// `options.drain_timeout`.
+/// `options.drain_timeout`: [`run_on`] over the [`Listeners`] bound here.
 pub async fn run(
     listener: TcpListener,
     gate: Gate,
     options: ServerOptions,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let listeners = Listeners::bind(listener, &options).await?;
+    run_on(listeners, gate, options, shutdown).await
+}
+
+/// Serves `gate` on `listeners` until `shutdown` resolves, then drains in-flight calls for at
+/// most `options.drain_timeout`.
+pub async fn run_on(
+    listeners: Listeners,
+    gate: Gate,
+    options: ServerOptions,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServeError> {
+    let Listeners {
+        grpc: listener,
+        health: health_listener,
+        admin: mut admin_socket,
+    } = listeners;
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", ServingStatus::Serving)
@@ -184,19 +260,12 @@ pub async fn run(
         gate.clone(),
         options.health_interval,
     ));
-    let health_only = match options.health_listen {
-        Some(addr) => {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|e| ServeError::HealthListen(addr, e))?;
-            tracing::info!(addr = %listener.local_addr().unwrap_or(addr), "plaintext health-only listener");
-            let server = Server::builder()
-                .add_service(health.clone())
-                .serve_with_incoming(TcpListenerStream::new(listener));
-            Some(tokio::spawn(server))
-        }
-        None => None,
-    };
+    let health_only = health_listener.map(|listener| {
+        let server = Server::builder()
+            .add_service(health.clone())
+            .serve_with_incoming(TcpListenerStream::new(listener));
+        tokio::spawn(server)
+    });
 
     // The error details too (google/rpc/error_details.proto): every error carries an ErrorInfo
     // (and RetryInfo or BadRequest) in an Any, which a reflection client such as grpcurl can only
@@ -213,10 +282,8 @@ pub async fn run(
         .build_v1alpha()?;
 
     let rpc_layer = RpcLayer::new(gate.metrics().clone());
-    let local = match &options.admin_socket {
-        Some(path) => serve_admin_socket(path, &gate, &options, rpc_layer.clone()).await?,
-        None => None,
-    };
+    let local =
+        (admin_socket.as_mut()).and_then(|socket| socket.serve(&gate, &options, rpc_layer.clone()));
     // Both gate services sit behind the one authenticator; health and reflection stay open.
     let (service, admin) = services(
         &gate,
@@ -267,10 +334,11 @@ pub async fn run(
         }
     };
     monitor.abort();
-    if let Some((task, path)) = local {
+    if let Some(task) = local {
         task.abort();
-        let _ = std::fs::remove_file(path);
     }
+    // Its socket file goes with it.
+    drop(admin_socket);
     counter.abort();
     if let Some(task) = health_only {
         task.abort();

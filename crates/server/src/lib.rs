@@ -48,7 +48,8 @@ impl StartError {
 
 /// A started server: listening, its gate built, not yet serving calls.
 pub struct Server {
-    listener: TcpListener,
+    /// The gRPC listener, the health-only listener and the admin socket.
+    listeners: server::Listeners,
     addr: SocketAddr,
     gate: Gate,
     options: ServerOptions,
@@ -132,6 +133,13 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
             config.listen
         ))
     })?;
+    // The health-only listener and the admin socket too, before the start-up line.
+    let listeners = server::Listeners::bind(listener, &config.server)
+        .await
+        .map_err(|e| {
+            tracing::error!(error = %e, "cannot listen");
+            StartError::Unavailable(e.to_string())
+        })?;
     // The start-up line and the policies' line below read what the gate takes.
     let (policies, strict, budgets) = (
         config.policies.names().count(),
@@ -192,7 +200,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         reload_policies_on_hangup(gate.clone());
     }
     Ok(Server {
-        listener,
+        listeners,
         addr,
         gate,
         options: config.server,
@@ -240,7 +248,7 @@ impl Server {
         self,
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), ServeError> {
-        server::run(self.listener, self.gate, self.options, shutdown).await
+        server::run_on(self.listeners, self.gate, self.options, shutdown).await
     }
 }
 
