@@ -6,7 +6,9 @@ use std::process::{Command, Stdio};
 
 use tempfile::TempDir;
 
-use crate::support::{free_port, oncegate_without_threads, run_to_exit, serve_to_exit, write_file};
+use crate::support::{
+    free_port, oncegate_command, oncegate_without_threads, run_to_exit, serve_to_exit, write_file,
+};
 
 fn oncegate(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_oncegate"))
@@ -349,7 +351,7 @@ fn a_listener_beside_the_grpc_one_that_cannot_be_bound_exits_69_before_serving()
             "exists and is not a socket",
         ),
     ] {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_oncegate"));
+        let mut command = oncegate_command();
         command
             .args(["serve", "--listen", "127.0.0.1:0", flag, value])
             .args(["--data-dir", data.to_str().unwrap()])
@@ -365,17 +367,30 @@ fn a_listener_beside_the_grpc_one_that_cannot_be_bound_exits_69_before_serving()
     }
 }
 
-/// A runtime of two worker threads that the system refuses (a task limit of one): exit 69 with
-/// the reason on one line, not Tokio's panic and its backtrace.
-#[test]
-fn a_runtime_the_system_refuses_threads_exits_69_saying_why() {
+/// `oncegate serve` on a fresh embedded store with `worker_threads`, refused every thread (a task
+/// limit of one), run to its exit: the exit code and standard error, logged at `info`.
+fn serve_embedded_without_threads(worker_threads: &str) -> (Option<i32>, String) {
     let dir = TempDir::new().unwrap();
     let mut command = oncegate_without_threads(&[dir.path()]);
     command
-        .args(["serve", "--listen", "127.0.0.1:0", "--worker-threads", "2"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--worker-threads",
+            worker_threads,
+        ])
         .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
+        .env("RUST_LOG", "info")
         .stdout(Stdio::null());
-    let (code, stderr) = run_to_exit(command);
+    run_to_exit(command)
+}
+
+/// A runtime of two worker threads that the system refuses: exit 69 with the reason on one line,
+/// not Tokio's panic and its backtrace.
+#[test]
+fn a_runtime_the_system_refuses_threads_exits_69_saying_why() {
+    let (code, stderr) = serve_embedded_without_threads("2");
     assert_eq!(code, Some(69), "{stderr}");
     assert!(
         stderr.starts_with("oncegate: cannot start the async runtime: ")
@@ -389,13 +404,7 @@ fn a_runtime_the_system_refuses_threads_exits_69_saying_why() {
 /// exit 69, logged as a store that cannot be opened.
 #[test]
 fn an_embedded_writer_the_system_refuses_exits_69_saying_why() {
-    let dir = TempDir::new().unwrap();
-    let mut command = oncegate_without_threads(&[dir.path()]);
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--worker-threads", "1"])
-        .args(["--data-dir", dir.path().join("data").to_str().unwrap()])
-        .stdout(Stdio::null());
-    let (code, stderr) = run_to_exit(command);
+    let (code, stderr) = serve_embedded_without_threads("1");
     assert_eq!(code, Some(69), "{stderr}");
     assert!(
         stderr.contains("cannot open the store") && stderr.contains("starting the writer thread"),
