@@ -133,7 +133,7 @@ pub enum BenchError {
 }
 
 /// Runs `oncegate bench` and prints its report; exit 1 when a check failed, 64 for a refused
-/// target, 69 when the gate cannot be reached.
+/// target, 69 when the gate cannot be reached or the runtime cannot start.
 pub fn main(args: BenchArgs) -> ExitCode {
     // One thread: the load generator shares the cores with the gate and Redis, and a
     // current-thread runtime spends about a third less CPU per call than a multi-thread one
@@ -145,7 +145,7 @@ pub fn main(args: BenchArgs) -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("oncegate bench: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
+            return ExitCode::from(oncegate_config::exit::UNAVAILABLE);
         }
     };
     match runtime.block_on(run(&args)) {

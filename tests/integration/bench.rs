@@ -141,3 +141,22 @@ async fn bench_refuses_targets_off_this_machine() {
         assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
     }
 }
+
+/// A load generator the system refuses descriptors (`prlimit --nofile`: enough for the loader,
+/// too few for the runtime's epoll and its waker) says why and exits 69, as the gate does, not 1,
+/// which is for a run whose checks failed.
+#[tokio::test]
+async fn a_runtime_the_system_refuses_exits_69_saying_why() {
+    let out = tokio::process::Command::new("prlimit")
+        .args(["--nofile=4:4", env!("CARGO_BIN_EXE_oncegate"), "bench"])
+        .args(["--target", "127.0.0.1:1", "--duration", "1"])
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(69), "{stderr}");
+    assert!(
+        stderr.contains("oncegate bench: cannot start the async runtime"),
+        "{stderr}"
+    );
+}
