@@ -7,7 +7,8 @@ use std::process::{Command, Stdio};
 use tempfile::TempDir;
 
 use crate::support::{
-    free_port, oncegate_command, oncegate_without_threads, run_to_exit, serve_to_exit, write_file,
+    RedisServer, free_port, oncegate_command, oncegate_without_threads, run_to_exit, serve_to_exit,
+    write_file,
 };
 
 fn oncegate(args: &[&str]) -> std::process::Output {
@@ -409,6 +410,36 @@ fn an_embedded_writer_the_system_refuses_exits_69_saying_why() {
     assert!(
         stderr.contains("cannot open the store") && stderr.contains("starting the writer thread"),
         "{stderr}"
+    );
+    assert!(!stderr.contains("oncegate serving"), "{stderr}");
+}
+
+/// A second serving thread the system refuses (a gate on Redis, unsigned, one worker thread: no
+/// other thread comes first): exit 69 with the reason, before the start-up line.
+#[test]
+fn a_serving_thread_the_system_refuses_exits_69_saying_why() {
+    let redis = RedisServer::start();
+    let dir = TempDir::new().unwrap();
+    let mut command = oncegate_without_threads(&[dir.path()]);
+    command
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--no-admin-socket",
+            "--unsigned",
+        ])
+        .args(["--redis-url", &format!("redis://127.0.0.1:{}", redis.port)])
+        .args(["--worker-threads", "1", "--serving-threads", "2"])
+        .env_remove("ONCEGATE_DATA_DIR")
+        .env_remove("ONCEGATE_API_KEY")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null());
+    let (code, stderr) = run_to_exit(command);
+    assert_eq!(code, Some(69), "{stderr}");
+    assert!(
+        stderr.contains("cannot start the serving threads: serving thread 1:"),
+        "the reason is not logged: {stderr}"
     );
     assert!(!stderr.contains("oncegate serving"), "{stderr}");
 }

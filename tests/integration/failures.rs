@@ -21,7 +21,7 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support::{
-    GateProcess, Kind, Scrape, TestGate, connect, expect_error, health, token_request,
+    GateProcess, Kind, LoggedGate, Scrape, TestGate, connect, expect_error, health, token_request,
     wait_for_health,
 };
 
@@ -234,6 +234,38 @@ async fn sigterm_drains_and_exits_cleanly() {
         .unwrap();
     let status = gate.terminate();
     assert!(status.success(), "{status:?}");
+}
+
+/// SIGTERM drains every serving thread: with connections open on each of three threads, the gate
+/// exits 0 without waiting out the drain deadline (a thread left serving would keep its
+/// connections open until then). The clients' connections run on other threads than the one
+/// waiting for the gate to exit, so that they close when the gate says it goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_every_serving_thread() {
+    let dir = TempDir::new().unwrap();
+    let mut gate = LoggedGate::start(
+        &dir,
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--serving-threads",
+            "3",
+            "--drain-seconds",
+            "30",
+        ],
+    );
+    let mut clients = Vec::new();
+    for i in 0..6 {
+        let mut client = connect(&gate.addr).await;
+        let req = token_request("a", "r", "x", &format!(r#"{{"i":{i}}}"#));
+        client.request_token(req).await.unwrap();
+        clients.push(client);
+    }
+    let status = gate.terminate();
+    assert!(status.success(), "{status:?}: {}", gate.log());
+    let log = gate.log();
+    assert!(!log.contains("drain deadline passed"), "{log}");
+    assert!(log.contains("serving_threads=3"), "{log}");
 }
 
 /// Group commit through the write-ahead log under load: 16 workers grant and complete as fast as

@@ -13,12 +13,25 @@ use crate::support::{
 
 const RACERS: usize = 120;
 
-/// `racers` clients per key race for `keys` actions across `gates` gate processes sharing one
-/// Redis deployment: exactly one grant per key; after its Complete, every racer gets the receipt.
-async fn racers_across_gate_processes(kind: Kind, gates: usize, keys: usize, racers: usize) {
+/// `racers` clients per key race for `keys` actions across `gates` gate processes (started with
+/// `extra` arguments too) sharing one store: exactly one grant per key; after its Complete, every
+/// racer gets the receipt.
+async fn racers_across_gate_processes(
+    kind: Kind,
+    gates: usize,
+    keys: usize,
+    racers: usize,
+    extra: &[&str],
+) {
     let backend = backend(kind).await;
-    let args = backend.gate_args();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The embedded store is one process's: its gates are one, on a data directory of its own.
+    let dir = tempfile::TempDir::new().unwrap();
+    let args = match kind {
+        Kind::Embedded => vec!["--data-dir".into(), dir.path().to_str().unwrap().to_owned()],
+        _ => backend.gate_args(),
+    };
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend_from_slice(extra);
     let gates: Vec<GateProcess> = (0..gates).map(|_| GateProcess::spawn(&args)).collect();
     let request = |key: usize| {
         token_request(
@@ -94,12 +107,74 @@ async fn racers_across_gate_processes_get_one_grant_per_key(kind: Kind) {
         Kind::Cluster => (3, 12, 30),
         _ => (2, 1, RACERS),
     };
-    racers_across_gate_processes(kind, gates, keys, racers).await;
+    racers_across_gate_processes(kind, gates, keys, racers, &[]).await;
 }
 on_stores!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     racers_across_gate_processes_get_one_grant_per_key: redis, cluster, sentinel
 );
+
+/// One gate serving on three threads: the racers' connections are dealt over them (each thread
+/// with its own runtime and, on a standalone Redis, its own connection), and still exactly one
+/// racer per key is granted.
+async fn racers_on_serving_threads_get_one_grant_per_key(kind: Kind) {
+    racers_across_gate_processes(kind, 1, 3, 40, &["--serving-threads", "3"]).await;
+}
+on_stores!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    racers_on_serving_threads_get_one_grant_per_key: embedded, redis, cluster, sentinel
+);
+
+/// On a standalone Redis, each serving thread past the first opens one connection of its own, on
+/// its first call, and keeps it: `CLIENT LIST` grows by exactly two for `--serving-threads 3`,
+/// however many client connections are dealt to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_serving_thread_opens_one_redis_connection_of_its_own() {
+    let backend = backend(Kind::Redis).await;
+    let args = backend.gate_args();
+    let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
+    args.extend_from_slice(&["--serving-threads", "3"]);
+    let gate = GateProcess::spawn(&args);
+    let port = backend.redis.as_ref().unwrap().port;
+    let mut redis = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let mut connected = || -> usize {
+        let list: String = redis::cmd("CLIENT").arg("LIST").query(&mut redis).unwrap();
+        list.lines().count()
+    };
+    let before = connected();
+    for round in 0..2 {
+        // Twelve connections, four dealt to each thread; a call on each.
+        let mut tasks = Vec::new();
+        for i in 0..12 {
+            let addr = gate.addr.clone();
+            tasks.push(tokio::spawn(async move {
+                let req = token_request(
+                    "agent",
+                    "run",
+                    "orders.create",
+                    &format!(r#"{{"round":{round},"order":{i}}}"#),
+                );
+                connect(&addr)
+                    .await
+                    .request_token(req)
+                    .await
+                    .unwrap()
+                    .into_inner()
+            }));
+        }
+        for task in tasks {
+            assert_eq!(task.await.unwrap().decision(), pb::Decision::Granted);
+        }
+        assert_eq!(
+            connected(),
+            before + 2,
+            "round {round}: one connection per thread past the first"
+        );
+    }
+}
 
 /// 500 distinct actions requested at once: every one granted, each with its own token.
 async fn five_hundred_distinct_actions_get_distinct_tokens(kind: Kind) {

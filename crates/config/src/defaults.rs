@@ -31,6 +31,9 @@ pub const SENTINEL_CHECK_MS: u64 = 1000;
 pub const SEAL_INTERVAL_MS: u64 = 50;
 /// Connections reserved for calls that `WAIT` for replicas (when a durability level is set).
 pub const WAIT_LANES: usize = 4;
+/// The most `--serving-threads` accepts: past it, the threads would share standalone Redis
+/// connections.
+pub const MAX_SERVING_THREADS: u16 = oncegate_store::redis::MAX_SERVING_THREADS as u16;
 /// The most `--worker-threads` accepts.
 pub const MAX_WORKER_THREADS: u16 = 1024;
 /// On SIGTERM/SIGINT, how long in-flight calls may take to finish, in seconds.
@@ -56,6 +59,7 @@ pub fn server() -> ServerOptions {
         principals: Principals::default(),
         admin_socket: None,
         console_logins: None,
+        serving_threads: 1,
     }
 }
 

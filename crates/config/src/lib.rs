@@ -173,6 +173,7 @@ impl Config {
             health_listen: args.health_listen,
             principals: file.principals,
             admin_socket: args.admin_socket(),
+            serving_threads: args.serving_threads.into(),
             ..defaults::server()
         };
         Ok(Self {

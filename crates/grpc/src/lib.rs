@@ -10,5 +10,6 @@ pub mod in_process;
 pub mod one_write;
 pub mod server;
 pub mod service;
+mod serving;
 pub mod status;
 pub mod tls;

@@ -7,7 +7,10 @@
 
 use std::{future::Future, time::Duration};
 
-use tokio::net::TcpListener;
+use tokio::{
+    net::{TcpListener, TcpStream},
+    sync::mpsc,
+};
 use tokio_stream::{StreamExt as _, wrappers::TcpListenerStream};
 use tonic::{
     service::interceptor::InterceptedService,
@@ -20,6 +23,7 @@ use super::{
     auth::{Authenticator, LoginCodes, Principals},
     one_write::OneWrite,
     service::GateService,
+    serving::{Dealer, ServingThreads},
     tls::TlsSettings,
 };
 use oncegate_gate::Gate;
@@ -149,6 +153,7 @@ pub struct Listeners {
     grpc: TcpListener,
     health: Option<TcpListener>,
     admin: Option<AdminSocket>,
+    serving: ServingThreads,
 }
 
 impl Listeners {
@@ -168,10 +173,13 @@ impl Listeners {
             Some(path) => AdminSocket::bind(path)?,
             None => None,
         };
+        let serving =
+            ServingThreads::start(options.serving_threads).map_err(ServeError::ServingThreads)?;
         Ok(Self {
             grpc,
             health,
             admin,
+            serving,
         })
     }
 }
@@ -203,6 +211,9 @@ pub struct ServerOptions {
     /// The operator console's one-time login codes, issued by CreateConsoleLogin; `None` when
     /// the gate serves no console.
     pub console_logins: Option<LoginCodes>,
+    /// How many threads the gRPC connections are dealt to, each with a current-thread runtime of
+    /// its own; the runtime that runs the server is the first (`--serving-threads`).
+    pub serving_threads: usize,
 }
 
 /// Why the server stopped abnormally.
@@ -214,6 +225,8 @@ pub enum ServeError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("health listener {0}: {1}")]
     HealthListen(std::net::SocketAddr, std::io::Error),
+    #[error("cannot start the serving threads: {0}")]
+    ServingThreads(std::io::Error),
     #[error("admin socket {}: {source}", path.display())]
     AdminSocket {
         path: std::path::PathBuf,
@@ -245,6 +258,7 @@ pub async fn run_on(
         grpc: listener,
         health: health_listener,
         admin: mut admin_socket,
+        serving,
     } = listeners;
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
@@ -295,7 +309,6 @@ pub async fn run_on(
     if let Some(tls) = &options.tls {
         builder = builder.tls_config(tls.config.clone())?;
     }
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     // TCP_NODELAY on every accepted connection: with Nagle on, small replies wait for the
     // client's delayed ACK (~40 ms each on Linux). `Server::tcp_nodelay` does not reach a
     // listener passed in like this one, so the incoming stream sets it. Each connection's writes
@@ -305,26 +318,66 @@ pub async fn run_on(
     } else {
         OneWrite::new
     };
+    let (threads, dealt): (Vec<_>, Vec<_>) = (1..serving.count())
+        .map(|_| mpsc::unbounded_channel::<std::net::TcpStream>())
+        .unzip();
+    let mut dealer = Dealer::new(threads);
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
-        .map(move |accepted| accepted.map(wrap));
-    let server = builder
+        .filter_map(move |accepted| dealer.deal(accepted).map(|kept| kept.map(wrap)));
+    let router = builder
         .layer(rpc_layer)
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(service)
-        .add_service(admin)
-        .serve_with_incoming_shutdown(incoming, async {
-            let _ = stop_rx.await;
-        });
+        .add_service(admin);
+    // The other serving threads: the same services on the connections dealt to them, drained
+    // with this one.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    let mut drained = Vec::with_capacity(dealt.len());
+    let mut dealt = dealt.into_iter();
+    serving.run(|index| {
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        drained.push(done_rx);
+        let incoming = tokio_stream::wrappers::UnboundedReceiverStream::new(
+            dealt.next().expect("a queue per serving thread"),
+        )
+        .map(move |std| TcpStream::from_std(std).map(wrap));
+        let server = router
+            .clone()
+            .serve_with_incoming_shutdown(incoming, stopped(stop_rx.clone()));
+        Box::pin(async move {
+            if let Err(e) = server.await {
+                tracing::error!(serving_thread = index, error = %e, "a serving thread stopped serving");
+            }
+            let _ = done_tx.send(());
+        })
+    });
+    let all_drained = async move {
+        for done in drained {
+            let _ = done.await;
+        }
+    };
+    let server = router.serve_with_incoming_shutdown(incoming, stopped(stop_rx));
     tokio::pin!(server);
     let result = tokio::select! {
-        result = &mut server => result.map_err(ServeError::from),
+        result = &mut server => {
+            let _ = stop_tx.send(true);
+            result.map_err(ServeError::from)
+        }
         () = shutdown => {
             tracing::info!(drain_timeout = ?options.drain_timeout, "shutting down: no new calls, draining in-flight ones");
-            let _ = stop_tx.send(());
-            match tokio::time::timeout(options.drain_timeout, &mut server).await {
+            let _ = stop_tx.send(true);
+            let every_thread = async {
+                let result = (&mut server).await;
+                all_drained.await;
+                result
+            };
+            match tokio::time::timeout(options.drain_timeout, every_thread).await {
                 Ok(result) => result.map_err(ServeError::from),
                 Err(_) => {
                     tracing::warn!("drain deadline passed with calls still in flight; stopping anyway");

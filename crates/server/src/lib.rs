@@ -133,11 +133,16 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
             config.listen
         ))
     })?;
-    // The health-only listener and the admin socket too, before the start-up line.
+    // The health-only listener, the admin socket and the serving threads too, before the
+    // start-up line.
     let listeners = server::Listeners::bind(listener, &config.server)
         .await
         .map_err(|e| {
-            tracing::error!(error = %e, "cannot listen");
+            let what = match e {
+                server::ServeError::ServingThreads(_) => "cannot start serving",
+                _ => "cannot listen",
+            };
+            tracing::error!(error = %e, "{what}");
             StartError::Unavailable(e.to_string())
         })?;
     // The start-up line and the policies' line below read what the gate takes.
@@ -170,6 +175,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         worker_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         runtime = runtime_flavor(), cpus,
         worker_threads_rule = args.worker_threads(cpus).rule(),
+        serving_threads = config.server.serving_threads,
         admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
         "oncegate serving");
     if let Some((policies, mode)) = rules {

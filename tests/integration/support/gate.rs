@@ -427,6 +427,15 @@ impl LoggedGate {
         std::fs::read_to_string(&self.log).unwrap()
     }
 
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status();
+        self.child.wait().unwrap()
+    }
+
     /// Sends SIGHUP (the gate reloads its authorization policies).
     pub fn hangup(&self) {
         let status = Command::new("kill")

@@ -4,7 +4,7 @@
 //! Owns: opening connections for each topology. The lanes and sending `WAIT` right behind a script
 //! are [`super::lanes`]'s; scripts, keys, deadlines and reply decoding `super`'s.
 
-use std::sync::Arc;
+use std::{cell::Cell, sync::Arc};
 
 use redis::{
     Cmd, ConnectionAddr, IntoConnectionInfo, RedisResult, Value,
@@ -19,6 +19,7 @@ use super::{
     lanes::{Lanes, Wait, lane_count, node_info, node_url, run_on},
     sentinel::SentinelConn,
 };
+use tokio::sync::OnceCell;
 
 /// Which Redis deployment the store talks to. Exactly one is configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,11 +96,55 @@ impl Topology {
     }
 }
 
+thread_local! {
+    /// Which of the server's serving threads this is; 0 on every other thread.
+    static SERVING_THREAD: Cell<usize> = const { Cell::new(0) };
+}
+
+/// The most serving threads whose calls get standalone connections of their own; a thread past
+/// them shares the first thread's.
+pub const MAX_SERVING_THREADS: usize = 64;
+
+/// Marks the calling thread as the server's serving thread `index` (1 and up; the runtime that
+/// starts the server is 0). A standalone store's calls that do not wait for replicas then go on a
+/// connection opened on this thread, the first time it runs one: its commands and replies never
+/// cross to another thread's runtime (BENCHMARKS.md, "Serving threads").
+pub fn serve_on_this_thread(index: usize) {
+    SERVING_THREAD.set(index);
+}
+
+/// A standalone server's connections: the lanes every thread shares, and one more for each
+/// serving thread but the first, opened by that thread.
+pub struct Standalone {
+    shared: Lanes<ConnectionManager>,
+    client: redis::Client,
+    config: ConnectionManagerConfig,
+    serving_threads: Box<[OnceCell<ConnectionManager>]>,
+}
+
+impl Standalone {
+    /// The connection for a call on this thread; `waits` when the call is followed by `WAIT`,
+    /// which always goes on the shared lanes (they spread the waiting calls).
+    async fn pick(&self, waits: bool) -> RedisResult<ConnectionManager> {
+        let thread = SERVING_THREAD.get();
+        match self.serving_threads.get(thread.wrapping_sub(1)) {
+            Some(own) if !waits => own
+                .get_or_try_init(|| {
+                    ConnectionManager::new_with_config(self.client.clone(), self.config.clone())
+                })
+                .await
+                .cloned(),
+            _ => Ok(self.shared.pick(waits)),
+        }
+    }
+}
+
 /// A connection to the configured deployment. Cheap to clone.
 #[derive(Clone)]
 pub enum Conn {
-    /// One server through self-reconnecting managers, one per lane.
-    Standalone(Arc<Lanes<ConnectionManager>>),
+    /// One server through self-reconnecting managers, one per lane, and one more per serving
+    /// thread ([`serve_on_this_thread`]).
+    Standalone(Arc<Standalone>),
     /// A Redis Cluster; each lane is a cluster connection (one multiplexed connection per node)
     /// that follows slot moves and failovers by itself.
     Cluster(Arc<Lanes<ClusterConnection>>),
@@ -124,7 +169,12 @@ impl Conn {
                         ConnectionManager::new_with_config(client.clone(), config.clone()).await?,
                     );
                 }
-                Ok(Self::Standalone(Arc::new(Lanes::new(lanes))))
+                Ok(Self::Standalone(Arc::new(Standalone {
+                    shared: Lanes::new(lanes),
+                    client,
+                    config,
+                    serving_threads: (1..MAX_SERVING_THREADS).map(|_| OnceCell::new()).collect(),
+                })))
             }
             Topology::Cluster { nodes } => {
                 let infos = nodes
@@ -162,8 +212,8 @@ impl Conn {
         wait: Option<Wait>,
     ) -> RedisResult<(Value, u32)> {
         match self {
-            Self::Standalone(lanes) => {
-                run_on(&mut lanes.pick(wait.is_some()), invocation, wait).await
+            Self::Standalone(server) => {
+                run_on(&mut server.pick(wait.is_some()).await?, invocation, wait).await
             }
             Self::Cluster(lanes) => run_on(&mut lanes.pick(wait.is_some()), invocation, wait).await,
             Self::Sentinel(conn) => conn.run(invocation, wait).await,
@@ -207,7 +257,7 @@ impl Conn {
     /// where redis-rs routes it (PING to every master; CONFIG GET to a random node).
     pub async fn query(&self, cmd: &Cmd) -> RedisResult<Value> {
         match self {
-            Self::Standalone(lanes) => cmd.query_async(&mut lanes.pick(false)).await,
+            Self::Standalone(server) => cmd.query_async(&mut server.shared.pick(false)).await,
             Self::Cluster(lanes) => cmd.query_async(&mut lanes.pick(false)).await,
             Self::Sentinel(conn) => conn.query(cmd).await,
         }

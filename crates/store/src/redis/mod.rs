@@ -29,7 +29,7 @@ use std::{sync::Arc, time::Duration};
 use redis::Value;
 
 use connection::Conn;
-pub use connection::Topology;
+pub use connection::{MAX_SERVING_THREADS, Topology, serve_on_this_thread};
 use lanes::Wait;
 use library::{Call, Function, Library, Source};
 use reply::{Decoded, decode, unexpected};
