@@ -189,10 +189,11 @@ def order(gates, i):
                      for scenario in scenarios if (row, scenario) not in paired]
 
 
-def rounds(redis, gates, opts):
+def rounds(redis, gates, python_gates, opts):
     """Every measurement once per round, rounds repeated: the noise of a shared machine falls on
     the limit and on the gate alike, instead of on whichever was measured at a bad moment.
-    `gates` maps a row name to (gate, scenarios)."""
+    `gates` maps a row name to (gate, scenarios); `python_gates` are the unsigned and the signing
+    gate the Python side goes through."""
     commands = limit_commands(redis)
     # Size each redis-benchmark run to about --duration seconds from a short calibration run.
     sizes = {name: max(20000, int(redis_benchmark(redis, opts.concurrency, 20000, c)["ops"]
@@ -212,8 +213,7 @@ def rounds(redis, gates, opts):
             print(f"  {row}, {scenario}: {tok:.0f} RequestToken/s", flush=True)
         if opts.python_seconds > 0 and Path(opts.python).exists():
             redis.cli("FLUSHALL")
-            python.append(python_side(redis, gates["gate on Redis"][0],
-                                      gates["gate on Redis, signed"][0], opts))
+            python.append(python_side(redis, *python_gates, opts))
             print("  Python: " + ", ".join(f"{c} {r['cycles_per_s']:.0f}/s"
                                            for c, r in python[-1].items()), flush=True)
     return lim, results, python
@@ -468,7 +468,8 @@ def python_table(python, opts):
     med = lambda c, f: statistics.median(run[c][f] for run in python)
     lines = ["", f"Python, {opts.python_workers} worker processes, a full cycle around a no-op tool, "
              f"every cycle a new action, same Redis, medians of {len(python)} runs of "
-             f"{opts.python_seconds:g} s:", "",
+             f"{opts.python_seconds:g} s; the gate servers with "
+             f"`{opts.gate_args or 'no extra flags'}`:", "",
              "| contender | cycles/s | CPU µs per cycle: client / gate / Redis = all | machine idle |",
              "| --- | ---: | ---: | ---: |"]
     for contender, label in PYTHON_ROWS.items():
@@ -570,9 +571,10 @@ def main():
     parser.add_argument("--python-workers", type=int, default=8)
     parser.add_argument("--python-seconds", type=float, default=4.0,
                         help="seconds per contender per round; 0 skips the Python comparison")
-    parser.add_argument("--gate-args", default="",
-                        help="with --python-only: extra `oncegate serve` flags for both gates "
-                             "(e.g. '--worker-threads 1')")
+    parser.add_argument("--gate-args", default="--serving-threads 2",
+                        help="extra `oncegate serve` flags for the two gates on Redis the Python "
+                             "side goes through (unsigned and signing); the default deals its "
+                             "worker processes' connections to two threads")
     parser.add_argument("--no-instructions", action="store_true",
                         help="skip counting Redis's instructions per cycle under callgrind")
     parser.add_argument("--python-only", action="store_true",
@@ -610,8 +612,13 @@ def main():
                 "gate on embedded, --unsigned": (gate(data_dir=os.path.join(tmp, "unsigned"),
                                                       extra=["--unsigned"]), ["grant-complete"]),
             }
+            # The Python side's gates: the same on Redis, with --gate-args (by default two
+            # serving threads, for its worker processes' connection each).
+            extra = shlex.split(opts.gate_args)
+            python_gates = (gate(redis_url=redis.url(), extra=extra),
+                            gate(redis_url=redis.url(), extra=["--signing-key", key, *extra]))
             fsync = fsync_latency(os.path.join(tmp, "embedded"))
-            lim, results, python = rounds(redis, gates, opts)
+            lim, results, python = rounds(redis, gates, python_gates, opts)
             for g in started:
                 g.stop()
             started.clear()
