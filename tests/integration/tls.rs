@@ -77,6 +77,45 @@ async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certif
     assert_eq!(health.into_inner().status, 1);
 }
 
+/// Three serving threads behind one TLS listener: three connections, one dealt to each thread,
+/// each completes the handshake, gets health without a credential and has a wrong API key refused.
+#[tokio::test]
+async fn tls_and_credentials_hold_on_every_serving_thread() {
+    let pki = Pki::new();
+    let settings = tls::settings(
+        pki.server.cert.as_bytes(),
+        pki.server.key.as_bytes(),
+        Some(pki.ca.pem.as_bytes()),
+        false,
+    )
+    .unwrap();
+    let options = ServerOptions {
+        tls: Some(settings),
+        serving_threads: 3,
+        ..defaults::server()
+    };
+    let policies = config(&principals_toml(""));
+    let gate = TestGate::serve_with_options(backend(Kind::Embedded).await, policies, options).await;
+    let addr = gate.addr.to_string();
+    for connection in 0..3 {
+        let channel = tls_channel(&addr, &pki.ca.pem, Some(&pki.ops))
+            .await
+            .unwrap();
+        let health = HealthClient::new(channel.clone())
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(health.into_inner().status, 1, "connection {connection}");
+        let status = GateAdminServiceClient::new(channel)
+            .list_unresolved(authed(pb::ListUnresolvedRequest::default(), Some("wrong")))
+            .await
+            .unwrap_err();
+        expect_error(&status, Code::Unauthenticated, "UNAUTHENTICATED");
+    }
+}
+
 #[test]
 fn an_open_non_loopback_listener_is_refused_unless_insecure() {
     let dir = TempDir::new().unwrap();
