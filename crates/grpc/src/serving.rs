@@ -79,9 +79,9 @@ impl ServingThreads {
     }
 }
 
-/// Deals accepted connections in turn: one in `count` stays with the caller (the first serving
-/// thread), the others go to the serving threads' queues. A connection whose thread has stopped
-/// stays with the caller.
+/// Deals accepted connections in turn: one to each serving thread's queue, then one kept by the
+/// caller (the first serving thread), and again. A connection whose thread has stopped stays with
+/// the caller.
 pub(crate) struct Dealer {
     threads: Vec<mpsc::UnboundedSender<std::net::TcpStream>>,
     turn: usize,
