@@ -7,8 +7,8 @@ use std::process::{Command, Stdio};
 use tempfile::TempDir;
 
 use crate::support::{
-    RedisServer, free_port, oncegate_command, oncegate_without_threads, run_to_exit, serve_to_exit,
-    write_file,
+    free_port, oncegate_command, oncegate_without_threads, run_to_exit,
+    serve_on_redis_without_threads, serve_to_exit, write_file,
 };
 
 fn oncegate(args: &[&str]) -> std::process::Output {
@@ -418,24 +418,8 @@ fn an_embedded_writer_the_system_refuses_exits_69_saying_why() {
 /// other thread comes first): exit 69 with the reason, before the start-up line.
 #[test]
 fn a_serving_thread_the_system_refuses_exits_69_saying_why() {
-    let redis = RedisServer::start();
-    let dir = TempDir::new().unwrap();
-    let mut command = oncegate_without_threads(&[dir.path()]);
-    command
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--no-admin-socket",
-            "--unsigned",
-        ])
-        .args(["--redis-url", &format!("redis://127.0.0.1:{}", redis.port)])
-        .args(["--worker-threads", "1", "--serving-threads", "2"])
-        .env_remove("ONCEGATE_DATA_DIR")
-        .env_remove("ONCEGATE_API_KEY")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null());
-    let (code, stderr) = run_to_exit(command);
+    let (code, stderr) =
+        serve_on_redis_without_threads(&[], &["--unsigned", "--serving-threads", "2"]);
     assert_eq!(code, Some(69), "{stderr}");
     assert!(
         stderr.contains("cannot start the serving threads: serving thread 1:"),

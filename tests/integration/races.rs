@@ -23,12 +23,17 @@ async fn racers_across_gate_processes(
     racers: usize,
     extra: &[&str],
 ) {
-    let backend = backend(kind).await;
     // The embedded store is one process's: its gates are one, on a data directory of its own.
     let dir = tempfile::TempDir::new().unwrap();
-    let args = match kind {
-        Kind::Embedded => vec!["--data-dir".into(), dir.path().to_str().unwrap().to_owned()],
-        _ => backend.gate_args(),
+    let (args, _backend) = match kind {
+        Kind::Embedded => (
+            vec!["--data-dir".into(), dir.path().to_str().unwrap().to_owned()],
+            None,
+        ),
+        _ => {
+            let backend = backend(kind).await;
+            (backend.gate_args(), Some(backend))
+        }
     };
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.extend_from_slice(extra);

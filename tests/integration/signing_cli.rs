@@ -10,7 +10,7 @@ use std::{
     collections::BTreeSet,
     net::SocketAddr,
     path::{Path, PathBuf},
-    process::{Output, Stdio},
+    process::Output,
 };
 
 use base64::Engine;
@@ -19,9 +19,8 @@ use serde_json::Value;
 use tempfile::TempDir;
 
 use crate::support::{
-    LoggedGate, OPS_KEY, RedisServer, WORKER_KEY, complete_as, connect, grant_as, http_get,
-    oncegate_command, oncegate_without_threads, principals_toml, run_to_exit, token_request,
-    ttl_ms, write_file,
+    LoggedGate, OPS_KEY, WORKER_KEY, complete_as, connect, grant_as, http_get, oncegate_command,
+    principals_toml, serve_on_redis_without_threads, token_request, ttl_ms, write_file,
 };
 
 const POLICY: &str = r#"
@@ -551,19 +550,10 @@ async fn an_unsigned_gate_grants_and_completes_without_statements_and_verify_fai
 /// one.
 #[test]
 fn a_signing_thread_the_system_refuses_exits_69_saying_why() {
-    let redis = RedisServer::start();
     let dir = TempDir::new().unwrap();
     let (key, _) = generate_key(dir.path(), "signing.key");
-    let mut command = oncegate_without_threads(&[dir.path(), &key]);
-    command
-        .args(["serve", "--listen", "127.0.0.1:0", "--no-admin-socket"])
-        .args(["--redis-url", &format!("redis://127.0.0.1:{}", redis.port)])
-        .args(["--worker-threads", "1", "--signing-key", path_str(&key)])
-        .env_remove("ONCEGATE_DATA_DIR")
-        .env_remove("ONCEGATE_API_KEY")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null());
-    let (code, stderr) = run_to_exit(command);
+    let (code, stderr) =
+        serve_on_redis_without_threads(&[dir.path(), &key], &["--signing-key", path_str(&key)]);
     assert_eq!(code, Some(69), "{stderr}");
     assert!(
         stderr.contains("cannot start the signing thread"),

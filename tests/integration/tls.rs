@@ -18,17 +18,22 @@ use crate::support::{
     principals_toml, tls_channel, write_file,
 };
 
-#[tokio::test]
-async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certificate() {
-    let pki = Pki::new();
-    let rogue = Ca::new("rogue CA").client("ops.example");
-    let settings = tls::settings(
+/// The server's certificate, asking clients for one from the test CA.
+fn mutual_tls(pki: &Pki) -> tls::TlsSettings {
+    tls::settings(
         pki.server.cert.as_bytes(),
         pki.server.key.as_bytes(),
         Some(pki.ca.pem.as_bytes()),
         false,
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[tokio::test]
+async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certificate() {
+    let pki = Pki::new();
+    let rogue = Ca::new("rogue CA").client("ops.example");
+    let settings = mutual_tls(&pki);
     let options = ServerOptions {
         tls: Some(settings),
         ..defaults::server()
@@ -82,13 +87,7 @@ async fn mtls_refuses_untrusted_certificates_and_a_wrong_key_beats_a_good_certif
 #[tokio::test]
 async fn tls_and_credentials_hold_on_every_serving_thread() {
     let pki = Pki::new();
-    let settings = tls::settings(
-        pki.server.cert.as_bytes(),
-        pki.server.key.as_bytes(),
-        Some(pki.ca.pem.as_bytes()),
-        false,
-    )
-    .unwrap();
+    let settings = mutual_tls(&pki);
     let options = ServerOptions {
         tls: Some(settings),
         serving_threads: 3,

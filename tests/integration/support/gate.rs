@@ -277,6 +277,33 @@ pub fn oncegate_without_threads(owned: &[&Path]) -> Command {
     command
 }
 
+/// `oncegate serve` with one worker thread on a Redis of its own, with `args`, refused every
+/// thread ([`oncegate_without_threads`], given `owned`), run to its exit: the exit code and
+/// standard error, logged at `info`. One worker thread is Tokio's current-thread scheduler, so the
+/// first thread refused is one the gate itself asks for.
+pub fn serve_on_redis_without_threads(owned: &[&Path], args: &[&str]) -> (Option<i32>, String) {
+    let redis = super::RedisServer::start();
+    let mut command = oncegate_without_threads(owned);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--no-admin-socket"])
+        .args(["--redis-url", &redis.url(), "--worker-threads", "1"])
+        .args(args)
+        .env_remove("ONCEGATE_DATA_DIR")
+        .env_remove("ONCEGATE_API_KEY")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null());
+    run_to_exit(command)
+}
+
+/// Sends SIGTERM to `child` and waits for its exit status.
+fn terminate(child: &mut Child) -> std::process::ExitStatus {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    child.wait().unwrap()
+}
+
 /// Reads the `listening on <addr>` line a starting `oncegate serve` prints first; `None` when the
 /// first line is something else (the process failed to start).
 fn listening_on(child: &mut Child) -> (Option<String>, String) {
@@ -368,11 +395,7 @@ impl GateProcess {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        self.child.wait().unwrap()
+        terminate(&mut self.child)
     }
 }
 
@@ -429,11 +452,7 @@ impl LoggedGate {
 
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(self.child.id().to_string())
-            .status();
-        self.child.wait().unwrap()
+        terminate(&mut self.child)
     }
 
     /// Sends SIGHUP (the gate reloads its authorization policies).

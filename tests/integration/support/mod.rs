@@ -6,7 +6,8 @@
 //! - [`clock`]: store time a test moves ([`TestClock`], [`StoreTime`]).
 //! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
 //!   ([`GateProcess`], [`LoggedGate`], [`serve_to_exit`], [`run_to_exit`], one refused every
-//!   thread: [`oncegate_without_threads`]), and [`connect`].
+//!   thread: [`oncegate_without_threads`], on a Redis of its own:
+//!   [`serve_on_redis_without_threads`]), and [`connect`].
 //! - [`inputs`]: requests, TTLs, configuration text, files; [`calls`]: one worker RPC each.
 //! - [`principals`]: the worker and operator of access-controlled gates, [`authed`] requests;
 //!   [`pki`]: certificates made here and a TLS channel.
@@ -75,7 +76,7 @@ pub use self::{
     errors::{expect_error, reason},
     gate::{
         GateProcess, LoggedGate, TestGate, connect, oncegate_command, oncegate_without_threads,
-        run_to_exit, serve_to_exit,
+        run_to_exit, serve_on_redis_without_threads, serve_to_exit,
     },
     health::{health, wait_for_health},
     inputs::{
