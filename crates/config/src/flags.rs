@@ -64,8 +64,9 @@ pub struct ServeArgs {
     /// thread, and so does everything its calls do (on a standalone Redis, their commands go on
     /// a connection that thread opens). For many clients with a connection each (worker
     /// processes), 2 on 2 CPUs beside Redis made the Python decorator about 1.1x the cycles per
-    /// second of 1, for about 15% more gate CPU per call (BENCHMARKS.md, "Serving threads"); one
-    /// busy connection is served by one thread whatever this says.
+    /// second of 1 on one VM and no faster on another, for 15-25% more gate CPU per call
+    /// (BENCHMARKS.md, "Serving threads"): measure on your host. One busy connection is served by
+    /// one thread whatever this says.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_SERVING_THREADS", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=defaults::MAX_SERVING_THREADS as i64))]
     pub serving_threads: u16,
