@@ -209,7 +209,10 @@ where
         .with_ansi(false);
     match format {
         // tracing-subscriber's default format, written for less CPU per line (`text`).
-        LogFormat::Text => fmt.event_format(text::TextFormat::default()).boxed(),
+        LogFormat::Text => fmt
+            .event_format(text::TextFormat::default())
+            .fmt_fields(text::TextFields)
+            .boxed(),
         // The current span (the RPC's) is enough: the span list would repeat it.
         LogFormat::Json => fmt.json().flatten_event(true).with_span_list(false).boxed(),
     }

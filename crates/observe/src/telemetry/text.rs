@@ -5,19 +5,25 @@
 //! What differs is only how the frame is written: the timestamp's date and time of day are
 //! formatted once per second per thread (then only the microseconds), and the level, span names,
 //! braces and target are written as they are instead of through `nu-ansi-term`'s painting (which
-//! formats even when it paints nothing). The fields, the span's and the event's, are still
-//! formatted by tracing-subscriber's own field formatter, with its quoting and escaping. Events
-//! converted from the `log` crate, a writer with colours and a clock outside years 0–9999 go to
-//! tracing-subscriber's format itself. `line_matches_the_default_format` holds the two together.
+//! formats even when it paints nothing). The fields, the span's and the event's, are written by
+//! [`TextFields`]: tracing-subscriber's `DefaultFields` (its quoting, its skipping of `log.*`
+//! fields, its escaping of terminal controls in messages and errors) without painting each
+//! field's name and `=`. Events converted from the `log` crate, a writer with colours and a clock
+//! outside years 0–9999 go to tracing-subscriber's format itself.
+//! `line_matches_the_default_format` holds the two together.
 
 use std::{
     cell::RefCell,
-    fmt,
+    fmt::{self, Write as _},
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use tracing::{Event, Level, Subscriber};
+use tracing::{
+    Event, Level, Subscriber,
+    field::{Field, Visit},
+};
 use tracing_subscriber::{
+    field::RecordFields,
     fmt::{
         FmtContext, FormatEvent, FormatFields, FormattedFields,
         format::{self, Writer},
@@ -81,6 +87,144 @@ where
         writer.write_str(": ")?;
         ctx.format_fields(writer.by_ref(), event)?;
         writer.write_char('\n')
+    }
+}
+
+/// The text format's fields: what `DefaultFields` writes without colours, for less CPU per field
+/// (see the module's doc). A writer with colours gets `DefaultFields` itself.
+#[derive(Debug, Default)]
+pub struct TextFields;
+
+impl<'writer> FormatFields<'writer> for TextFields {
+    fn format_fields<R: RecordFields>(&self, writer: Writer<'writer>, fields: R) -> fmt::Result {
+        if writer.has_ansi_escapes() {
+            return format::DefaultFields::new().format_fields(writer, fields);
+        }
+        let mut visitor = FieldsVisitor {
+            writer,
+            is_empty: true,
+            result: Ok(()),
+        };
+        fields.record(&mut visitor);
+        visitor.result
+    }
+}
+
+/// `DefaultVisitor`'s output, written as it is: `name=value` pairs separated by spaces, the
+/// message first as it was written.
+struct FieldsVisitor<'a> {
+    writer: Writer<'a>,
+    is_empty: bool,
+    result: fmt::Result,
+}
+
+impl Visit for FieldsVisitor<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "message" {
+            self.record_debug(field, &format_args!("{value}"))
+        } else {
+            self.record_debug(field, &value)
+        }
+    }
+
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        let sanitize = self.writer.sanitizes_ansi_escapes();
+        let error = Escaped(format_args!("{value}"), sanitize);
+        match value.source() {
+            Some(source) => self.record_debug(
+                field,
+                &format_args!(
+                    "{error} {}.sources={}",
+                    field.name(),
+                    Sources(source, sanitize)
+                ),
+            ),
+            None => self.record_debug(field, &format_args!("{error}")),
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        let name = field.name();
+        if self.result.is_err() || name.starts_with("log.") {
+            return;
+        }
+        let writer = &mut self.writer;
+        let pad = if std::mem::take(&mut self.is_empty) {
+            Ok(())
+        } else {
+            writer.write_char(' ')
+        };
+        self.result = pad.and_then(|()| match name {
+            "message" => write!(
+                writer,
+                "{:?}",
+                Escaped(value, writer.sanitizes_ansi_escapes())
+            ),
+            name => {
+                writer.write_str(name.strip_prefix("r#").unwrap_or(name))?;
+                writer.write_char('=')?;
+                write!(writer, "{value:?}")
+            }
+        });
+    }
+}
+
+/// A value written with the terminal controls tracing-subscriber escapes (ESC, BEL, BS, FF, DEL
+/// and the C1 controls) escaped as it escapes them, when `.1`.
+struct Escaped<T>(T, bool);
+
+/// Writes to the formatter with those controls escaped.
+struct Escaping<'a, 'b>(&'a mut fmt::Formatter<'b>);
+
+impl fmt::Write for Escaping<'_, '_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for ch in s.chars() {
+            match ch {
+                '\x1b' => self.0.write_str("\\x1b")?,
+                '\x07' => self.0.write_str("\\x07")?,
+                '\x08' => self.0.write_str("\\x08")?,
+                '\x0c' => self.0.write_str("\\x0c")?,
+                '\x7f' => self.0.write_str("\\x7f")?,
+                '\u{80}'..='\u{9f}' => write!(self.0, "\\u{{{:x}}}", ch as u32)?,
+                _ => self.0.write_char(ch)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Escaped<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.1 {
+            write!(Escaping(f), "{:?}", self.0)
+        } else {
+            write!(f, "{:?}", self.0)
+        }
+    }
+}
+
+impl<T: fmt::Display> fmt::Display for Escaped<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.1 {
+            write!(Escaping(f), "{}", self.0)
+        } else {
+            write!(f, "{}", self.0)
+        }
+    }
+}
+
+/// An error's sources, nearest first, as `DefaultFields` lists them: `[a, b]`, each escaped.
+struct Sources<'a>(&'a (dyn std::error::Error + 'static), bool);
+
+impl fmt::Display for Sources<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut list = f.debug_list();
+        let mut next = Some(self.0);
+        while let Some(error) = next {
+            list.entry(&Escaped(format_args!("{error}"), self.1));
+            next = error.source();
+        }
+        list.finish()
     }
 }
 
@@ -228,6 +372,22 @@ mod tests {
         }
     }
 
+    /// An error with a source.
+    #[derive(Debug)]
+    struct Chained(io::Error);
+
+    impl std::fmt::Display for Chained {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("outer")
+        }
+    }
+
+    impl std::error::Error for Chained {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
     impl Lines {
         fn text(&self) -> String {
             String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
@@ -250,7 +410,8 @@ mod tests {
                 tracing_subscriber::fmt::layer()
                     .with_writer(fast.clone())
                     .with_ansi(false)
-                    .event_format(TextFormat::default()),
+                    .event_format(TextFormat::default())
+                    .fmt_fields(TextFields),
             );
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(addr = %"127.0.0.1:1", workers = 2, "oncegate serving");
@@ -271,10 +432,30 @@ mod tests {
             span.record("grpc.code", "FAILED_PRECONDITION");
             tracing::info!(target: "oncegate::rpc", elapsed_ms = 2.33, "finished");
             tracing::debug!("no filter here: debug is logged too");
+            // Every kind of field value, controls to escape, an error with and without sources,
+            // a `log.*` field (skipped) and a raw identifier.
+            let bare = io::Error::other("disk \u{7}gone\u{9b}");
+            let chained = Chained(io::Error::other("inner \u{1b}[2J"));
+            tracing::warn!(
+                error = &bare as &dyn std::error::Error,
+                cause = &chained as &dyn std::error::Error,
+                flag = true,
+                n = -3i64,
+                big = 7u128,
+                ratio = 0.5f64,
+                text = "tab\t\u{7f}\u{8}\u{c}",
+                log.line = 12,
+                r#loop = "x",
+                "r#raw" = 1,
+                "a \u{1b}[31mred\u{7} {}\u{85}",
+                "message"
+            );
+            tracing::info!(message = "only a message field");
+            tracing::info!(empty = "");
         });
         let (default, fast) = (default.text(), fast.text());
         let (default, fast): (Vec<_>, Vec<_>) = (default.lines().collect(), fast.lines().collect());
-        assert_eq!(default.len(), 6, "{default:#?}");
+        assert_eq!(default.len(), 9, "{default:#?}");
         assert_eq!(default.len(), fast.len());
         for (d, f) in default.iter().zip(&fast) {
             assert_eq!(d[28..], f[28..], "after the timestamp");
@@ -295,6 +476,18 @@ mod tests {
                  differing=/amount fencing=3"
             ),
             "{audit}"
+        );
+        let escaped = fast
+            .iter()
+            .find(|l| l.contains("WARN") && l.contains("cause"))
+            .unwrap();
+        assert!(
+            escaped
+                .contains(r"a \x1b[31mred\x07 message\u{85} error=disk \x07gone\u{9b} cause=outer")
+                && escaped.contains(r"cause.sources=[inner \x1b[2J]")
+                && !escaped.contains("log.line")
+                && escaped.contains(" loop=\"x\" raw=1"),
+            "{escaped}"
         );
     }
 }
