@@ -96,6 +96,65 @@ async fn a_redis_user_not_allowed_function_load_is_named_at_start() {
     );
 }
 
+/// A function whose reply is packed (`library.rs`'s `Reply::Packed`) tells the gate what the same
+/// Lua value would have said as RESP: each value below is returned both ways by a real Redis and
+/// the packed one, unpacked, must equal the RESP one.
+#[test]
+fn a_packed_reply_unpacks_to_what_redis_would_have_sent() {
+    let redis = RedisServer::start();
+    let port = redis.port;
+    let cases = [
+        "{ 1700000000123, 'granted', 1, 'tok', 1700000000123001, 0, 1 }",
+        "{ -1, -200, -40000, -3000000000, 127, 128, 255, 256, 65535, 65536, 4294967296 }",
+        "{ 2^53, -(2^53), 1.5, -2.7, 0.25, 1e300 * 0 }",
+        "{ true, false, '', 'text' }",
+        "{}",
+        "{ {}, { {} }, { 1, { 2, { 3, { 'deep' } } } } }",
+        "{ 1, nil, 3 }",
+        "{ 1, 2, x = 3 }",
+        "{ a = 1, b = 2 }",
+        "{ [2] = 'two', [3] = 'three' }",
+        "{ string.rep('x', 31), string.rep('y', 32), string.rep('z', 300), string.rep('w', 70000) }",
+        r"{ '\0\1\255 binary \r\n', string.char(0xc1, 0xff, 0x80) }",
+        "(function() local t = {} for i = 1, 70000 do t[i] = i end return t end)()",
+        "(function() local t = {} for i = 1, 20 do t[i] = { i, tostring(i) } end return t end)()",
+        "'a string'",
+        "42",
+    ];
+    for case in cases {
+        let resp: redis::Value = query(
+            port,
+            redis::cmd("EVAL").arg(format!("return {case}")).arg(0),
+        )
+        .unwrap();
+        let packed: redis::Value = query(
+            port,
+            redis::cmd("EVAL")
+                .arg(format!("return cmsgpack.pack({case})"))
+                .arg(0),
+        )
+        .unwrap();
+        let redis::Value::BulkString(packed) = packed else {
+            panic!("{case}: cmsgpack.pack gave {packed:?}");
+        };
+        let unpacked =
+            oncegate_store::redis::unpacked(&packed).unwrap_or_else(|e| panic!("{case}: {e}"));
+        assert_eq!(unpacked, resp, "{case}");
+    }
+    for corrupt in [
+        &b""[..],
+        b"\x93\x01",
+        b"\xc1",
+        b"\x01\x02",
+        b"\xdd\xff\xff\xff\xff",
+    ] {
+        assert!(
+            oncegate_store::redis::unpacked(corrupt).is_err(),
+            "{corrupt:?} is not a packed reply"
+        );
+    }
+}
+
 /// A grant's record is packed as a MessagePack array (every slot set: cheaper for Redis to pack
 /// and unpack than the map a record with unset slots packs as); a record stored as a map, as
 /// gates before this one stored every grant, is read and settled as before.

@@ -48,12 +48,26 @@ pub(super) enum Part {
     Plain,
 }
 
+/// How a function's reply reaches the gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reply {
+    /// As Redis turns the body's Lua value into RESP.
+    Resp,
+    /// A table the body returns is sent as one string, `cmsgpack.pack` of it (an error reply
+    /// and a non-table as they are), which `reply::unpacked` turns back into the value Redis
+    /// would have made of it. A reply of many items otherwise costs Redis an object per item and
+    /// the gate's RESP parser (redis-rs's `combine`) more CPU than the rest of the call's reply
+    /// handling; one string is one of each (BENCHMARKS.md, "Replies packed").
+    Packed,
+}
+
 /// One script of the library: its name, its body (a `.lua` file written as an `EVAL` script:
-/// `KEYS`, `ARGV`, a final `return`) and what it is written against.
+/// `KEYS`, `ARGV`, a final `return`), what it is written against and how it replies.
 pub(super) struct Source {
     pub name: &'static str,
     pub part: Part,
     pub access: Access,
+    pub reply: Reply,
     pub body: &'static str,
 }
 
@@ -76,7 +90,7 @@ impl Library {
         }
         for s in sources {
             digest.update(s.name.as_bytes());
-            digest.update([s.part as u8, s.access as u8]);
+            digest.update([s.part as u8, s.access as u8, s.reply as u8]);
             digest.update(s.body.as_bytes());
         }
         let version: String = digest.finalize()[..8]
@@ -136,6 +150,15 @@ fn assemble(name: &str, prefix: &str, sources: &[Source]) -> String {
          local function now_ms()\n\
          \x20 local t = redis.call('TIME')\n\
          \x20 return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n\
+         end\n\
+         local function packing(body)\n\
+         \x20 return function(keys, args)\n\
+         \x20   local reply = body(keys, args)\n\
+         \x20   if type(reply) == 'table' and reply.err == nil and reply.ok == nil then\n\
+         \x20     return cmsgpack.pack(reply)\n\
+         \x20   end\n\
+         \x20   return reply\n\
+         \x20 end\n\
          end\n"
     );
     for (part, shared) in [
@@ -159,9 +182,13 @@ fn assemble(name: &str, prefix: &str, sources: &[Source]) -> String {
             } else {
                 " NOW = now_ms()"
             };
+            let (wrap, unwrap) = match s.reply {
+                Reply::Resp => ("", ""),
+                Reply::Packed => ("packing(", ")"),
+            };
             code.push_str(&format!(
                 "redis.register_function{{function_name = '{prefix}{}', flags = {{{flags}}},\n\
-                 callback = function(keys, args) KEYS, ARGV = keys, args{clock}\n{}\nend}}\n",
+                 callback = {wrap}function(keys, args) KEYS, ARGV = keys, args{clock}\n{}\nend{unwrap}}}\n",
                 s.name, s.body
             ));
         }
@@ -282,12 +309,14 @@ mod tests {
                 name: "a",
                 part: Part::Ledger,
                 access: Access::Writes,
+                reply: Reply::Packed,
                 body: "return { NOW, KEYS[1], ARGV[1] }",
             },
             Source {
                 name: "b",
                 part: Part::Plain,
                 access: Access::Reads,
+                reply: Reply::Resp,
                 body: "return 1",
             },
         ]
@@ -302,6 +331,13 @@ mod tests {
         let mut changed = sources();
         changed[1].body = "return 2";
         assert_ne!(Library::new(&changed).name(), library.name());
+        let mut repacked = sources();
+        repacked[1].reply = Reply::Packed;
+        assert_ne!(
+            Library::new(&repacked).name(),
+            library.name(),
+            "a gate reading packed replies never calls a function that sends RESP"
+        );
         assert_eq!(Library::new(&sources()).name(), library.name(), "stable");
     }
 
@@ -316,6 +352,11 @@ mod tests {
             code.matches("NOW = now_ms()").count(),
             1,
             "only a ledger body"
+        );
+        assert_eq!(
+            code.matches("callback = packing(function").count(),
+            1,
+            "only the packed body"
         );
         assert_eq!(
             code.matches("local STATE = 1").count(),

@@ -32,6 +32,7 @@ use connection::Conn;
 pub use connection::{MAX_SERVING_THREADS, Topology, serve_on_this_thread};
 use lanes::Wait;
 use library::{Call, Function, Library, Source};
+pub use reply::unpacked;
 use reply::{Decoded, decode, unexpected};
 pub use sentinel::FAILOVER_PAUSE;
 
@@ -67,39 +68,41 @@ struct Scripts {
     outbox_read: Function,
 }
 
-/// Every script: its name, what it is written against, whether it writes, its text.
+/// Every script: its name, what it is written against, whether it writes, how it replies (packed:
+/// every script whose reply [`reply::decode`] reads), its text.
 const SOURCES: &[Source] = {
-    use library::{Access::*, Part::*};
+    use library::{Access::*, Part::*, Reply::*};
     macro_rules! source {
-        ($name:literal, $part:expr, $access:expr) => {
+        ($name:literal, $part:expr, $access:expr, $reply:expr) => {
             Source {
                 name: $name,
                 part: $part,
                 access: $access,
+                reply: $reply,
                 body: include_str!(concat!($name, ".lua")),
             }
         };
     }
     &[
-        source!("request_token", Ledger, Writes),
-        source!("complete", Ledger, Writes),
-        source!("release", Ledger, Writes),
-        source!("extend_lease", Ledger, Writes),
-        source!("get", Ledger, Reads),
-        source!("sync", Plain, Writes),
-        source!("record_external", Ledger, Writes),
-        source!("resolve_expired", Ledger, Writes),
-        source!("unresolved", Ledger, Prunes),
-        source!("unsealed", Plain, Reads),
-        source!("seal", Plain, Writes),
-        source!("receipts", Plain, Reads),
-        source!("decide_approval", Ledger, Writes),
-        source!("approvals", Ledger, Prunes),
-        source!("budgets", Plain, Reads),
-        source!("outbox_append", Outbox, Writes),
-        source!("outbox_claim", Outbox, Writes),
-        source!("outbox_settle", Outbox, Writes),
-        source!("outbox_read", Outbox, Reads),
+        source!("request_token", Ledger, Writes, Packed),
+        source!("complete", Ledger, Writes, Packed),
+        source!("release", Ledger, Writes, Packed),
+        source!("extend_lease", Ledger, Writes, Packed),
+        source!("get", Ledger, Reads, Packed),
+        source!("sync", Plain, Writes, Resp),
+        source!("record_external", Ledger, Writes, Packed),
+        source!("resolve_expired", Ledger, Writes, Packed),
+        source!("unresolved", Ledger, Prunes, Packed),
+        source!("unsealed", Plain, Reads, Resp),
+        source!("seal", Plain, Writes, Resp),
+        source!("receipts", Plain, Reads, Resp),
+        source!("decide_approval", Ledger, Writes, Packed),
+        source!("approvals", Ledger, Prunes, Packed),
+        source!("budgets", Plain, Reads, Packed),
+        source!("outbox_append", Outbox, Writes, Packed),
+        source!("outbox_claim", Outbox, Writes, Packed),
+        source!("outbox_settle", Outbox, Writes, Packed),
+        source!("outbox_read", Outbox, Reads, Packed),
     ]
 };
 

@@ -154,8 +154,13 @@ pub(super) fn unexpected(op: &str, decoded: &Decoded) -> StoreError {
     StoreError::corrupt(format!("script {op} answered {decoded:?}"))
 }
 
-/// The one place script replies are decoded. Layouts are documented in each script's header.
+/// The one place script replies are decoded. Layouts are documented in each script's header. A
+/// packed reply (library.rs's `Reply::Packed`) is unpacked first.
 pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
+    let value = match value {
+        Value::BulkString(packed) => unpacked(&packed)?,
+        value => value,
+    };
     let Value::Array(items) = value else {
         return Err(StoreError::corrupt(format!(
             "script reply is not an array: {value:?}"
@@ -366,6 +371,134 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
         }
     };
     Ok((now, decoded))
+}
+
+/// What a function's packed reply (`cmsgpack.pack` of a Lua table) unpacks to: the value Redis
+/// itself would have made of that table. A string is a bulk string; a number an integer,
+/// truncated toward zero; `true` 1; `false` nil; a table the array of its items 1, 2, … up to
+/// the first missing one (cmsgpack writes a table with holes or other keys as a map).
+pub fn unpacked(mut packed: &[u8]) -> Result<Value, StoreError> {
+    let value = lua_value(&mut packed, 0)?;
+    if !packed.is_empty() {
+        return Err(StoreError::corrupt(format!(
+            "packed script reply: {} bytes after its value",
+            packed.len()
+        )));
+    }
+    Ok(value)
+}
+
+/// How deep a packed reply may nest (cmsgpack itself writes nil below 16 levels).
+const MAX_DEPTH: usize = 16;
+
+fn lua_value(rd: &mut &[u8], depth: usize) -> Result<Value, StoreError> {
+    use rmp::Marker;
+    fn take<'a>(rd: &mut &'a [u8], n: usize) -> Result<&'a [u8], StoreError> {
+        if rd.len() < n {
+            return Err(StoreError::corrupt("packed script reply: truncated"));
+        }
+        let (taken, rest) = rd.split_at(n);
+        *rd = rest;
+        Ok(taken)
+    }
+    fn be<const N: usize>(rd: &mut &[u8]) -> Result<[u8; N], StoreError> {
+        Ok(take(rd, N)?.try_into().expect("N bytes"))
+    }
+    fn len<const N: usize>(rd: &mut &[u8]) -> Result<usize, StoreError> {
+        let bytes = be::<N>(rd)?;
+        Ok(bytes.iter().fold(0usize, |n, b| n << 8 | usize::from(*b)))
+    }
+    if depth > MAX_DEPTH {
+        return Err(StoreError::corrupt("packed script reply: nested too deep"));
+    }
+    let marker = Marker::from_u8(take(rd, 1)?[0]);
+    let float = |f: f64| Value::Int(f.trunc() as i64);
+    let int = |n: u64| {
+        i64::try_from(n).map(Value::Int).map_err(|_| {
+            StoreError::corrupt(format!("packed script reply: integer {n} out of range"))
+        })
+    };
+    Ok(match marker {
+        Marker::FixPos(n) => Value::Int(n.into()),
+        Marker::FixNeg(n) => Value::Int(n.into()),
+        Marker::U8 => Value::Int(be::<1>(rd)?[0].into()),
+        Marker::U16 => Value::Int(u16::from_be_bytes(be(rd)?).into()),
+        Marker::U32 => Value::Int(u32::from_be_bytes(be(rd)?).into()),
+        Marker::U64 => int(u64::from_be_bytes(be(rd)?))?,
+        Marker::I8 => Value::Int(i8::from_be_bytes(be(rd)?).into()),
+        Marker::I16 => Value::Int(i16::from_be_bytes(be(rd)?).into()),
+        Marker::I32 => Value::Int(i32::from_be_bytes(be(rd)?).into()),
+        Marker::I64 => Value::Int(i64::from_be_bytes(be(rd)?)),
+        Marker::F32 => float(f32::from_be_bytes(be(rd)?).into()),
+        Marker::F64 => float(f64::from_be_bytes(be(rd)?)),
+        Marker::True => Value::Int(1),
+        Marker::False | Marker::Null => Value::Nil,
+        Marker::FixStr(n) => Value::BulkString(take(rd, n.into())?.to_vec()),
+        Marker::Str8 | Marker::Bin8 => {
+            let n = len::<1>(rd)?;
+            Value::BulkString(take(rd, n)?.to_vec())
+        }
+        Marker::Str16 | Marker::Bin16 => {
+            let n = len::<2>(rd)?;
+            Value::BulkString(take(rd, n)?.to_vec())
+        }
+        Marker::Str32 | Marker::Bin32 => {
+            let n = len::<4>(rd)?;
+            Value::BulkString(take(rd, n)?.to_vec())
+        }
+        Marker::FixArray(n) => items(rd, n.into(), depth)?,
+        Marker::Array16 => {
+            let n = len::<2>(rd)?;
+            items(rd, n, depth)?
+        }
+        Marker::Array32 => {
+            let n = len::<4>(rd)?;
+            items(rd, n, depth)?
+        }
+        Marker::FixMap(n) => pairs(rd, n.into(), depth)?,
+        Marker::Map16 => {
+            let n = len::<2>(rd)?;
+            pairs(rd, n, depth)?
+        }
+        Marker::Map32 => {
+            let n = len::<4>(rd)?;
+            pairs(rd, n, depth)?
+        }
+        other => {
+            return Err(StoreError::corrupt(format!(
+                "packed script reply: unexpected {other:?}"
+            )));
+        }
+    })
+}
+
+/// A packed array of `n` items.
+fn items(rd: &mut &[u8], n: usize, depth: usize) -> Result<Value, StoreError> {
+    // Every item takes a byte at least: a length beyond the bytes left is corrupt, not an
+    // allocation to make.
+    let mut items = Vec::with_capacity(n.min(rd.len()));
+    for _ in 0..n {
+        items.push(lua_value(rd, depth + 1)?);
+    }
+    Ok(Value::Array(items))
+}
+
+/// A packed map of `n` pairs: a Lua table that is not a sequence, of which Redis keeps the items
+/// at 1, 2, … up to the first missing one.
+fn pairs(rd: &mut &[u8], n: usize, depth: usize) -> Result<Value, StoreError> {
+    let mut by_index = std::collections::BTreeMap::new();
+    for _ in 0..n {
+        let key = lua_value(rd, depth + 1)?;
+        let value = lua_value(rd, depth + 1)?;
+        if let Value::Int(i) = key {
+            by_index.insert(i, value);
+        }
+    }
+    let mut items = Vec::new();
+    while let Some(value) = by_index.remove(&(items.len() as i64 + 1)) {
+        items.push(value);
+    }
+    Ok(Value::Array(items))
 }
 
 /// A cursor over a script's reply array.
