@@ -110,8 +110,8 @@ impl<'writer> FormatFields<'writer> for TextFields {
     }
 }
 
-/// `DefaultVisitor`'s output, written as it is: `name=value` pairs separated by spaces, the
-/// message first as it was written.
+/// `DefaultVisitor`'s output, written as it is: the fields in their order, separated by spaces,
+/// each `name=value` but the message, which is written as it is (its controls escaped).
 struct FieldsVisitor<'a> {
     writer: Writer<'a>,
     is_empty: bool,
