@@ -3,7 +3,8 @@
 (scripts/bench_python.py: 8 worker processes, one call at a time each, the native client sending
 its deadline as `grpc-timeout`), interleaved in one window: per round and binary, a fresh Redis
 and a gate on it, then the chosen rows. Prints one line per round and binary (cycles/s, and the
-client's, gate's and Redis's CPU µs per cycle) and the medians.
+client's, gate's and Redis's CPU µs per cycle), the medians and, with the `powertools` row, each
+other row's cycles/s ÷ Powertools' of the same run, round by round.
 
 Usage: scripts/bench_python_ab.py BEFORE AFTER [--rounds 4] [--seconds 4]
        [--only oncegate-native-stubs] [--python .venv/bin/python] [--gate-args "--worker-threads 1"]
@@ -78,6 +79,18 @@ def main() -> int:
     for (row, name), results in measured.items():
         medians = {key: statistics.median(r[key] for r in results) for key in results[0] if key in FIELDS}
         print(f"  {row} {name:6}: {describe(medians)}")
+    if "powertools" in opts.only:
+        # Each row against Powertools of the same run (same Redis, same minute): the ratio the
+        # bench reports, round by round, since the machine's speed moves between rounds.
+        print("÷ powertools, per round (median):")
+        for row in [r for r in opts.only if r != "powertools"]:
+            for name in ("before", "after"):
+                ratios = [
+                    mine["cycles_per_s"] / theirs["cycles_per_s"]
+                    for mine, theirs in zip(measured[(row, name)], measured[("powertools", name)])
+                ]
+                listed = ", ".join(f"{r:.3f}" for r in ratios)
+                print(f"  {row} {name:6}: {listed} ({statistics.median(ratios):.3f})")
     return 0
 
 
