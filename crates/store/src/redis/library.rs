@@ -55,7 +55,7 @@ pub(super) enum Reply {
     Resp,
     /// A table the body returns is sent as one string, `cmsgpack.pack` of it (an error reply
     /// and a non-table as they are), which `reply::unpacked` turns back into the value Redis
-    /// would have made of it. redis-rs's RESP parser (`combine`) spends about 1,300 instructions
+    /// would have made of it. redis-rs's RESP parser (`combine`) spends about 1,000 instructions
     /// on each item of a reply, a few hundred on one string; packing costs Redis about as much
     /// as writing the items as RESP (BENCHMARKS.md, "Replies packed, and the log's fields
     /// written as they are").
