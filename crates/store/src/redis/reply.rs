@@ -391,40 +391,77 @@ pub fn unpacked(mut packed: &[u8]) -> Result<Value, StoreError> {
 /// How deep a packed reply may nest (cmsgpack itself writes nil below 16 levels).
 const MAX_DEPTH: usize = 16;
 
+/// The next `n` bytes of a packed reply.
+fn take<'a>(rd: &mut &'a [u8], n: usize) -> Result<&'a [u8], StoreError> {
+    if rd.len() < n {
+        return Err(StoreError::corrupt("packed script reply: truncated"));
+    }
+    let (taken, rest) = rd.split_at(n);
+    *rd = rest;
+    Ok(taken)
+}
+
+/// The next `N` bytes (a big-endian number).
+fn be<const N: usize>(rd: &mut &[u8]) -> Result<[u8; N], StoreError> {
+    Ok(take(rd, N)?.try_into().expect("N bytes"))
+}
+
+/// A length of `N` big-endian bytes.
+fn len<const N: usize>(rd: &mut &[u8]) -> Result<usize, StoreError> {
+    Ok(be::<N>(rd)?
+        .iter()
+        .fold(0usize, |n, b| n << 8 | usize::from(*b)))
+}
+
+/// One value of a packed reply, `depth` tables deep.
 fn lua_value(rd: &mut &[u8], depth: usize) -> Result<Value, StoreError> {
     use rmp::Marker;
-    fn take<'a>(rd: &mut &'a [u8], n: usize) -> Result<&'a [u8], StoreError> {
-        if rd.len() < n {
-            return Err(StoreError::corrupt("packed script reply: truncated"));
-        }
-        let (taken, rest) = rd.split_at(n);
-        *rd = rest;
-        Ok(taken)
-    }
-    fn be<const N: usize>(rd: &mut &[u8]) -> Result<[u8; N], StoreError> {
-        Ok(take(rd, N)?.try_into().expect("N bytes"))
-    }
-    fn len<const N: usize>(rd: &mut &[u8]) -> Result<usize, StoreError> {
-        let bytes = be::<N>(rd)?;
-        Ok(bytes.iter().fold(0usize, |n, b| n << 8 | usize::from(*b)))
-    }
     if depth > MAX_DEPTH {
         return Err(StoreError::corrupt("packed script reply: nested too deep"));
     }
     let marker = Marker::from_u8(take(rd, 1)?[0]);
-    let float = |f: f64| Value::Int(f.trunc() as i64);
-    let int = |n: u64| {
-        i64::try_from(n).map(Value::Int).map_err(|_| {
-            StoreError::corrupt(format!("packed script reply: integer {n} out of range"))
-        })
+    // Strings, arrays and maps: their length, then what follows it.
+    enum Sized {
+        Bytes,
+        Array,
+        Map,
+    }
+    let (sized, n) = match marker {
+        Marker::FixStr(n) => (Sized::Bytes, n.into()),
+        Marker::Str8 | Marker::Bin8 => (Sized::Bytes, len::<1>(rd)?),
+        Marker::Str16 | Marker::Bin16 => (Sized::Bytes, len::<2>(rd)?),
+        Marker::Str32 | Marker::Bin32 => (Sized::Bytes, len::<4>(rd)?),
+        Marker::FixArray(n) => (Sized::Array, n.into()),
+        Marker::Array16 => (Sized::Array, len::<2>(rd)?),
+        Marker::Array32 => (Sized::Array, len::<4>(rd)?),
+        Marker::FixMap(n) => (Sized::Map, n.into()),
+        Marker::Map16 => (Sized::Map, len::<2>(rd)?),
+        Marker::Map32 => (Sized::Map, len::<4>(rd)?),
+        scalar => return scalar_value(scalar, rd),
     };
+    match sized {
+        Sized::Bytes => Ok(Value::BulkString(take(rd, n)?.to_vec())),
+        Sized::Array => items(rd, n, depth),
+        Sized::Map => pairs(rd, n, depth),
+    }
+}
+
+/// A number, a boolean or nil, as Redis turns the Lua value into RESP.
+fn scalar_value(marker: rmp::Marker, rd: &mut &[u8]) -> Result<Value, StoreError> {
+    use rmp::Marker;
+    let float = |f: f64| Value::Int(f.trunc() as i64);
     Ok(match marker {
         Marker::FixPos(n) => Value::Int(n.into()),
         Marker::FixNeg(n) => Value::Int(n.into()),
         Marker::U8 => Value::Int(be::<1>(rd)?[0].into()),
         Marker::U16 => Value::Int(u16::from_be_bytes(be(rd)?).into()),
         Marker::U32 => Value::Int(u32::from_be_bytes(be(rd)?).into()),
-        Marker::U64 => int(u64::from_be_bytes(be(rd)?))?,
+        Marker::U64 => {
+            let n = u64::from_be_bytes(be(rd)?);
+            Value::Int(i64::try_from(n).map_err(|_| {
+                StoreError::corrupt(format!("packed script reply: integer {n} out of range"))
+            })?)
+        }
         Marker::I8 => Value::Int(i8::from_be_bytes(be(rd)?).into()),
         Marker::I16 => Value::Int(i16::from_be_bytes(be(rd)?).into()),
         Marker::I32 => Value::Int(i32::from_be_bytes(be(rd)?).into()),
@@ -433,37 +470,6 @@ fn lua_value(rd: &mut &[u8], depth: usize) -> Result<Value, StoreError> {
         Marker::F64 => float(f64::from_be_bytes(be(rd)?)),
         Marker::True => Value::Int(1),
         Marker::False | Marker::Null => Value::Nil,
-        Marker::FixStr(n) => Value::BulkString(take(rd, n.into())?.to_vec()),
-        Marker::Str8 | Marker::Bin8 => {
-            let n = len::<1>(rd)?;
-            Value::BulkString(take(rd, n)?.to_vec())
-        }
-        Marker::Str16 | Marker::Bin16 => {
-            let n = len::<2>(rd)?;
-            Value::BulkString(take(rd, n)?.to_vec())
-        }
-        Marker::Str32 | Marker::Bin32 => {
-            let n = len::<4>(rd)?;
-            Value::BulkString(take(rd, n)?.to_vec())
-        }
-        Marker::FixArray(n) => items(rd, n.into(), depth)?,
-        Marker::Array16 => {
-            let n = len::<2>(rd)?;
-            items(rd, n, depth)?
-        }
-        Marker::Array32 => {
-            let n = len::<4>(rd)?;
-            items(rd, n, depth)?
-        }
-        Marker::FixMap(n) => pairs(rd, n.into(), depth)?,
-        Marker::Map16 => {
-            let n = len::<2>(rd)?;
-            pairs(rd, n, depth)?
-        }
-        Marker::Map32 => {
-            let n = len::<4>(rd)?;
-            pairs(rd, n, depth)?
-        }
         other => {
             return Err(StoreError::corrupt(format!(
                 "packed script reply: unexpected {other:?}"
