@@ -89,7 +89,10 @@ fn with_runtime_of(
 ) -> ExitCode {
     let mut builder = match workers {
         Some(workers) if workers.is_current_thread() => {
-            tokio::runtime::Builder::new_current_thread()
+            let mut builder = tokio::runtime::Builder::new_current_thread();
+            // This thread writes the log lines of a busy stretch together when it goes idle.
+            telemetry::hold_lines_on_current_thread(&mut builder);
+            builder
         }
         _ => tokio::runtime::Builder::new_multi_thread(),
     };
@@ -98,7 +101,12 @@ fn with_runtime_of(
         builder.worker_threads(workers.count());
     }
     match build(&mut builder) {
-        Ok(runtime) => run(&runtime),
+        Ok(runtime) => {
+            let code = run(&runtime);
+            // A current-thread runtime's lines since it last went idle, held on this thread.
+            telemetry::release_lines();
+            code
+        }
         Err(why) => {
             eprintln!("oncegate: cannot start the async runtime: {why}");
             ExitCode::from(exit::UNAVAILABLE)

@@ -24,6 +24,7 @@ mod holders;
 mod in_process;
 mod layers;
 mod limits;
+mod log_lines;
 mod metrics;
 mod metrics_endpoint;
 mod metrics_operator;

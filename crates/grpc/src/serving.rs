@@ -37,9 +37,10 @@ impl ServingThreads {
             std::thread::Builder::new()
                 .name(format!("oncegate-serve-{index}"))
                 .spawn(move || {
-                    let runtime = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build();
+                    let runtime = oncegate_observe::telemetry::hold_lines_on_current_thread(
+                        tokio::runtime::Builder::new_current_thread().enable_all(),
+                    )
+                    .build();
                     let runtime = match runtime {
                         Ok(runtime) => {
                             let _ = ready_tx.send(Ok(()));
@@ -55,6 +56,7 @@ impl ServingThreads {
                     };
                     oncegate_store::redis::serve_on_this_thread(index);
                     runtime.block_on(work);
+                    oncegate_observe::telemetry::release_lines();
                 })
                 .map_err(failed)?;
             ready_rx

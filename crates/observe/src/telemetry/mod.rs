@@ -9,10 +9,13 @@
 //! OTLP export lives in [`otel`], behind the cargo feature `otel` (off by default): without it no
 //! OpenTelemetry crate is compiled in.
 
+mod held;
 pub mod layer;
 #[cfg(feature = "otel")]
 pub mod otel;
 mod text;
+
+pub use held::{hold_lines_on_current_thread, release_lines};
 
 use std::sync::Arc;
 
@@ -170,7 +173,9 @@ impl Drop for TelemetryGuard {
     }
 }
 
-/// Logs (text or JSON, to stderr, filtered by `RUST_LOG`, `info` by default) and, with the `otel`
+/// Logs (text or JSON, to stderr, filtered by `RUST_LOG`, `info` by default; the lines of a
+/// current-thread runtime's busy stretch written together, [`hold_lines_on_current_thread`]) and,
+/// with the `otel`
 /// feature and an endpoint, OTLP span export. With an endpoint, call from inside the Tokio runtime
 /// (the exporter's gRPC channel lives on it). Without the feature the endpoint is always `None`.
 pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> TelemetryGuard {
@@ -205,7 +210,7 @@ where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
 {
     let fmt = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(held::HeldStderr)
         .with_ansi(false);
     match format {
         // tracing-subscriber's default format, written for less CPU per line (`text`).
