@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -86,13 +87,18 @@ class Redis:
 class Gate:
     """`oncegate serve` on 127.0.0.1:0, on Redis or on the embedded store in a fresh directory."""
 
-    def __init__(self, redis_url=None, data_dir=None, rust_log="info", extra=()):
+    def __init__(self, redis_url=None, data_dir=None, rust_log="info", extra=(), log="discard"):
+        """`log`: where its standard error goes, "discard" (/dev/null, as `make bench` runs it) or
+        "pipe" (a pipe this process reads and drops, as a log collector would)."""
         args = [str(BIN), "serve", "--listen", "127.0.0.1:0"]
         args += ["--redis-url", redis_url] if redis_url else ["--data-dir", data_dir]
         args += list(extra)
         env = dict(os.environ, RUST_LOG=rust_log)
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True, env=env)
+        stderr = {"discard": subprocess.DEVNULL, "pipe": subprocess.PIPE}[log]
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True,
+                                     env=env)
+        if log == "pipe":
+            threading.Thread(target=drain, args=(self.proc.stderr.fileno(),), daemon=True).start()
         line = self.proc.stdout.readline().strip()
         if not line.startswith("listening on "):
             self.stop()
@@ -102,6 +108,12 @@ class Gate:
     def stop(self):
         self.proc.kill()
         self.proc.wait()
+
+
+def drain(fd):
+    """Reads `fd` until its end, dropping what it reads."""
+    while os.read(fd, 1 << 16):
+        pass
 
 
 def cpu_seconds(pid):

@@ -8,6 +8,7 @@ other row's cycles/s ÷ Powertools' of the same run, round by round.
 
 Usage: scripts/bench_python_ab.py BEFORE AFTER [--rounds 4] [--seconds 4]
        [--only oncegate-native-stubs] [--python .venv/bin/python] [--gate-args "--worker-threads 1"]
+       [--gate-log pipe]
 """
 
 from __future__ import annotations
@@ -30,7 +31,11 @@ def one_run(binary: str, opts: argparse.Namespace) -> dict[str, dict[str, float]
         redis = bench.Redis(tmp)
         try:
             bench.BIN = binary
-            gate = bench.Gate(redis_url=redis.url(), extra=["--unsigned", *opts.gate_args.split()])
+            gate = bench.Gate(
+                redis_url=redis.url(),
+                extra=["--unsigned", *opts.gate_args.split()],
+                log=opts.gate_log,
+            )
             try:
                 command = [
                     opts.python, str(HERE / "bench_python.py"),
@@ -56,6 +61,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=4.0, help="measured seconds per row")
     parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument(
+        "--gate-log",
+        choices=["discard", "pipe"],
+        default="discard",
+        help="the gates' standard error: /dev/null as in `make bench` (discard), or a pipe this "
+        "script reads and drops, as a log collector would (pipe)",
+    )
     parser.add_argument("--only", action="append", help="a row of bench_python.py (repeatable)")
     parser.add_argument(
         "--python",
