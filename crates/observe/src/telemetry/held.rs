@@ -10,9 +10,10 @@
 //! does not hold (the blocking pool, any thread outside a runtime) writes each line as it comes.
 //!
 //! What holding costs: a line reaches standard error when its thread next goes idle instead of at
-//! once (microseconds under load), and a `kill -9` loses the lines held at that moment: the
-//! informational lines of one busy stretch of one thread, never a warning, an error or a store
-//! transition.
+//! once (under load, at most 16 KiB of lines later), and a `kill -9` loses the lines held at that
+//! moment: the informational lines of one busy stretch of one thread, never a warning, an error or
+//! a store transition. A panic's message (the panic hook's, not a log line) can reach standard
+//! error before the lines its thread held.
 
 use std::{
     cell::RefCell,

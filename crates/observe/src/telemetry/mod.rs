@@ -175,9 +175,9 @@ impl Drop for TelemetryGuard {
 
 /// Logs (text or JSON, to stderr, filtered by `RUST_LOG`, `info` by default; the lines of a
 /// current-thread runtime's busy stretch written together, [`hold_lines_on_current_thread`]) and,
-/// with the `otel`
-/// feature and an endpoint, OTLP span export. With an endpoint, call from inside the Tokio runtime
-/// (the exporter's gRPC channel lives on it). Without the feature the endpoint is always `None`.
+/// with the `otel` feature and an endpoint, OTLP span export. With an endpoint, call from inside
+/// the Tokio runtime (the exporter's gRPC channel lives on it). Without the feature the endpoint
+/// is always `None`.
 pub fn init(format: LogFormat, otlp_endpoint: Option<&str>) -> TelemetryGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry()
