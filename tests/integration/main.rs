@@ -39,6 +39,7 @@ mod resolvers;
 mod rows;
 mod security;
 mod services;
+mod session;
 mod shadow;
 mod signing;
 mod signing_cli;

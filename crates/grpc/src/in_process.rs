@@ -32,6 +32,8 @@ impl InProcess {
             gate,
             options,
             Authenticator::new(options.principals.clone()),
+            // Sessions are for a gate across a connection: in process, nothing drains them.
+            tokio::sync::watch::channel(false).1,
         );
         let routes = Routes::new(service).prepare();
         InProcess {

@@ -32,11 +32,13 @@ use oncegate_proto as pb;
 
 type Gated<S> = InterceptedService<S, Authenticator>;
 
-/// Both gate services behind `auth`, their messages bounded.
+/// Both gate services behind `auth`, their messages bounded; the worker service's sessions end
+/// when `draining` turns `true`.
 pub(crate) fn services(
     gate: &Gate,
     options: &ServerOptions,
     auth: Authenticator,
+    draining: tokio::sync::watch::Receiver<bool>,
 ) -> (
     Gated<pb::action_gate_service_server::ActionGateServiceServer<GateService>>,
     Gated<pb::gate_admin_service_server::GateAdminServiceServer<AdminService>>,
@@ -44,6 +46,7 @@ pub(crate) fn services(
     let service = InterceptedService::new(
         pb::action_gate_service_server::ActionGateServiceServer::new(GateService::new(
             gate.clone(),
+            draining,
         ))
         .max_decoding_message_size(options.max_message_bytes),
         auth.clone(),
@@ -124,9 +127,10 @@ impl AdminSocket {
         gate: &Gate,
         options: &ServerOptions,
         rpc_layer: RpcLayer,
+        draining: tokio::sync::watch::Receiver<bool>,
     ) -> Option<tokio::task::JoinHandle<()>> {
         let listener = self.listener.take()?;
-        let (service, admin) = services(gate, options, Authenticator::local());
+        let (service, admin) = services(gate, options, Authenticator::local(), draining);
         let server = Server::builder()
             .layer(rpc_layer)
             .add_service(service)
@@ -295,14 +299,17 @@ pub async fn run_on(
         .register_file_descriptor_set(error_details())
         .build_v1alpha()?;
 
+    // Turns `true` when the drain starts: every serving thread stops, and open sessions end.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let rpc_layer = RpcLayer::new(gate.metrics().clone());
-    let local =
-        (admin_socket.as_mut()).and_then(|socket| socket.serve(&gate, &options, rpc_layer.clone()));
+    let local = (admin_socket.as_mut())
+        .and_then(|socket| socket.serve(&gate, &options, rpc_layer.clone(), stop_rx.clone()));
     // Both gate services sit behind the one authenticator; health and reflection stay open.
     let (service, admin) = services(
         &gate,
         &options,
         Authenticator::new(options.principals.clone()),
+        stop_rx.clone(),
     );
 
     let mut builder = Server::builder();
@@ -334,7 +341,6 @@ pub async fn run_on(
         .add_service(admin);
     // The other serving threads: the same services on the connections dealt to them, drained
     // with this one.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = |mut stop: tokio::sync::watch::Receiver<bool>| async move {
         let _ = stop.wait_for(|stop| *stop).await;
     };

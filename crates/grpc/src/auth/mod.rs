@@ -110,12 +110,28 @@ impl Interceptor for Authenticator {
         let principal = self.authenticate(&request).inspect_err(|_| {
             tracing::info!(target: oncegate_observe::telemetry::AUDIT, decision = "unauthenticated", "refused");
         }).map_err(status)?;
-        principal.check_rate().inspect_err(|_| {
-            tracing::info!(target: oncegate_observe::telemetry::AUDIT, principal = %principal.name, decision = "rate_limited", "refused");
-        }).map_err(status)?;
+        rate_checked(&principal)?;
         request.extensions_mut().insert(Authenticated(principal));
         Ok(request)
     }
+}
+
+/// One call of a session, as the interceptor would have let it in: `principal` authenticated
+/// when the session opened, its rate limit taken for this call.
+pub fn session_call<T>(principal: &Arc<Principal>, message: T) -> Result<Request<T>, Status> {
+    rate_checked(principal)?;
+    let mut request = Request::new(message);
+    request
+        .extensions_mut()
+        .insert(Authenticated(principal.clone()));
+    Ok(request)
+}
+
+/// Takes one call from `principal`'s rate limit, or refuses it (with its audit line).
+fn rate_checked(principal: &Arc<Principal>) -> Result<(), Status> {
+    principal.check_rate().inspect_err(|_| {
+        tracing::info!(target: oncegate_observe::telemetry::AUDIT, principal = %principal.name, decision = "rate_limited", "refused");
+    }).map_err(status)
 }
 
 #[cfg(test)]

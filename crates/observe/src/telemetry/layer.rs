@@ -95,7 +95,7 @@ fn caller_timeout(headers: &HeaderMap) -> Option<Duration> {
 }
 
 /// The span of one RPC: the fields the gate fills in are declared empty here.
-fn rpc_span<B>(rpc: &str, req: &Request<B>) -> Span {
+fn rpc_span(rpc: &str, headers: &HeaderMap) -> Span {
     macro_rules! span {
         ($($otel:tt)*) => {
             tracing::info_span!(
@@ -120,8 +120,7 @@ fn rpc_span<B>(rpc: &str, req: &Request<B>) -> Span {
     let span = span!(otel.name = rpc, otel.kind = "server",);
     #[cfg(not(feature = "otel"))]
     let span = span!();
-    let parent = req
-        .headers()
+    let parent = headers
         .get("traceparent")
         .and_then(|v| v.to_str().ok())
         .and_then(TraceParent::parse);
@@ -130,7 +129,7 @@ fn rpc_span<B>(rpc: &str, req: &Request<B>) -> Span {
         span.record("parent_span_id", parent.parent_id.as_str());
     }
     #[cfg(feature = "otel")]
-    super::otel::set_parent(&span, req.headers());
+    super::otel::set_parent(&span, headers);
     span
 }
 
@@ -157,7 +156,7 @@ where
         };
         let start = Instant::now();
         let timeout = caller_timeout(req.headers());
-        let span = rpc_span(&rpc, &req);
+        let span = rpc_span(&rpc, req.headers());
         let inner = span.in_scope(|| self.inner.call(req));
         RpcFuture {
             inner,
@@ -250,11 +249,7 @@ where
                     return Poll::Pending;
                 };
                 std::task::ready!(deadline.poll(cx));
-                let status = tonic::Status::deadline_exceeded(
-                    "the caller's deadline passed before the gate answered: the call may or may \
-                     not have taken effect; ask again with the same request to learn which",
-                );
-                Ok(status.into_http())
+                Ok(deadline_passed().into_http())
             }
         };
         let code = match &result {
@@ -270,6 +265,80 @@ where
             observed.finish(code);
         }
         Poll::Ready(result)
+    }
+}
+
+/// One call carried as a message of a stream (`Session`) rather than as an HTTP request of its
+/// own: observed as a unary call of `rpc` (`package.Service/Method`) is, with the same span (its
+/// parent the stream's `traceparent` in `headers`), the same `finished` line and the same
+/// latency observation, and ended `DEADLINE_EXCEEDED` when `timeout` passes first. Dropped
+/// unanswered, it is observed `CANCELLED`.
+pub async fn observe_message<T>(
+    metrics: &Metrics,
+    rpc: &str,
+    headers: &HeaderMap,
+    timeout: Option<Duration>,
+    call: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
+    let span = Arc::new(rpc_span(rpc, headers));
+    let mut observed = Unanswered(Some(Observed {
+        span: Arc::clone(&span),
+        rpc: rpc.to_owned(),
+        start: Instant::now(),
+        timeout,
+        metrics: metrics.clone(),
+    }));
+    let call = InSpan { span, inner: call };
+    let result = match timeout {
+        Some(timeout) => tokio::time::timeout(timeout.saturating_sub(DEADLINE_MARGIN), call)
+            .await
+            .unwrap_or_else(|_| Err(deadline_passed())),
+        None => call.await,
+    };
+    let code = result
+        .as_ref()
+        .map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
+    if let Some(observed) = observed.0.take() {
+        observed.finish(code);
+    }
+    result
+}
+
+/// How a call past its caller's deadline is answered.
+fn deadline_passed() -> tonic::Status {
+    tonic::Status::deadline_exceeded(
+        "the caller's deadline passed before the gate answered: the call may or may not have \
+         taken effect; ask again with the same request to learn which",
+    )
+}
+
+/// An observation still owed: made `CANCELLED` if its call is dropped before it answers.
+struct Unanswered(Option<Observed>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some(observed) = self.0.take() {
+            observed.finish(tonic::Code::Cancelled);
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A future polled inside its RPC's span, as [`RpcFuture`] polls a unary call.
+    struct InSpan<F> {
+        span: Arc<Span>,
+        #[pin]
+        inner: F,
+    }
+}
+
+impl<F: Future> Future for InSpan<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        super::with_rpc_span(this.span, || this.inner.poll(cx))
     }
 }
 

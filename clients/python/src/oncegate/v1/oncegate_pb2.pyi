@@ -125,6 +125,40 @@ BUDGET_EXCEEDED: ErrorReason
 APPROVAL_NOT_PENDING: ErrorReason
 ALREADY_SETTLED: ErrorReason
 
+class SessionRequest(_message.Message):
+    __slots__ = ("id", "timeout", "request_token", "complete")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    timeout: _duration_pb2.Duration
+    request_token: RequestTokenRequest
+    complete: CompleteRequest
+    def __init__(self, id: _Optional[int] = ..., timeout: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., request_token: _Optional[_Union[RequestTokenRequest, _Mapping]] = ..., complete: _Optional[_Union[CompleteRequest, _Mapping]] = ...) -> None: ...
+
+class SessionResponse(_message.Message):
+    __slots__ = ("id", "request_token", "complete", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    request_token: RequestTokenResponse
+    complete: CompleteResponse
+    error: SessionError
+    def __init__(self, id: _Optional[int] = ..., request_token: _Optional[_Union[RequestTokenResponse, _Mapping]] = ..., complete: _Optional[_Union[CompleteResponse, _Mapping]] = ..., error: _Optional[_Union[SessionError, _Mapping]] = ...) -> None: ...
+
+class SessionError(_message.Message):
+    __slots__ = ("code", "message", "details")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    details: bytes
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ..., details: _Optional[bytes] = ...) -> None: ...
+
 class Scope(_message.Message):
     __slots__ = ("agent_id", "run_id")
     AGENT_ID_FIELD_NUMBER: _ClassVar[int]

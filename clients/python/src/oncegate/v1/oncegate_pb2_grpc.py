@@ -60,6 +60,11 @@ class ActionGateServiceStub:
                 request_serializer=oncegate_dot_v1_dot_oncegate__pb2.GetActionRequest.SerializeToString,
                 response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.GetActionResponse.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/oncegate.v1.ActionGateService/Session',
+                request_serializer=oncegate_dot_v1_dot_oncegate__pb2.SessionRequest.SerializeToString,
+                response_deserializer=oncegate_dot_v1_dot_oncegate__pb2.SessionResponse.FromString,
+                _registered_method=True)
 
 
 class ActionGateServiceServicer:
@@ -107,6 +112,16 @@ class ActionGateServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """RequestToken and Complete as messages of one long-lived stream, for workers that make many
+        calls: each call means, checks and answers exactly what its unary method does, without a new
+        HTTP/2 stream per call. Responses come as calls finish, each naming the request it answers.
+        The gate ends the stream with UNAVAILABLE when it drains: open a new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ActionGateServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -134,6 +149,11 @@ def add_ActionGateServiceServicer_to_server(servicer, server):
                     servicer.GetAction,
                     request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.GetActionRequest.FromString,
                     response_serializer=oncegate_dot_v1_dot_oncegate__pb2.GetActionResponse.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=oncegate_dot_v1_dot_oncegate__pb2.SessionRequest.FromString,
+                    response_serializer=oncegate_dot_v1_dot_oncegate__pb2.SessionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -272,6 +292,33 @@ class ActionGateService:
             '/oncegate.v1.ActionGateService/GetAction',
             oncegate_dot_v1_dot_oncegate__pb2.GetActionRequest.SerializeToString,
             oncegate_dot_v1_dot_oncegate__pb2.GetActionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/oncegate.v1.ActionGateService/Session',
+            oncegate_dot_v1_dot_oncegate__pb2.SessionRequest.SerializeToString,
+            oncegate_dot_v1_dot_oncegate__pb2.SessionResponse.FromString,
             options,
             channel_credentials,
             insecure,

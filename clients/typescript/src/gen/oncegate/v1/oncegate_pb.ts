@@ -22,7 +22,147 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file oncegate/v1/oncegate.proto.
  */
 export const file_oncegate_v1_oncegate: GenFile = /*@__PURE__*/
-  fileDesc("ChpvbmNlZ2F0ZS92MS9vbmNlZ2F0ZS5wcm90bxILb25jZWdhdGUudjEiKQoFU2NvcGUSEAoIYWdlbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJIjsKCUFjdGlvblJlZhIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEgsKA2tleRgCIAEoCSLHAQoTUmVxdWVzdFRva2VuUmVxdWVzdBIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEg4KBmFjdGlvbhgCIAEoCRITCgtwYXJhbXNfanNvbhgDIAEoCRIRCglpbnRlbnRfaWQYBCABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAUgASgJEg4KBmhvbGRlchgGIAEoCRIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iigIKFFJlcXVlc3RUb2tlblJlc3BvbnNlEicKCGRlY2lzaW9uGAEgASgOMhUub25jZWdhdGUudjEuRGVjaXNpb24SJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEiEKBWdyYW50GAQgASgLMhIub25jZWdhdGUudjEuR3JhbnQSKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEwoLcmVkZWxpdmVyZWQYBiABKAgSJwoIYXBwcm92YWwYByABKAsyFS5vbmNlZ2F0ZS52MS5BcHByb3ZhbCJpCghBcHByb3ZhbBIKCgJpZBgBIAEoCRIuCgpleHBpcmVzX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglwb2xpY3lfaWQYAyABKAkSDgoGcmVhc29uGAQgASgJIqUBCgVHcmFudBINCgV0b2tlbhgBIAEoCRIPCgdmZW5jaW5nGAIgASgEEjQKEGxlYXNlX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhQKDHByb3ZpZGVyX2tleRgEIAEoCRIdChVyZXBsaWNhc19hY2tub3dsZWRnZWQYBSABKA0SEQoJc3RhdGVtZW50GAYgASgJIpICCgpDb21wbGV0aW9uEg8KB3JlY2VpcHQYASABKAwSMAoMY29tcGxldGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdmZW5jaW5nGAMgASgEEg0KBXRva2VuGAQgASgJEi0KBnNvdXJjZRgFIAEoDjIdLm9uY2VnYXRlLnYxLkNvbXBsZXRpb25Tb3VyY2USDAoEbm90ZRgGIAEoCRIQCghvcGVyYXRvchgHIAEoCRILCgNzZXEYCCABKAQSEQoJc3RhdGVtZW50GAkgASgJEjIKDnJlY2VpcHRfZm9ybWF0GAogASgOMhoub25jZWdhdGUudjEuUmVjZWlwdEZvcm1hdCJZCg9Db21wbGV0ZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEg8KB3JlY2VpcHQYAyABKAwiPwoQQ29tcGxldGVSZXNwb25zZRIrCgpjb21wbGV0aW9uGAEgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbiJzCg5SZWxlYXNlUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDQoFdG9rZW4YAiABKAkSKgoGcmVhc29uGAMgASgOMhoub25jZWdhdGUudjEuUmVsZWFzZVJlYXNvbiIiCg9SZWxlYXNlUmVzcG9uc2USDwoHZmVuY2luZxgBIAEoBCJzChJFeHRlbmRMZWFzZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJLChNFeHRlbmRMZWFzZVJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjoKEEdldEFjdGlvblJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmIvoBChFHZXRBY3Rpb25SZXNwb25zZRInCgVzdGF0ZRgBIAEoDjIYLm9uY2VnYXRlLnYxLkFjdGlvblN0YXRlEg8KB2ZlbmNpbmcYAiABKAQSEwoLZmluZ2VycHJpbnQYAyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SDgoGaG9sZGVyGAYgASgJEg0KBXRva2VuGAcgASgJEhQKDHByb3ZpZGVyX2tleRgIIAEoCSIqChZXYXRjaFVucmVzb2x2ZWRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIkgKF1dhdGNoVW5yZXNvbHZlZFJlc3BvbnNlEi0KBmFjdGlvbhgBIAEoCzIdLm9uY2VnYXRlLnYxLlVucmVzb2x2ZWRBY3Rpb24iGwoZQ3JlYXRlQ29uc29sZUxvZ2luUmVxdWVzdCJsChpDcmVhdGVDb25zb2xlTG9naW5SZXNwb25zZRIMCgRjb2RlGAEgASgJEi0KCmV4cGlyZXNfaW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJcHJpbmNpcGFsGAMgASgJIkcKHkxpc3RVbmRlbGl2ZXJhYmxlRXZlbnRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKA0SEgoKcGFnZV90b2tlbhgCIAEoCSLaAQoSVW5kZWxpdmVyYWJsZUV2ZW50EgoKAmlkGAEgASgJEg8KB3dlYmhvb2sYAiABKAkSEgoKZXZlbnRfdHlwZRgDIAEoCRIQCghhdHRlbXB0cxgEIAEoDRISCgpsYXN0X2Vycm9yGAUgASgJEi4KCmNyZWF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2dpdmVuX3VwX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRib2R5GAggASgJIpMBCh9MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1Jlc3BvbnNlEi8KBmV2ZW50cxgBIAMoCzIfLm9uY2VnYXRlLnYxLlVuZGVsaXZlcmFibGVFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSDwoHcGVuZGluZxgDIAEoBBIVCg11bmRlbGl2ZXJhYmxlGAQgASgEInMKFURlY2lkZUFwcHJvdmFsUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSEwoLYXBwcm92YWxfaWQYAiABKAkSDwoHYXBwcm92ZRgDIAEoCBIMCgRub3RlGAQgASgJIpoCCg1BcHByb3ZhbEVudHJ5EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhInCghhcHByb3ZhbBgCIAEoCzIVLm9uY2VnYXRlLnYxLkFwcHJvdmFsEikKBXN0YXRlGAMgASgOMhoub25jZWdhdGUudjEuQXBwcm92YWxTdGF0ZRITCgthY3Rpb25fbmFtZRgEIAEoCRITCgtmaW5nZXJwcmludBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghvcGVyYXRvchgHIAEoCRIMCgRub3RlGAggASgJEhMKC3BhcmFtc19qc29uGAkgASgJIkYKFkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USLAoIYXBwcm92YWwYASABKAsyGi5vbmNlZ2F0ZS52MS5BcHByb3ZhbEVudHJ5Ik8KFExpc3RBcHByb3ZhbHNSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJIl8KFUxpc3RBcHByb3ZhbHNSZXNwb25zZRItCglhcHByb3ZhbHMYASADKAsyGi5vbmNlZ2F0ZS52MS5BcHByb3ZhbEVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIlChFHZXRCdWRnZXRzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSK+AQoLQnVkZ2V0VXNhZ2USDgoGYnVkZ2V0GAEgASgJEhMKC2FjdGlvbl9uYW1lGAIgASgJEg0KBWdyb3VwGAMgASgJEgwKBHVzZWQYBCABKAkSDQoFbGltaXQYBSABKAkSKQoGd2luZG93GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjMKD25leHRfcmVsZWFzZV9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiPwoSR2V0QnVkZ2V0c1Jlc3BvbnNlEikKB2J1ZGdldHMYASADKAsyGC5vbmNlZ2F0ZS52MS5CdWRnZXRVc2FnZSLZAQofUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHcmVjZWlwdBgCIAEoDBIMCgRub3RlGAMgASgJEhMKC2FjdGlvbl9uYW1lGAQgASgJEhMKC3BhcmFtc19qc29uGAUgASgJEhEKCWludGVudF9pZBgGIAEoCRIyCg5yZWNlaXB0X2Zvcm1hdBgHIAEoDjIaLm9uY2VnYXRlLnYxLlJlY2VpcHRGb3JtYXQiYQogUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVzcG9uc2USKwoKY29tcGxldGlvbhgBIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEAoIcmVjb3JkZWQYAiABKAgi2QEKFVJlc29sdmVFeHBpcmVkUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSKwoKcmVzb2x1dGlvbhgCIAEoDjIXLm9uY2VnYXRlLnYxLlJlc29sdXRpb24SDwoHcmVjZWlwdBgDIAEoDBIMCgRub3RlGAQgASgJEjIKDnJlY2VpcHRfZm9ybWF0GAUgASgOMhoub25jZWdhdGUudjEuUmVjZWlwdEZvcm1hdBIYChBleHBlY3RlZF9mZW5jaW5nGAYgASgEIlYKFlJlc29sdmVFeHBpcmVkUmVzcG9uc2USDwoHZmVuY2luZxgBIAEoBBIrCgpjb21wbGV0aW9uGAIgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbiJQChVMaXN0VW5yZXNvbHZlZFJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAki9QEKEFVucmVzb2x2ZWRBY3Rpb24SJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg8KB2ZlbmNpbmcYAiABKAQSNAoQbGVhc2VfZXhwaXJlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGaG9sZGVyGAQgASgJEhMKC2ZpbmdlcnByaW50GAUgASgJEg0KBXRva2VuGAYgASgJEhQKDHByb3ZpZGVyX2tleRgHIAEoCRITCgthY3Rpb25fbmFtZRgIIAEoCRITCgtwYXJhbXNfanNvbhgJIAEoCSJhChZMaXN0VW5yZXNvbHZlZFJlc3BvbnNlEi4KB2FjdGlvbnMYASADKAsyHS5vbmNlZ2F0ZS52MS5VbnJlc29sdmVkQWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJPChVFeHBvcnRSZWNlaXB0c1JlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgEEhEKCXBhZ2Vfc2l6ZRgDIAEoDSL1AQoMUmVjZWlwdEVudHJ5EgsKA3NlcRgBIAEoBBImCgZhY3Rpb24YAiABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSEwoLZmluZ2VycHJpbnQYAyABKAkSFgoOcmVjZWlwdF9kaWdlc3QYBCABKAkSDwoHZmVuY2luZxgFIAEoBBItCgZzb3VyY2UYBiABKA4yHS5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uU291cmNlEjAKDGNvbXBsZXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJc3RhdGVtZW50GAggASgJImoKFkV4cG9ydFJlY2VpcHRzUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLm9uY2VnYXRlLnYxLlJlY2VpcHRFbnRyeRIWCg5uZXh0X2FmdGVyX3NlcRgCIAEoBBIMCgRqd2tzGAMgASgJKnkKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASFAoQREVDSVNJT05fR1JBTlRFRBABEh4KGkRFQ0lTSU9OX0FMUkVBRFlfQ09NUExFVEVEEAISHQoZREVDSVNJT05fUEVORElOR19BUFBST1ZBTBADKnMKEENvbXBsZXRpb25Tb3VyY2USIQodQ09NUExFVElPTl9TT1VSQ0VfVU5TUEVDSUZJRUQQABIcChhDT01QTEVUSU9OX1NPVVJDRV9XT1JLRVIQARIeChpDT01QTEVUSU9OX1NPVVJDRV9PUEVSQVRPUhACKmEKDVJlY2VpcHRGb3JtYXQSHgoaUkVDRUlQVF9GT1JNQVRfVU5TUEVDSUZJRUQQABIXChNSRUNFSVBUX0ZPUk1BVF9KU09OEAESFwoTUkVDRUlQVF9GT1JNQVRfVEVYVBACKnYKDVJlbGVhc2VSZWFzb24SHgoaUkVMRUFTRV9SRUFTT05fVU5TUEVDSUZJRUQQABIjCh9SRUxFQVNFX1JFQVNPTl9ERUZJTklURV9GQUlMVVJFEAESIAocUkVMRUFTRV9SRUFTT05fTk9UX0FUVEVNUFRFRBACKpcBCgtBY3Rpb25TdGF0ZRIcChhBQ1RJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIXChNBQ1RJT05fU1RBVEVfQUJTRU5UEAESGwoXQUNUSU9OX1NUQVRFX0FVVEhPUklaRUQQAhIaChZBQ1RJT05fU1RBVEVfQ09NUExFVEVEEAMSGAoUQUNUSU9OX1NUQVRFX0VYUElSRUQQBCqcAQoNQXBwcm92YWxTdGF0ZRIeChpBUFBST1ZBTF9TVEFURV9VTlNQRUNJRklFRBAAEhoKFkFQUFJPVkFMX1NUQVRFX1BFTkRJTkcQARIbChdBUFBST1ZBTF9TVEFURV9BUFBST1ZFRBACEhkKFUFQUFJPVkFMX1NUQVRFX0RFTklFRBADEhcKE0FQUFJPVkFMX1NUQVRFX1VTRUQQBCpZCgpSZXNvbHV0aW9uEhoKFlJFU09MVVRJT05fVU5TUEVDSUZJRUQQABIYChRSRVNPTFVUSU9OX0NPTVBMRVRFRBABEhUKEVJFU09MVVRJT05fRkFJTEVEEAIqvAMKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhoKFklERU1QT1RFTkNZX0tFWV9SRVVTRUQQARIbChdJREVNUE9URU5DWV9JTl9QUk9HUkVTUxACEhwKGExFQVNFX0VYUElSRURfVU5SRVNPTFZFRBADEhIKDlRPS0VOX01JU01BVENIEAQSEQoNVE9LRU5fVU5LTk9XThAFEhYKEkNPTVBMRVRFRF9CWV9PVEhFUhAGEhUKEUFMUkVBRFlfQ09NUExFVEVEEAcSFQoRTEVBU0VfTk9UX0VYUElSRUQQCBITCg9JTlZBTElEX1JFUVVFU1QQCRITCg9VTkFVVEhFTlRJQ0FURUQQChITCg9GT1JCSURERU5fU0NPUEUQCxIQCgxSQVRFX0xJTUlURUQQDBIVChFTVE9SRV9VTkFWQUlMQUJMRRANEgwKCElOVEVSTkFMEA4SEQoNUE9MSUNZX0RFTklFRBAPEhMKD0JVREdFVF9FWENFRURFRBAQEhgKFEFQUFJPVkFMX05PVF9QRU5ESU5HEBESEwoPQUxSRUFEWV9TRVRUTEVEEBIylQMKEUFjdGlvbkdhdGVTZXJ2aWNlElMKDFJlcXVlc3RUb2tlbhIgLm9uY2VnYXRlLnYxLlJlcXVlc3RUb2tlblJlcXVlc3QaIS5vbmNlZ2F0ZS52MS5SZXF1ZXN0VG9rZW5SZXNwb25zZRJHCghDb21wbGV0ZRIcLm9uY2VnYXRlLnYxLkNvbXBsZXRlUmVxdWVzdBodLm9uY2VnYXRlLnYxLkNvbXBsZXRlUmVzcG9uc2USRAoHUmVsZWFzZRIbLm9uY2VnYXRlLnYxLlJlbGVhc2VSZXF1ZXN0Ghwub25jZWdhdGUudjEuUmVsZWFzZVJlc3BvbnNlElAKC0V4dGVuZExlYXNlEh8ub25jZWdhdGUudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0GiAub25jZWdhdGUudjEuRXh0ZW5kTGVhc2VSZXNwb25zZRJKCglHZXRBY3Rpb24SHS5vbmNlZ2F0ZS52MS5HZXRBY3Rpb25SZXF1ZXN0Gh4ub25jZWdhdGUudjEuR2V0QWN0aW9uUmVzcG9uc2Uy2wcKEEdhdGVBZG1pblNlcnZpY2USdwoYUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uEiwub25jZWdhdGUudjEuUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVxdWVzdBotLm9uY2VnYXRlLnYxLlJlY29yZEV4dGVybmFsQ29tcGxldGlvblJlc3BvbnNlElkKDlJlc29sdmVFeHBpcmVkEiIub25jZWdhdGUudjEuUmVzb2x2ZUV4cGlyZWRSZXF1ZXN0GiMub25jZWdhdGUudjEuUmVzb2x2ZUV4cGlyZWRSZXNwb25zZRJZCg5MaXN0VW5yZXNvbHZlZBIiLm9uY2VnYXRlLnYxLkxpc3RVbnJlc29sdmVkUmVxdWVzdBojLm9uY2VnYXRlLnYxLkxpc3RVbnJlc29sdmVkUmVzcG9uc2USWQoORXhwb3J0UmVjZWlwdHMSIi5vbmNlZ2F0ZS52MS5FeHBvcnRSZWNlaXB0c1JlcXVlc3QaIy5vbmNlZ2F0ZS52MS5FeHBvcnRSZWNlaXB0c1Jlc3BvbnNlElkKDkRlY2lkZUFwcHJvdmFsEiIub25jZWdhdGUudjEuRGVjaWRlQXBwcm92YWxSZXF1ZXN0GiMub25jZWdhdGUudjEuRGVjaWRlQXBwcm92YWxSZXNwb25zZRJWCg1MaXN0QXBwcm92YWxzEiEub25jZWdhdGUudjEuTGlzdEFwcHJvdmFsc1JlcXVlc3QaIi5vbmNlZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVzcG9uc2USTQoKR2V0QnVkZ2V0cxIeLm9uY2VnYXRlLnYxLkdldEJ1ZGdldHNSZXF1ZXN0Gh8ub25jZWdhdGUudjEuR2V0QnVkZ2V0c1Jlc3BvbnNlEnQKF0xpc3RVbmRlbGl2ZXJhYmxlRXZlbnRzEisub25jZWdhdGUudjEuTGlzdFVuZGVsaXZlcmFibGVFdmVudHNSZXF1ZXN0Giwub25jZWdhdGUudjEuTGlzdFVuZGVsaXZlcmFibGVFdmVudHNSZXNwb25zZRJeCg9XYXRjaFVucmVzb2x2ZWQSIy5vbmNlZ2F0ZS52MS5XYXRjaFVucmVzb2x2ZWRSZXF1ZXN0GiQub25jZWdhdGUudjEuV2F0Y2hVbnJlc29sdmVkUmVzcG9uc2UwARJlChJDcmVhdGVDb25zb2xlTG9naW4SJi5vbmNlZ2F0ZS52MS5DcmVhdGVDb25zb2xlTG9naW5SZXF1ZXN0Gicub25jZWdhdGUudjEuQ3JlYXRlQ29uc29sZUxvZ2luUmVzcG9uc2ViBnByb3RvMw", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+  fileDesc("ChpvbmNlZ2F0ZS92MS9vbmNlZ2F0ZS5wcm90bxILb25jZWdhdGUudjEivQEKDlNlc3Npb25SZXF1ZXN0EgoKAmlkGAEgASgEEioKB3RpbWVvdXQYAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SOQoNcmVxdWVzdF90b2tlbhgDIAEoCzIgLm9uY2VnYXRlLnYxLlJlcXVlc3RUb2tlblJlcXVlc3RIABIwCghjb21wbGV0ZRgEIAEoCzIcLm9uY2VnYXRlLnYxLkNvbXBsZXRlUmVxdWVzdEgAQgYKBGNhbGwiwgEKD1Nlc3Npb25SZXNwb25zZRIKCgJpZBgBIAEoBBI6Cg1yZXF1ZXN0X3Rva2VuGAIgASgLMiEub25jZWdhdGUudjEuUmVxdWVzdFRva2VuUmVzcG9uc2VIABIxCghjb21wbGV0ZRgDIAEoCzIdLm9uY2VnYXRlLnYxLkNvbXBsZXRlUmVzcG9uc2VIABIqCgVlcnJvchgEIAEoCzIZLm9uY2VnYXRlLnYxLlNlc3Npb25FcnJvckgAQggKBnJlc3VsdCI+CgxTZXNzaW9uRXJyb3ISDAoEY29kZRgBIAEoBRIPCgdtZXNzYWdlGAIgASgJEg8KB2RldGFpbHMYAyABKAwiKQoFU2NvcGUSEAoIYWdlbnRfaWQYASABKAkSDgoGcnVuX2lkGAIgASgJIjsKCUFjdGlvblJlZhIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEgsKA2tleRgCIAEoCSLHAQoTUmVxdWVzdFRva2VuUmVxdWVzdBIhCgVzY29wZRgBIAEoCzISLm9uY2VnYXRlLnYxLlNjb3BlEg4KBmFjdGlvbhgCIAEoCRITCgtwYXJhbXNfanNvbhgDIAEoCRIRCglpbnRlbnRfaWQYBCABKAkSFwoPaWRlbXBvdGVuY3lfa2V5GAUgASgJEg4KBmhvbGRlchgGIAEoCRIsCglsZWFzZV90dGwYByABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24iigIKFFJlcXVlc3RUb2tlblJlc3BvbnNlEicKCGRlY2lzaW9uGAEgASgOMhUub25jZWdhdGUudjEuRGVjaXNpb24SJgoGYWN0aW9uGAIgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEhMKC2ZpbmdlcnByaW50GAMgASgJEiEKBWdyYW50GAQgASgLMhIub25jZWdhdGUudjEuR3JhbnQSKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEwoLcmVkZWxpdmVyZWQYBiABKAgSJwoIYXBwcm92YWwYByABKAsyFS5vbmNlZ2F0ZS52MS5BcHByb3ZhbCJpCghBcHByb3ZhbBIKCgJpZBgBIAEoCRIuCgpleHBpcmVzX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIRCglwb2xpY3lfaWQYAyABKAkSDgoGcmVhc29uGAQgASgJIqUBCgVHcmFudBINCgV0b2tlbhgBIAEoCRIPCgdmZW5jaW5nGAIgASgEEjQKEGxlYXNlX2V4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEhQKDHByb3ZpZGVyX2tleRgEIAEoCRIdChVyZXBsaWNhc19hY2tub3dsZWRnZWQYBSABKA0SEQoJc3RhdGVtZW50GAYgASgJIpICCgpDb21wbGV0aW9uEg8KB3JlY2VpcHQYASABKAwSMAoMY29tcGxldGVkX2F0GAIgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIPCgdmZW5jaW5nGAMgASgEEg0KBXRva2VuGAQgASgJEi0KBnNvdXJjZRgFIAEoDjIdLm9uY2VnYXRlLnYxLkNvbXBsZXRpb25Tb3VyY2USDAoEbm90ZRgGIAEoCRIQCghvcGVyYXRvchgHIAEoCRILCgNzZXEYCCABKAQSEQoJc3RhdGVtZW50GAkgASgJEjIKDnJlY2VpcHRfZm9ybWF0GAogASgOMhoub25jZWdhdGUudjEuUmVjZWlwdEZvcm1hdCJZCg9Db21wbGV0ZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEg8KB3JlY2VpcHQYAyABKAwiPwoQQ29tcGxldGVSZXNwb25zZRIrCgpjb21wbGV0aW9uGAEgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbiJzCg5SZWxlYXNlUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDQoFdG9rZW4YAiABKAkSKgoGcmVhc29uGAMgASgOMhoub25jZWdhdGUudjEuUmVsZWFzZVJlYXNvbiIiCg9SZWxlYXNlUmVzcG9uc2USDwoHZmVuY2luZxgBIAEoBCJzChJFeHRlbmRMZWFzZVJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg0KBXRva2VuGAIgASgJEiYKA3R0bBgDIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbiJLChNFeHRlbmRMZWFzZVJlc3BvbnNlEjQKEGxlYXNlX2V4cGlyZXNfYXQYASABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIjoKEEdldEFjdGlvblJlcXVlc3QSJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmIvoBChFHZXRBY3Rpb25SZXNwb25zZRInCgVzdGF0ZRgBIAEoDjIYLm9uY2VnYXRlLnYxLkFjdGlvblN0YXRlEg8KB2ZlbmNpbmcYAiABKAQSEwoLZmluZ2VycHJpbnQYAyABKAkSNAoQbGVhc2VfZXhwaXJlc19hdBgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASKwoKY29tcGxldGlvbhgFIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SDgoGaG9sZGVyGAYgASgJEg0KBXRva2VuGAcgASgJEhQKDHByb3ZpZGVyX2tleRgIIAEoCSIqChZXYXRjaFVucmVzb2x2ZWRSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJIkgKF1dhdGNoVW5yZXNvbHZlZFJlc3BvbnNlEi0KBmFjdGlvbhgBIAEoCzIdLm9uY2VnYXRlLnYxLlVucmVzb2x2ZWRBY3Rpb24iGwoZQ3JlYXRlQ29uc29sZUxvZ2luUmVxdWVzdCJsChpDcmVhdGVDb25zb2xlTG9naW5SZXNwb25zZRIMCgRjb2RlGAEgASgJEi0KCmV4cGlyZXNfaW4YAiABKAsyGS5nb29nbGUucHJvdG9idWYuRHVyYXRpb24SEQoJcHJpbmNpcGFsGAMgASgJIkcKHkxpc3RVbmRlbGl2ZXJhYmxlRXZlbnRzUmVxdWVzdBIRCglwYWdlX3NpemUYASABKA0SEgoKcGFnZV90b2tlbhgCIAEoCSLaAQoSVW5kZWxpdmVyYWJsZUV2ZW50EgoKAmlkGAEgASgJEg8KB3dlYmhvb2sYAiABKAkSEgoKZXZlbnRfdHlwZRgDIAEoCRIQCghhdHRlbXB0cxgEIAEoDRISCgpsYXN0X2Vycm9yGAUgASgJEi4KCmNyZWF0ZWRfYXQYBiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC2dpdmVuX3VwX2F0GAcgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIMCgRib2R5GAggASgJIpMBCh9MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1Jlc3BvbnNlEi8KBmV2ZW50cxgBIAMoCzIfLm9uY2VnYXRlLnYxLlVuZGVsaXZlcmFibGVFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkSDwoHcGVuZGluZxgDIAEoBBIVCg11bmRlbGl2ZXJhYmxlGAQgASgEInMKFURlY2lkZUFwcHJvdmFsUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSEwoLYXBwcm92YWxfaWQYAiABKAkSDwoHYXBwcm92ZRgDIAEoCBIMCgRub3RlGAQgASgJIpoCCg1BcHByb3ZhbEVudHJ5EiYKBmFjdGlvbhgBIAEoCzIWLm9uY2VnYXRlLnYxLkFjdGlvblJlZhInCghhcHByb3ZhbBgCIAEoCzIVLm9uY2VnYXRlLnYxLkFwcHJvdmFsEikKBXN0YXRlGAMgASgOMhoub25jZWdhdGUudjEuQXBwcm92YWxTdGF0ZRITCgthY3Rpb25fbmFtZRgEIAEoCRITCgtmaW5nZXJwcmludBgFIAEoCRIuCgpjcmVhdGVkX2F0GAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIQCghvcGVyYXRvchgHIAEoCRIMCgRub3RlGAggASgJEhMKC3BhcmFtc19qc29uGAkgASgJIkYKFkRlY2lkZUFwcHJvdmFsUmVzcG9uc2USLAoIYXBwcm92YWwYASABKAsyGi5vbmNlZ2F0ZS52MS5BcHByb3ZhbEVudHJ5Ik8KFExpc3RBcHByb3ZhbHNSZXF1ZXN0EhAKCGFnZW50X2lkGAEgASgJEhEKCXBhZ2Vfc2l6ZRgCIAEoDRISCgpwYWdlX3Rva2VuGAMgASgJIl8KFUxpc3RBcHByb3ZhbHNSZXNwb25zZRItCglhcHByb3ZhbHMYASADKAsyGi5vbmNlZ2F0ZS52MS5BcHByb3ZhbEVudHJ5EhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIlChFHZXRCdWRnZXRzUmVxdWVzdBIQCghhZ2VudF9pZBgBIAEoCSK+AQoLQnVkZ2V0VXNhZ2USDgoGYnVkZ2V0GAEgASgJEhMKC2FjdGlvbl9uYW1lGAIgASgJEg0KBWdyb3VwGAMgASgJEgwKBHVzZWQYBCABKAkSDQoFbGltaXQYBSABKAkSKQoGd2luZG93GAYgASgLMhkuZ29vZ2xlLnByb3RvYnVmLkR1cmF0aW9uEjMKD25leHRfcmVsZWFzZV9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXAiPwoSR2V0QnVkZ2V0c1Jlc3BvbnNlEikKB2J1ZGdldHMYASADKAsyGC5vbmNlZ2F0ZS52MS5CdWRnZXRVc2FnZSLZAQofUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSDwoHcmVjZWlwdBgCIAEoDBIMCgRub3RlGAMgASgJEhMKC2FjdGlvbl9uYW1lGAQgASgJEhMKC3BhcmFtc19qc29uGAUgASgJEhEKCWludGVudF9pZBgGIAEoCRIyCg5yZWNlaXB0X2Zvcm1hdBgHIAEoDjIaLm9uY2VnYXRlLnYxLlJlY2VpcHRGb3JtYXQiYQogUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVzcG9uc2USKwoKY29tcGxldGlvbhgBIAEoCzIXLm9uY2VnYXRlLnYxLkNvbXBsZXRpb24SEAoIcmVjb3JkZWQYAiABKAgi2QEKFVJlc29sdmVFeHBpcmVkUmVxdWVzdBImCgZhY3Rpb24YASABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSKwoKcmVzb2x1dGlvbhgCIAEoDjIXLm9uY2VnYXRlLnYxLlJlc29sdXRpb24SDwoHcmVjZWlwdBgDIAEoDBIMCgRub3RlGAQgASgJEjIKDnJlY2VpcHRfZm9ybWF0GAUgASgOMhoub25jZWdhdGUudjEuUmVjZWlwdEZvcm1hdBIYChBleHBlY3RlZF9mZW5jaW5nGAYgASgEIlYKFlJlc29sdmVFeHBpcmVkUmVzcG9uc2USDwoHZmVuY2luZxgBIAEoBBIrCgpjb21wbGV0aW9uGAIgASgLMhcub25jZWdhdGUudjEuQ29tcGxldGlvbiJQChVMaXN0VW5yZXNvbHZlZFJlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgNEhIKCnBhZ2VfdG9rZW4YAyABKAki9QEKEFVucmVzb2x2ZWRBY3Rpb24SJgoGYWN0aW9uGAEgASgLMhYub25jZWdhdGUudjEuQWN0aW9uUmVmEg8KB2ZlbmNpbmcYAiABKAQSNAoQbGVhc2VfZXhwaXJlZF9hdBgDIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDgoGaG9sZGVyGAQgASgJEhMKC2ZpbmdlcnByaW50GAUgASgJEg0KBXRva2VuGAYgASgJEhQKDHByb3ZpZGVyX2tleRgHIAEoCRITCgthY3Rpb25fbmFtZRgIIAEoCRITCgtwYXJhbXNfanNvbhgJIAEoCSJhChZMaXN0VW5yZXNvbHZlZFJlc3BvbnNlEi4KB2FjdGlvbnMYASADKAsyHS5vbmNlZ2F0ZS52MS5VbnJlc29sdmVkQWN0aW9uEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSJPChVFeHBvcnRSZWNlaXB0c1JlcXVlc3QSEAoIYWdlbnRfaWQYASABKAkSEQoJYWZ0ZXJfc2VxGAIgASgEEhEKCXBhZ2Vfc2l6ZRgDIAEoDSL1AQoMUmVjZWlwdEVudHJ5EgsKA3NlcRgBIAEoBBImCgZhY3Rpb24YAiABKAsyFi5vbmNlZ2F0ZS52MS5BY3Rpb25SZWYSEwoLZmluZ2VycHJpbnQYAyABKAkSFgoOcmVjZWlwdF9kaWdlc3QYBCABKAkSDwoHZmVuY2luZxgFIAEoBBItCgZzb3VyY2UYBiABKA4yHS5vbmNlZ2F0ZS52MS5Db21wbGV0aW9uU291cmNlEjAKDGNvbXBsZXRlZF9hdBgHIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASEQoJc3RhdGVtZW50GAggASgJImoKFkV4cG9ydFJlY2VpcHRzUmVzcG9uc2USKgoHZW50cmllcxgBIAMoCzIZLm9uY2VnYXRlLnYxLlJlY2VpcHRFbnRyeRIWCg5uZXh0X2FmdGVyX3NlcRgCIAEoBBIMCgRqd2tzGAMgASgJKnkKCERlY2lzaW9uEhgKFERFQ0lTSU9OX1VOU1BFQ0lGSUVEEAASFAoQREVDSVNJT05fR1JBTlRFRBABEh4KGkRFQ0lTSU9OX0FMUkVBRFlfQ09NUExFVEVEEAISHQoZREVDSVNJT05fUEVORElOR19BUFBST1ZBTBADKnMKEENvbXBsZXRpb25Tb3VyY2USIQodQ09NUExFVElPTl9TT1VSQ0VfVU5TUEVDSUZJRUQQABIcChhDT01QTEVUSU9OX1NPVVJDRV9XT1JLRVIQARIeChpDT01QTEVUSU9OX1NPVVJDRV9PUEVSQVRPUhACKmEKDVJlY2VpcHRGb3JtYXQSHgoaUkVDRUlQVF9GT1JNQVRfVU5TUEVDSUZJRUQQABIXChNSRUNFSVBUX0ZPUk1BVF9KU09OEAESFwoTUkVDRUlQVF9GT1JNQVRfVEVYVBACKnYKDVJlbGVhc2VSZWFzb24SHgoaUkVMRUFTRV9SRUFTT05fVU5TUEVDSUZJRUQQABIjCh9SRUxFQVNFX1JFQVNPTl9ERUZJTklURV9GQUlMVVJFEAESIAocUkVMRUFTRV9SRUFTT05fTk9UX0FUVEVNUFRFRBACKpcBCgtBY3Rpb25TdGF0ZRIcChhBQ1RJT05fU1RBVEVfVU5TUEVDSUZJRUQQABIXChNBQ1RJT05fU1RBVEVfQUJTRU5UEAESGwoXQUNUSU9OX1NUQVRFX0FVVEhPUklaRUQQAhIaChZBQ1RJT05fU1RBVEVfQ09NUExFVEVEEAMSGAoUQUNUSU9OX1NUQVRFX0VYUElSRUQQBCqcAQoNQXBwcm92YWxTdGF0ZRIeChpBUFBST1ZBTF9TVEFURV9VTlNQRUNJRklFRBAAEhoKFkFQUFJPVkFMX1NUQVRFX1BFTkRJTkcQARIbChdBUFBST1ZBTF9TVEFURV9BUFBST1ZFRBACEhkKFUFQUFJPVkFMX1NUQVRFX0RFTklFRBADEhcKE0FQUFJPVkFMX1NUQVRFX1VTRUQQBCpZCgpSZXNvbHV0aW9uEhoKFlJFU09MVVRJT05fVU5TUEVDSUZJRUQQABIYChRSRVNPTFVUSU9OX0NPTVBMRVRFRBABEhUKEVJFU09MVVRJT05fRkFJTEVEEAIqvAMKC0Vycm9yUmVhc29uEhwKGEVSUk9SX1JFQVNPTl9VTlNQRUNJRklFRBAAEhoKFklERU1QT1RFTkNZX0tFWV9SRVVTRUQQARIbChdJREVNUE9URU5DWV9JTl9QUk9HUkVTUxACEhwKGExFQVNFX0VYUElSRURfVU5SRVNPTFZFRBADEhIKDlRPS0VOX01JU01BVENIEAQSEQoNVE9LRU5fVU5LTk9XThAFEhYKEkNPTVBMRVRFRF9CWV9PVEhFUhAGEhUKEUFMUkVBRFlfQ09NUExFVEVEEAcSFQoRTEVBU0VfTk9UX0VYUElSRUQQCBITCg9JTlZBTElEX1JFUVVFU1QQCRITCg9VTkFVVEhFTlRJQ0FURUQQChITCg9GT1JCSURERU5fU0NPUEUQCxIQCgxSQVRFX0xJTUlURUQQDBIVChFTVE9SRV9VTkFWQUlMQUJMRRANEgwKCElOVEVSTkFMEA4SEQoNUE9MSUNZX0RFTklFRBAPEhMKD0JVREdFVF9FWENFRURFRBAQEhgKFEFQUFJPVkFMX05PVF9QRU5ESU5HEBESEwoPQUxSRUFEWV9TRVRUTEVEEBIy3wMKEUFjdGlvbkdhdGVTZXJ2aWNlElMKDFJlcXVlc3RUb2tlbhIgLm9uY2VnYXRlLnYxLlJlcXVlc3RUb2tlblJlcXVlc3QaIS5vbmNlZ2F0ZS52MS5SZXF1ZXN0VG9rZW5SZXNwb25zZRJHCghDb21wbGV0ZRIcLm9uY2VnYXRlLnYxLkNvbXBsZXRlUmVxdWVzdBodLm9uY2VnYXRlLnYxLkNvbXBsZXRlUmVzcG9uc2USRAoHUmVsZWFzZRIbLm9uY2VnYXRlLnYxLlJlbGVhc2VSZXF1ZXN0Ghwub25jZWdhdGUudjEuUmVsZWFzZVJlc3BvbnNlElAKC0V4dGVuZExlYXNlEh8ub25jZWdhdGUudjEuRXh0ZW5kTGVhc2VSZXF1ZXN0GiAub25jZWdhdGUudjEuRXh0ZW5kTGVhc2VSZXNwb25zZRJKCglHZXRBY3Rpb24SHS5vbmNlZ2F0ZS52MS5HZXRBY3Rpb25SZXF1ZXN0Gh4ub25jZWdhdGUudjEuR2V0QWN0aW9uUmVzcG9uc2USSAoHU2Vzc2lvbhIbLm9uY2VnYXRlLnYxLlNlc3Npb25SZXF1ZXN0Ghwub25jZWdhdGUudjEuU2Vzc2lvblJlc3BvbnNlKAEwATLbBwoQR2F0ZUFkbWluU2VydmljZRJ3ChhSZWNvcmRFeHRlcm5hbENvbXBsZXRpb24SLC5vbmNlZ2F0ZS52MS5SZWNvcmRFeHRlcm5hbENvbXBsZXRpb25SZXF1ZXN0Gi0ub25jZWdhdGUudjEuUmVjb3JkRXh0ZXJuYWxDb21wbGV0aW9uUmVzcG9uc2USWQoOUmVzb2x2ZUV4cGlyZWQSIi5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5SZXNvbHZlRXhwaXJlZFJlc3BvbnNlElkKDkxpc3RVbnJlc29sdmVkEiIub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXF1ZXN0GiMub25jZWdhdGUudjEuTGlzdFVucmVzb2x2ZWRSZXNwb25zZRJZCg5FeHBvcnRSZWNlaXB0cxIiLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVxdWVzdBojLm9uY2VnYXRlLnYxLkV4cG9ydFJlY2VpcHRzUmVzcG9uc2USWQoORGVjaWRlQXBwcm92YWwSIi5vbmNlZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlcXVlc3QaIy5vbmNlZ2F0ZS52MS5EZWNpZGVBcHByb3ZhbFJlc3BvbnNlElYKDUxpc3RBcHByb3ZhbHMSIS5vbmNlZ2F0ZS52MS5MaXN0QXBwcm92YWxzUmVxdWVzdBoiLm9uY2VnYXRlLnYxLkxpc3RBcHByb3ZhbHNSZXNwb25zZRJNCgpHZXRCdWRnZXRzEh4ub25jZWdhdGUudjEuR2V0QnVkZ2V0c1JlcXVlc3QaHy5vbmNlZ2F0ZS52MS5HZXRCdWRnZXRzUmVzcG9uc2USdAoXTGlzdFVuZGVsaXZlcmFibGVFdmVudHMSKy5vbmNlZ2F0ZS52MS5MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1JlcXVlc3QaLC5vbmNlZ2F0ZS52MS5MaXN0VW5kZWxpdmVyYWJsZUV2ZW50c1Jlc3BvbnNlEl4KD1dhdGNoVW5yZXNvbHZlZBIjLm9uY2VnYXRlLnYxLldhdGNoVW5yZXNvbHZlZFJlcXVlc3QaJC5vbmNlZ2F0ZS52MS5XYXRjaFVucmVzb2x2ZWRSZXNwb25zZTABEmUKEkNyZWF0ZUNvbnNvbGVMb2dpbhImLm9uY2VnYXRlLnYxLkNyZWF0ZUNvbnNvbGVMb2dpblJlcXVlc3QaJy5vbmNlZ2F0ZS52MS5DcmVhdGVDb25zb2xlTG9naW5SZXNwb25zZWIGcHJvdG8z", [file_google_protobuf_duration, file_google_protobuf_timestamp]);
+
+/**
+ * One call on a Session.
+ *
+ * @generated from message oncegate.v1.SessionRequest
+ */
+export type SessionRequest = Message<"oncegate.v1.SessionRequest"> & {
+  /**
+   * Chosen by the caller and echoed in the response; unique among the caller's calls in flight
+   * on the stream.
+   *
+   * @generated from field: uint64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * The call's deadline, as grpc-timeout is a unary call's; none when unset.
+   *
+   * @generated from field: google.protobuf.Duration timeout = 2;
+   */
+  timeout?: Duration | undefined;
+
+  /**
+   * The call.
+   *
+   * @generated from oneof oncegate.v1.SessionRequest.call
+   */
+  call: {
+    /**
+     * A RequestToken.
+     *
+     * @generated from field: oncegate.v1.RequestTokenRequest request_token = 3;
+     */
+    value: RequestTokenRequest;
+    case: "requestToken";
+  } | {
+    /**
+     * A Complete.
+     *
+     * @generated from field: oncegate.v1.CompleteRequest complete = 4;
+     */
+    value: CompleteRequest;
+    case: "complete";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message oncegate.v1.SessionRequest.
+ * Use `create(SessionRequestSchema)` to create a new message.
+ */
+export const SessionRequestSchema: GenMessage<SessionRequest> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 0);
+
+/**
+ * The answer to one call of a Session.
+ *
+ * @generated from message oncegate.v1.SessionResponse
+ */
+export type SessionResponse = Message<"oncegate.v1.SessionResponse"> & {
+  /**
+   * The id of the request answered.
+   *
+   * @generated from field: uint64 id = 1;
+   */
+  id: bigint;
+
+  /**
+   * The unary method's reply, or its error.
+   *
+   * @generated from oneof oncegate.v1.SessionResponse.result
+   */
+  result: {
+    /**
+     * The reply to a RequestToken.
+     *
+     * @generated from field: oncegate.v1.RequestTokenResponse request_token = 2;
+     */
+    value: RequestTokenResponse;
+    case: "requestToken";
+  } | {
+    /**
+     * The reply to a Complete.
+     *
+     * @generated from field: oncegate.v1.CompleteResponse complete = 3;
+     */
+    value: CompleteResponse;
+    case: "complete";
+  } | {
+    /**
+     * The status the unary call would have failed with.
+     *
+     * @generated from field: oncegate.v1.SessionError error = 4;
+     */
+    value: SessionError;
+    case: "error";
+  } | { case: undefined; value?: undefined };
+};
+
+/**
+ * Describes the message oncegate.v1.SessionResponse.
+ * Use `create(SessionResponseSchema)` to create a new message.
+ */
+export const SessionResponseSchema: GenMessage<SessionResponse> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 1);
+
+/**
+ * A failed call of a Session: what the unary call's gRPC status would carry.
+ *
+ * @generated from message oncegate.v1.SessionError
+ */
+export type SessionError = Message<"oncegate.v1.SessionError"> & {
+  /**
+   * The gRPC status code.
+   *
+   * @generated from field: int32 code = 1;
+   */
+  code: number;
+
+  /**
+   * The status message.
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+
+  /**
+   * The grpc-status-details-bin bytes: an encoded google.rpc.Status with the call's ErrorInfo
+   * (and RetryInfo or BadRequest where they help), as described under ErrorReason.
+   *
+   * @generated from field: bytes details = 3;
+   */
+  details: Uint8Array;
+};
+
+/**
+ * Describes the message oncegate.v1.SessionError.
+ * Use `create(SessionErrorSchema)` to create a new message.
+ */
+export const SessionErrorSchema: GenMessage<SessionError> = /*@__PURE__*/
+  messageDesc(file_oncegate_v1_oncegate, 2);
 
 /**
  * Who acts: the agent and the workflow run the action belongs to.
@@ -50,7 +190,7 @@ export type Scope = Message<"oncegate.v1.Scope"> & {
  * Use `create(ScopeSchema)` to create a new message.
  */
 export const ScopeSchema: GenMessage<Scope> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 0);
+  messageDesc(file_oncegate_v1_oncegate, 3);
 
 /**
  * Names one action of one scope.
@@ -78,7 +218,7 @@ export type ActionRef = Message<"oncegate.v1.ActionRef"> & {
  * Use `create(ActionRefSchema)` to create a new message.
  */
 export const ActionRefSchema: GenMessage<ActionRef> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 1);
+  messageDesc(file_oncegate_v1_oncegate, 4);
 
 /**
  * Asks for a token for one action.
@@ -145,7 +285,7 @@ export type RequestTokenRequest = Message<"oncegate.v1.RequestTokenRequest"> & {
  * Use `create(RequestTokenRequestSchema)` to create a new message.
  */
 export const RequestTokenRequestSchema: GenMessage<RequestTokenRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 2);
+  messageDesc(file_oncegate_v1_oncegate, 5);
 
 /**
  * The answer to RequestToken.
@@ -209,7 +349,7 @@ export type RequestTokenResponse = Message<"oncegate.v1.RequestTokenResponse"> &
  * Use `create(RequestTokenResponseSchema)` to create a new message.
  */
 export const RequestTokenResponseSchema: GenMessage<RequestTokenResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 3);
+  messageDesc(file_oncegate_v1_oncegate, 6);
 
 /**
  * An action held for an operator's approval, bound to one action key and its request hash.
@@ -251,7 +391,7 @@ export type Approval = Message<"oncegate.v1.Approval"> & {
  * Use `create(ApprovalSchema)` to create a new message.
  */
 export const ApprovalSchema: GenMessage<Approval> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 4);
+  messageDesc(file_oncegate_v1_oncegate, 7);
 
 /**
  * The one-shot authorization for one attempt.
@@ -315,7 +455,7 @@ export type Grant = Message<"oncegate.v1.Grant"> & {
  * Use `create(GrantSchema)` to create a new message.
  */
 export const GrantSchema: GenMessage<Grant> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 5);
+  messageDesc(file_oncegate_v1_oncegate, 8);
 
 /**
  * The recorded outcome of an action.
@@ -402,7 +542,7 @@ export type Completion = Message<"oncegate.v1.Completion"> & {
  * Use `create(CompletionSchema)` to create a new message.
  */
 export const CompletionSchema: GenMessage<Completion> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 6);
+  messageDesc(file_oncegate_v1_oncegate, 9);
 
 /**
  * Records that an attempt ran and what it returned.
@@ -437,7 +577,7 @@ export type CompleteRequest = Message<"oncegate.v1.CompleteRequest"> & {
  * Use `create(CompleteRequestSchema)` to create a new message.
  */
 export const CompleteRequestSchema: GenMessage<CompleteRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 7);
+  messageDesc(file_oncegate_v1_oncegate, 10);
 
 /**
  * The answer to Complete.
@@ -458,7 +598,7 @@ export type CompleteResponse = Message<"oncegate.v1.CompleteResponse"> & {
  * Use `create(CompleteResponseSchema)` to create a new message.
  */
 export const CompleteResponseSchema: GenMessage<CompleteResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 8);
+  messageDesc(file_oncegate_v1_oncegate, 11);
 
 /**
  * Gives a token back so the action can be granted again.
@@ -493,7 +633,7 @@ export type ReleaseRequest = Message<"oncegate.v1.ReleaseRequest"> & {
  * Use `create(ReleaseRequestSchema)` to create a new message.
  */
 export const ReleaseRequestSchema: GenMessage<ReleaseRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 9);
+  messageDesc(file_oncegate_v1_oncegate, 12);
 
 /**
  * The answer to Release.
@@ -514,7 +654,7 @@ export type ReleaseResponse = Message<"oncegate.v1.ReleaseResponse"> & {
  * Use `create(ReleaseResponseSchema)` to create a new message.
  */
 export const ReleaseResponseSchema: GenMessage<ReleaseResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 10);
+  messageDesc(file_oncegate_v1_oncegate, 13);
 
 /**
  * Extends the lease of a live token.
@@ -549,7 +689,7 @@ export type ExtendLeaseRequest = Message<"oncegate.v1.ExtendLeaseRequest"> & {
  * Use `create(ExtendLeaseRequestSchema)` to create a new message.
  */
 export const ExtendLeaseRequestSchema: GenMessage<ExtendLeaseRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 11);
+  messageDesc(file_oncegate_v1_oncegate, 14);
 
 /**
  * The answer to ExtendLease.
@@ -570,7 +710,7 @@ export type ExtendLeaseResponse = Message<"oncegate.v1.ExtendLeaseResponse"> & {
  * Use `create(ExtendLeaseResponseSchema)` to create a new message.
  */
 export const ExtendLeaseResponseSchema: GenMessage<ExtendLeaseResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 12);
+  messageDesc(file_oncegate_v1_oncegate, 15);
 
 /**
  * Reads one action's record.
@@ -591,7 +731,7 @@ export type GetActionRequest = Message<"oncegate.v1.GetActionRequest"> & {
  * Use `create(GetActionRequestSchema)` to create a new message.
  */
 export const GetActionRequestSchema: GenMessage<GetActionRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 13);
+  messageDesc(file_oncegate_v1_oncegate, 16);
 
 /**
  * The record of one action as it stands.
@@ -667,7 +807,7 @@ export type GetActionResponse = Message<"oncegate.v1.GetActionResponse"> & {
  * Use `create(GetActionResponseSchema)` to create a new message.
  */
 export const GetActionResponseSchema: GenMessage<GetActionResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 14);
+  messageDesc(file_oncegate_v1_oncegate, 17);
 
 /**
  * Asks for the unresolved actions as they appear.
@@ -688,7 +828,7 @@ export type WatchUnresolvedRequest = Message<"oncegate.v1.WatchUnresolvedRequest
  * Use `create(WatchUnresolvedRequestSchema)` to create a new message.
  */
 export const WatchUnresolvedRequestSchema: GenMessage<WatchUnresolvedRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 15);
+  messageDesc(file_oncegate_v1_oncegate, 18);
 
 /**
  * One unresolved action to settle.
@@ -711,7 +851,7 @@ export type WatchUnresolvedResponse = Message<"oncegate.v1.WatchUnresolvedRespon
  * Use `create(WatchUnresolvedResponseSchema)` to create a new message.
  */
 export const WatchUnresolvedResponseSchema: GenMessage<WatchUnresolvedResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 16);
+  messageDesc(file_oncegate_v1_oncegate, 19);
 
 /**
  * Asks for a console login code (nothing to say: the code is for the caller).
@@ -726,7 +866,7 @@ export type CreateConsoleLoginRequest = Message<"oncegate.v1.CreateConsoleLoginR
  * Use `create(CreateConsoleLoginRequestSchema)` to create a new message.
  */
 export const CreateConsoleLoginRequestSchema: GenMessage<CreateConsoleLoginRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 17);
+  messageDesc(file_oncegate_v1_oncegate, 20);
 
 /**
  * A console login code.
@@ -762,7 +902,7 @@ export type CreateConsoleLoginResponse = Message<"oncegate.v1.CreateConsoleLogin
  * Use `create(CreateConsoleLoginResponseSchema)` to create a new message.
  */
 export const CreateConsoleLoginResponseSchema: GenMessage<CreateConsoleLoginResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 18);
+  messageDesc(file_oncegate_v1_oncegate, 21);
 
 /**
  * Asks for a page of undeliverable webhook events.
@@ -790,7 +930,7 @@ export type ListUndeliverableEventsRequest = Message<"oncegate.v1.ListUndelivera
  * Use `create(ListUndeliverableEventsRequestSchema)` to create a new message.
  */
 export const ListUndeliverableEventsRequestSchema: GenMessage<ListUndeliverableEventsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 19);
+  messageDesc(file_oncegate_v1_oncegate, 22);
 
 /**
  * One webhook event given up after its last delivery attempt.
@@ -861,7 +1001,7 @@ export type UndeliverableEvent = Message<"oncegate.v1.UndeliverableEvent"> & {
  * Use `create(UndeliverableEventSchema)` to create a new message.
  */
 export const UndeliverableEventSchema: GenMessage<UndeliverableEvent> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 20);
+  messageDesc(file_oncegate_v1_oncegate, 23);
 
 /**
  * A page of undeliverable webhook events.
@@ -903,7 +1043,7 @@ export type ListUndeliverableEventsResponse = Message<"oncegate.v1.ListUndeliver
  * Use `create(ListUndeliverableEventsResponseSchema)` to create a new message.
  */
 export const ListUndeliverableEventsResponseSchema: GenMessage<ListUndeliverableEventsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 21);
+  messageDesc(file_oncegate_v1_oncegate, 24);
 
 /**
  * An operator's decision on a held action.
@@ -945,7 +1085,7 @@ export type DecideApprovalRequest = Message<"oncegate.v1.DecideApprovalRequest">
  * Use `create(DecideApprovalRequestSchema)` to create a new message.
  */
 export const DecideApprovalRequestSchema: GenMessage<DecideApprovalRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 22);
+  messageDesc(file_oncegate_v1_oncegate, 25);
 
 /**
  * One approval as it stands.
@@ -1023,7 +1163,7 @@ export type ApprovalEntry = Message<"oncegate.v1.ApprovalEntry"> & {
  * Use `create(ApprovalEntrySchema)` to create a new message.
  */
 export const ApprovalEntrySchema: GenMessage<ApprovalEntry> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 23);
+  messageDesc(file_oncegate_v1_oncegate, 26);
 
 /**
  * The answer to DecideApproval.
@@ -1044,7 +1184,7 @@ export type DecideApprovalResponse = Message<"oncegate.v1.DecideApprovalResponse
  * Use `create(DecideApprovalResponseSchema)` to create a new message.
  */
 export const DecideApprovalResponseSchema: GenMessage<DecideApprovalResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 24);
+  messageDesc(file_oncegate_v1_oncegate, 27);
 
 /**
  * Asks for a page of one agent's approvals.
@@ -1079,7 +1219,7 @@ export type ListApprovalsRequest = Message<"oncegate.v1.ListApprovalsRequest"> &
  * Use `create(ListApprovalsRequestSchema)` to create a new message.
  */
 export const ListApprovalsRequestSchema: GenMessage<ListApprovalsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 25);
+  messageDesc(file_oncegate_v1_oncegate, 28);
 
 /**
  * A page of approvals.
@@ -1107,7 +1247,7 @@ export type ListApprovalsResponse = Message<"oncegate.v1.ListApprovalsResponse">
  * Use `create(ListApprovalsResponseSchema)` to create a new message.
  */
 export const ListApprovalsResponseSchema: GenMessage<ListApprovalsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 26);
+  messageDesc(file_oncegate_v1_oncegate, 29);
 
 /**
  * Asks for one agent's budgets.
@@ -1128,7 +1268,7 @@ export type GetBudgetsRequest = Message<"oncegate.v1.GetBudgetsRequest"> & {
  * Use `create(GetBudgetsRequestSchema)` to create a new message.
  */
 export const GetBudgetsRequestSchema: GenMessage<GetBudgetsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 27);
+  messageDesc(file_oncegate_v1_oncegate, 30);
 
 /**
  * One budget bucket of one agent: a budget, for one action when the budget counts per action,
@@ -1193,7 +1333,7 @@ export type BudgetUsage = Message<"oncegate.v1.BudgetUsage"> & {
  * Use `create(BudgetUsageSchema)` to create a new message.
  */
 export const BudgetUsageSchema: GenMessage<BudgetUsage> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 28);
+  messageDesc(file_oncegate_v1_oncegate, 31);
 
 /**
  * The answer to GetBudgets.
@@ -1214,7 +1354,7 @@ export type GetBudgetsResponse = Message<"oncegate.v1.GetBudgetsResponse"> & {
  * Use `create(GetBudgetsResponseSchema)` to create a new message.
  */
 export const GetBudgetsResponseSchema: GenMessage<GetBudgetsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 29);
+  messageDesc(file_oncegate_v1_oncegate, 32);
 
 /**
  * Records a completion done by hand.
@@ -1279,7 +1419,7 @@ export type RecordExternalCompletionRequest = Message<"oncegate.v1.RecordExterna
  * Use `create(RecordExternalCompletionRequestSchema)` to create a new message.
  */
 export const RecordExternalCompletionRequestSchema: GenMessage<RecordExternalCompletionRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 30);
+  messageDesc(file_oncegate_v1_oncegate, 33);
 
 /**
  * The answer to RecordExternalCompletion.
@@ -1307,7 +1447,7 @@ export type RecordExternalCompletionResponse = Message<"oncegate.v1.RecordExtern
  * Use `create(RecordExternalCompletionResponseSchema)` to create a new message.
  */
 export const RecordExternalCompletionResponseSchema: GenMessage<RecordExternalCompletionResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 31);
+  messageDesc(file_oncegate_v1_oncegate, 34);
 
 /**
  * Settles one expired action.
@@ -1366,7 +1506,7 @@ export type ResolveExpiredRequest = Message<"oncegate.v1.ResolveExpiredRequest">
  * Use `create(ResolveExpiredRequestSchema)` to create a new message.
  */
 export const ResolveExpiredRequestSchema: GenMessage<ResolveExpiredRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 32);
+  messageDesc(file_oncegate_v1_oncegate, 35);
 
 /**
  * The answer to ResolveExpired.
@@ -1394,7 +1534,7 @@ export type ResolveExpiredResponse = Message<"oncegate.v1.ResolveExpiredResponse
  * Use `create(ResolveExpiredResponseSchema)` to create a new message.
  */
 export const ResolveExpiredResponseSchema: GenMessage<ResolveExpiredResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 33);
+  messageDesc(file_oncegate_v1_oncegate, 36);
 
 /**
  * Asks for a page of unresolved actions.
@@ -1429,7 +1569,7 @@ export type ListUnresolvedRequest = Message<"oncegate.v1.ListUnresolvedRequest">
  * Use `create(ListUnresolvedRequestSchema)` to create a new message.
  */
 export const ListUnresolvedRequestSchema: GenMessage<ListUnresolvedRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 34);
+  messageDesc(file_oncegate_v1_oncegate, 37);
 
 /**
  * One action whose lease expired unresolved.
@@ -1508,7 +1648,7 @@ export type UnresolvedAction = Message<"oncegate.v1.UnresolvedAction"> & {
  * Use `create(UnresolvedActionSchema)` to create a new message.
  */
 export const UnresolvedActionSchema: GenMessage<UnresolvedAction> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 35);
+  messageDesc(file_oncegate_v1_oncegate, 38);
 
 /**
  * A page of unresolved actions.
@@ -1536,7 +1676,7 @@ export type ListUnresolvedResponse = Message<"oncegate.v1.ListUnresolvedResponse
  * Use `create(ListUnresolvedResponseSchema)` to create a new message.
  */
 export const ListUnresolvedResponseSchema: GenMessage<ListUnresolvedResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 36);
+  messageDesc(file_oncegate_v1_oncegate, 39);
 
 /**
  * Asks for a page of one agent's receipt chain.
@@ -1571,7 +1711,7 @@ export type ExportReceiptsRequest = Message<"oncegate.v1.ExportReceiptsRequest">
  * Use `create(ExportReceiptsRequestSchema)` to create a new message.
  */
 export const ExportReceiptsRequestSchema: GenMessage<ExportReceiptsRequest> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 37);
+  messageDesc(file_oncegate_v1_oncegate, 40);
 
 /**
  * One entry of an agent's receipt chain, as stored.
@@ -1646,7 +1786,7 @@ export type ReceiptEntry = Message<"oncegate.v1.ReceiptEntry"> & {
  * Use `create(ReceiptEntrySchema)` to create a new message.
  */
 export const ReceiptEntrySchema: GenMessage<ReceiptEntry> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 38);
+  messageDesc(file_oncegate_v1_oncegate, 41);
 
 /**
  * A page of a receipt chain.
@@ -1682,7 +1822,7 @@ export type ExportReceiptsResponse = Message<"oncegate.v1.ExportReceiptsResponse
  * Use `create(ExportReceiptsResponseSchema)` to create a new message.
  */
 export const ExportReceiptsResponseSchema: GenMessage<ExportReceiptsResponse> = /*@__PURE__*/
-  messageDesc(file_oncegate_v1_oncegate, 39);
+  messageDesc(file_oncegate_v1_oncegate, 42);
 
 /**
  * What the gate decided for a RequestToken that was not refused.
@@ -2206,6 +2346,19 @@ export const ActionGateService: GenService<{
     methodKind: "unary";
     input: typeof GetActionRequestSchema;
     output: typeof GetActionResponseSchema;
+  },
+  /**
+   * RequestToken and Complete as messages of one long-lived stream, for workers that make many
+   * calls: each call means, checks and answers exactly what its unary method does, without a new
+   * HTTP/2 stream per call. Responses come as calls finish, each naming the request it answers.
+   * The gate ends the stream with UNAVAILABLE when it drains: open a new one.
+   *
+   * @generated from rpc oncegate.v1.ActionGateService.Session
+   */
+  session: {
+    methodKind: "bidi_streaming";
+    input: typeof SessionRequestSchema;
+    output: typeof SessionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_oncegate_v1_oncegate, 0);
