@@ -218,6 +218,54 @@ def test_a_gate_shutting_down_does_not_wait_for_an_idle_client(tmp_path: Any) ->
             process.wait()
 
 
+@native_only
+def test_worker_calls_travel_on_one_session_that_a_draining_gate_ends(tmp_path: Any) -> None:
+    # RequestToken and Complete go as messages of one Session stream (docs/CONTRACT.md), logged
+    # as their unary methods; a gate shutting down ends the open session instead of waiting for
+    # it, and the next call opens another on a new gate at the same address.
+    binary = os.environ.get("ONCEGATE_BIN", str(REPO_ROOT / "target" / "debug" / "oncegate"))
+    log_path = tmp_path / "gate.log"
+
+    def start(listen: str) -> tuple[subprocess.Popen[str], str]:
+        command = [binary, "serve", "--listen", listen, "--data-dir", str(tmp_path / "data")]
+        with log_path.open("a") as log:
+            process = subprocess.Popen(
+                [*command, "--no-admin-socket", "--drain-seconds", "120"],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                env={**os.environ, "RUST_LOG": "info"},
+            )
+        assert process.stdout is not None
+        found = re.search(r"listening on (\S+)", process.stdout.readline())
+        assert found, f"the gate did not start: {log_path.read_text()}"
+        return process, found.group(1)
+
+    process, target = start("127.0.0.1:0")
+    rpc = GateRpc(target)
+    try:
+        for i in range(3):
+            answer = rpc.request_token("payments.transfer", {"i": i}, agent_id="a", run_id="r")
+            assert answer.decision is Decision.GRANTED and answer.grant is not None
+            rpc.complete(answer.action, answer.grant.token, b"{}")
+        process.terminate()
+        assert process.wait(timeout=60) == 0  # far less than the drain it was given
+        log = log_path.read_text()
+        assert "drain deadline passed" not in log, log
+        finished = re.findall(r"rpc=oncegate\.v1\.ActionGateService/(\w+)\b[^\n]*finished", log)
+        # The stream, logged once opened, then its calls as their unary methods.
+        assert finished == ["Session"] + ["RequestToken", "Complete"] * 3, log
+
+        process, _ = start(target)
+        answer = rpc.request_token("payments.transfer", {"i": 3}, agent_id="a", run_id="r")
+        assert answer.decision is Decision.GRANTED
+    finally:
+        rpc.close()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
 def _in_child(out: Any) -> None:
     try:
         rpc = _PARENT_RPC["rpc"]

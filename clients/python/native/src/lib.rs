@@ -22,6 +22,7 @@ mod json;
 mod link;
 mod local;
 mod runtime;
+mod session;
 mod unary;
 mod worker;
 

@@ -16,11 +16,20 @@ use h2::client::SendRequest;
 use tokio::{net::TcpStream, sync::Mutex};
 use tonic::Status;
 
+use crate::{
+    session::{Failure, Session},
+    unary::Call,
+};
+
 /// The connection of one channel on one runtime.
 pub struct Link {
     address: String,
     connect_timeout: Duration,
     current: Mutex<Option<Connection>>,
+    /// The session on the current connection, once a call opened it ([`crate::session`]).
+    session: Mutex<Option<Arc<Session>>>,
+    /// Set when the gate answered a session `UNIMPLEMENTED`: every call goes unary.
+    unary_only: AtomicBool,
 }
 
 /// One HTTP/2 connection: where to start streams, and whether it is known to be gone.
@@ -48,6 +57,8 @@ impl Link {
             address,
             connect_timeout,
             current: Mutex::new(None),
+            session: Mutex::new(None),
+            unary_only: AtomicBool::new(false),
         }
     }
 
@@ -66,6 +77,38 @@ impl Link {
         let connection = self.connect().await?;
         *current = Some(connection.clone());
         Ok(connection)
+    }
+
+    /// The session for `call`, and whether it served calls before: the open one, or a new one
+    /// when none is open or it ended. `None` when this link sends every call unary, or `call`'s
+    /// metadata is not the session's.
+    pub async fn session(&self, call: &Call) -> Result<Option<(Arc<Session>, bool)>, Failure> {
+        if self.unary_only.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let mut current = self.session.lock().await;
+        if let Some(session) = current.as_ref()
+            && !session.ended()
+        {
+            let same = session.metadata == call.metadata;
+            return Ok(same.then(|| (Arc::clone(session), true)));
+        }
+        let connection = self.connection().await.map_err(Failure::Ended)?;
+        let session = Session::open(&connection, call)
+            .await
+            .inspect_err(|failure| {
+                if let Failure::Ended(_) = failure {
+                    connection.broke();
+                }
+            })?;
+        let session = Arc::new(session);
+        *current = Some(Arc::clone(&session));
+        Ok(Some((session, false)))
+    }
+
+    /// From now on every call goes unary: the gate does not know sessions.
+    pub fn unary_only(&self) {
+        self.unary_only.store(true, Ordering::Release);
     }
 
     async fn connect(&self) -> Result<Connection, Status> {

@@ -11,7 +11,10 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri, header};
 use tonic::{Code, Status};
 
-use crate::link::{Connection, Link};
+use crate::{
+    link::{Connection, Link},
+    session::{self, Failure as SessionFailure},
+};
 
 /// What to send: the full URI of the method (`http://host:port/package.Service/Method`), the
 /// serialized message, the headers of the call and its deadline.
@@ -29,13 +32,53 @@ pub struct Call {
 /// answer is tried once more on a new connection (it broke while idle, e.g. the gate restarted);
 /// every worker RPC may be repeated, as the guard itself repeats them after a transport error.
 pub async fn call(link: &Link, call: Call) -> Result<Bytes, Status> {
+    let answer = async {
+        match session::field_of(call.uri.path()) {
+            Some(field) => on_session(link, &call, field).await,
+            None => unary(link, &call).await,
+        }
+    };
+    within(call.deadline, answer).await
+}
+
+/// `call` as the call in `field` of the link's session ([`crate::session`]), or unary when the
+/// link has none for it. A reused session that ended before the answer is tried once more on a
+/// new one, as a broken reused connection is; a gate that does not know sessions gets this call,
+/// and every later one, unary.
+async fn on_session(link: &Link, call: &Call, field: u32) -> Result<Bytes, Status> {
+    let mut tried_fresh = false;
+    loop {
+        let answer = match link.session(call).await {
+            Ok(Some((session, reused))) => {
+                tried_fresh |= !reused;
+                session.call(field, &call.message, call.deadline).await
+            }
+            Ok(None) => return unary(link, call).await,
+            Err(failure) => Err(failure),
+        };
+        match answer {
+            Ok(reply) => return Ok(reply),
+            Err(SessionFailure::Answered(status)) => return Err(status),
+            Err(SessionFailure::Ended(status)) if status.code() == Code::Unimplemented => {
+                link.unary_only();
+                return unary(link, call).await;
+            }
+            Err(SessionFailure::Ended(status)) if tried_fresh => return Err(status),
+            Err(SessionFailure::Ended(_)) => tried_fresh = true,
+        }
+    }
+}
+
+/// `call` on a new HTTP/2 stream of its own; a reused connection that turns out broken before
+/// the answer gets one more try on a new one.
+async fn unary(link: &Link, call: &Call) -> Result<Bytes, Status> {
     let exchange = async {
         let connection = link.connection().await?;
-        match exchange(&connection, &call).await {
+        match exchange(&connection, call).await {
             Err(Failure::Broken(_)) if connection.reused => {
                 connection.broke();
                 let fresh = link.connection().await?;
-                exchange(&fresh, &call).await.map_err(|failure| {
+                exchange(&fresh, call).await.map_err(|failure| {
                     if let Failure::Broken(_) = failure {
                         fresh.broke();
                     }
@@ -51,7 +94,7 @@ pub async fn call(link: &Link, call: Call) -> Result<Bytes, Status> {
             Ok(message) => Ok(message),
         }
     };
-    within(call.deadline, exchange).await
+    exchange.await
 }
 
 /// `answer`, or `DEADLINE_EXCEEDED` once `deadline` passed (no deadline when `None`).
@@ -132,6 +175,11 @@ async fn exchange(connection: &Connection, call: &Call) -> Result<Bytes, Failure
     }
     let trailers = body.trailers().await.map_err(Failure::from_h2)?;
     ended(received.freeze(), trailers.as_ref()).map_err(Failure::Answered)
+}
+
+/// The status of an HTTP/2 error, as a unary call reports it.
+pub(crate) fn h2_status(error: h2::Error) -> Status {
+    Failure::from_h2(error).status()
 }
 
 /// The request of `call` without its body: the method's URI and the call's headers (the
