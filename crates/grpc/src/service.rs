@@ -37,8 +37,8 @@ impl GateService {
 /// The responses of one session, as its calls finish.
 type SessionStream = ReceiverStream<Result<pb::SessionResponse, Status>>;
 
-/// How many answered calls of one session may wait for the caller to read them before the
-/// session stops reading new ones.
+/// How many calls of one session may be running or answered and not yet read by the caller: past
+/// it, the session reads no new call until the caller reads answers.
 const SESSION_BACKLOG: usize = 64;
 
 impl GateService {
@@ -113,7 +113,7 @@ impl ActionGateService for GateService {
         request: Request<Streaming<pb::SessionRequest>>,
     ) -> Result<Response<SessionStream>, Status> {
         let principal = auth::principal(&request).map_err(status)?;
-        let headers = std::sync::Arc::new(request.metadata().clone().into_headers());
+        let headers = Arc::new(request.metadata().clone().into_headers());
         let mut calls = request.into_inner();
         let (answers, stream) = tokio::sync::mpsc::channel(SESSION_BACKLOG);
         let service = self.clone();
