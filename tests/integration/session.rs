@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use oncegate_config::ConfigFile;
 use oncegate_proto::{
     self as pb, action_gate_service_client::ActionGateServiceClient, session_request::Call,
     session_response::Result as Answer,
@@ -16,8 +17,8 @@ use tonic::{Code, Status, Streaming, transport::Channel};
 use tonic_types::StatusExt as _;
 
 use crate::support::{
-    Kind, LoggedGate, TestGate, WORKER_KEY, authed, config, connect, expect_error, on_stores,
-    principals_toml, reason, token_request,
+    Kind, LoggedGate, RedisServer, TestGate, WORKER_KEY, authed, backend_with_server, config,
+    connect, expect_error, on_stores, principals_toml, reason, token_request,
 };
 
 /// An open session: where to send calls, and the answers as they come.
@@ -147,6 +148,57 @@ async fn a_sessions_calls_answer_as_the_unary_calls_do(kind: Kind) {
 }
 
 on_stores!(a_sessions_calls_answer_as_the_unary_calls_do: embedded, redis);
+
+/// A call's `timeout` is its deadline, as `grpc-timeout` is a unary call's: one that passes before
+/// the gate answers (its Redis paused for a second, well inside the store's own timeout) ends the
+/// call `DEADLINE_EXCEEDED`, and the session goes on.
+#[tokio::test]
+async fn a_calls_timeout_on_a_session_is_its_deadline() {
+    let server = RedisServer::start();
+    let redis = redis::Client::open(server.url()).unwrap();
+    let backend = backend_with_server(server).await;
+    let gate = TestGate::serve(backend, ConfigFile::default()).await;
+    let mut client = gate.client().await;
+    let mut session = Session::open(&mut client, None).await;
+    let request = token_request("agent", "run", "payments.transfer", r#"{"amount":1}"#);
+
+    let mut conn = redis.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(1000)
+        .arg("ALL")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let late = pb::SessionRequest {
+        id: 1,
+        timeout: Some(prost_types::Duration {
+            seconds: 0,
+            nanos: 200_000_000,
+        }),
+        call: Some(Call::RequestToken(request.clone())),
+    };
+    session.calls.send(late).await.unwrap();
+    let (id, answer) = session.next().await;
+    assert_eq!(id, 1);
+    let status = answer.unwrap_err();
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("may or may not have taken effect"),
+        "{status:?}"
+    );
+
+    // The session goes on: the same request, without a deadline, once Redis runs again. The
+    // paused grant may have gone through meanwhile (it was sent): then this one is refused.
+    let answer = session.call(2, Call::RequestToken(request)).await;
+    match answer {
+        Ok(Answer::RequestToken(reply)) => assert_eq!(reply.decision(), pb::Decision::Granted),
+        Err(status) => assert_eq!(reason(&status), "IDEMPOTENCY_IN_PROGRESS", "{status:?}"),
+        Ok(other) => panic!("{other:?}"),
+    }
+}
 
 /// Many calls for one action in flight on one session at once, and many more on other sessions:
 /// exactly one grant, every other caller `IDEMPOTENCY_IN_PROGRESS`, every id answered once.
