@@ -191,7 +191,7 @@ def order(gates, i):
     both alike); then the other scenarios, row by row. (With one run of each per round, the signed
     run came second in rounds 1 and 3; over eleven such runs, a store's signed ÷ unsigned was
     higher in round 2, where it came first, than in rounds 1 and 3 on average, 18 times in 22:
-    BENCHMARKS.md, "Four runs per store and round".)"""
+    BENCHMARKS.md, "What was tried".)"""
     paired = []
     for pair in SIGNING_PAIRS.values():
         runs = [(row, "grant-complete") for row in pair]
