@@ -24,8 +24,8 @@ const BEFORE_HASH: [&str; 9] = [
 ];
 
 /// Whether `line` names a ticket: `issue`/`issues` (not inside a longer word, so "tissue 5" is
-/// not one) followed by a space, `-`, `_` or ` #` and a digit; a number in parentheses after `#`,
-/// `(#21)`; or `#` and a digit after one of [`BEFORE_HASH`].
+/// not one) followed by a space, `-`, `_` or ` #` and a digit; `#` and a number, in parentheses;
+/// or `#` and a digit after one of [`BEFORE_HASH`].
 fn names_a_ticket(line: &str) -> bool {
     let lower = line.to_ascii_lowercase();
     let bytes = lower.as_bytes();
