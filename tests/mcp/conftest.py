@@ -36,6 +36,24 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
+PROTOCOLS = ["2026-07-28", "legacy"]
+"""The protocol revisions the gateway speaks to a client, as the SDK's `Client(mode=...)` names
+them: the stateless 2026-07-28 (no handshake; each request carries its version) and the newest
+with the `initialize` handshake (2025-11-25, the SDK's `legacy`)."""
+
+
+@pytest.fixture(params=PROTOCOLS)
+def protocol(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test on each revision: every SDK `Client` it makes without a `mode` uses this one."""
+    made = Client.__init__
+
+    def init(self, *args, mode: str = request.param, **options) -> None:
+        made(self, *args, mode=mode, **options)
+
+    monkeypatch.setattr(Client, "__init__", init)
+    return request.param
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

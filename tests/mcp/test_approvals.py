@@ -14,7 +14,7 @@ from conftest import AGENT_KEY, GATE_CONFIG, World, sha256
 from mcp import Client
 from test_gateway import content, meta
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("protocol")]
 
 APPROVER_KEY = "approver-key-0123456789abcdef0123456789abcdef"
 
@@ -84,7 +84,11 @@ async def test_declined_or_cancelled_nothing_runs(world: World, transport: str, 
     assert refused.is_error and meta(refused)["oncegate/error"] == "APPROVAL_DENIED"
     said = {"decline": "declined", "cancel": "cancelled"}[answer]
     assert f"The user {said} the approval" in content(refused)[0]["text"]
-    assert again.is_error and "denied" in content(again)[0]["text"]
+    # The repeat says the approval was declined and names it, as the first answer did.
+    assert again.is_error and meta(again)["oncegate/error"] == "APPROVAL_DENIED"
+    assert "was declined" in content(again)[0]["text"], content(again)
+    assert meta(again)["oncegate/approval_id"] == meta(refused)["oncegate/approval_id"] != ""
+    assert "policy \"\"" not in content(again)[0]["text"]
     assert len(person.asked) == 1
     assert world.effects() == []
 

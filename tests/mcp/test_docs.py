@@ -21,7 +21,7 @@ from conftest import AGENT_KEY, BIN, GATE_CONFIG, UPSTREAM, World, _listening, f
 from mcp import Client, StdioServerParameters
 from test_gateway import content, meta
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("protocol")]
 
 PAGE = (Path(__file__).resolve().parents[2] / "docs" / "agents" / "mcp.md").read_text(encoding="utf-8")
 

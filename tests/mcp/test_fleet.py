@@ -13,7 +13,7 @@ from conftest import AGENT_KEY, GATE_CONFIG, World, free_port
 from mcp import Client
 from test_gateway import content, meta, scrape
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("protocol")]
 
 
 def gateway_to(gate: str, *extra: str) -> tuple[str, ...]:

@@ -12,7 +12,7 @@ from conftest import BIN, RawHttp, World, free_port
 from mcp import Client, StdioServerParameters
 from mcp.shared.exceptions import MCPError
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.usefixtures("protocol")]
 
 
 def dump(result) -> dict:
@@ -121,8 +121,8 @@ async def test_an_upstream_refusal_releases_the_token(world: World) -> None:
 
 
 async def test_read_only_tools_resources_prompts_and_unknown_tools_pass_through(world: World) -> None:
-    # The gateway speaks the initialize lifecycle; so does the direct client here (same version).
-    direct = Client(world.stdio_upstream_params(), mode="legacy")
+    # The direct client speaks the revision the gated one does (the fixture's).
+    direct = Client(world.stdio_upstream_params())
     async with world.stdio_client("--run-id", "r") as gated, direct:
         assert dump(await gated.list_tools()) == dump(await direct.list_tools())
         assert dump(await gated.list_resources()) == dump(await direct.list_resources())
@@ -261,7 +261,8 @@ async def test_closing_an_http_session_is_answered_as_the_spec_and_the_sdk_expec
 ) -> None:
     url = world.start_http_gateway("--run-id", "r")
     with caplog.at_level(logging.DEBUG, logger="mcp.client.streamable_http"):
-        async with Client(url) as client:
+        # Sessions are of the revisions with the handshake (2026-07-28 has none).
+        async with Client(url, mode="legacy") as client:
             await client.call_tool("create_ticket", {"title": "then close"})
     # The SDK ends its session with DELETE and warns unless it hears 200 or 204.
     assert "Received session ID" in caplog.text, "the SDK's log is captured"

@@ -60,6 +60,32 @@ pub fn approval_refused(how: &str, approval_id: &str) -> CallToolResult {
     )
 }
 
+/// The gate recorded a denial of the approval this call needed (asked earlier, of the person in
+/// the chat or of an operator): nothing runs, now or on a repeat.
+pub fn approval_denied(approval_id: &str) -> CallToolResult {
+    error(
+        "APPROVAL_DENIED",
+        format!(
+            "Not executed. The approval this call needed (approval {approval_id}) was declined \
+             (by the user when they were asked, or by an operator); the gate recorded a denial \
+             and the tool did not run. Do not retry the same call: ask the user what they want \
+             instead."
+        ),
+        json!({"oncegate/approval_id": approval_id}),
+    )
+}
+
+/// An authorization policy forbids the call (`policy`: the deciding policy's id; empty when no
+/// policy permits it).
+pub fn policy_denied(policy: &str) -> CallToolResult {
+    let why = if policy.is_empty() {
+        "no authorization policy permits it".to_owned()
+    } else {
+        format!("authorization policy {policy:?} forbids it")
+    };
+    refused("REFUSED", &why)
+}
+
 /// The idempotency key was used for a call whose key fields differ.
 pub fn key_reused(fields: &[String]) -> CallToolResult {
     let names = if fields.is_empty() {

@@ -4,12 +4,23 @@
 //! principal, with the person's answer in the note; declined or cancelled → it denies, and nothing
 //! runs. A client without elicitation, a gateway that cannot decide approvals (a gate server and
 //! no `--approver-api-key`), or a question left unanswered gets the held answer: the approval id.
+//!
+//! How the question travels depends on the client's protocol revision. In a session (up to
+//! 2025-11-25) the gateway sends `elicitation/create` and waits ([`Held::ask`]). A stateless client
+//! (2026-07-28) takes no requests from servers: the call is answered with an input request
+//! ([`Held::input_required`]: the same question, under [`INPUT_KEY`], the approval id in
+//! `requestState`), and the client calls again with the person's answer in `inputResponses`
+//! ([`take_answer`]), on whichever gateway replica it reaches. The answer counts only for the
+//! approval the gate still holds for that call (the state names it); the gate decides as above.
 
 use std::time::{Duration, SystemTime};
 
 use rmcp::{
     RoleServer,
-    model::{ElicitRequestParams, ElicitationAction, ElicitationSchema},
+    model::{
+        CallToolRequestParams, ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationAction,
+        ElicitationSchema, InputRequest, InputRequests, InputRequiredResult, Request,
+    },
     service::{Peer, RequestContext},
 };
 use serde_json::json;
@@ -56,6 +67,12 @@ pub struct Held<'a> {
     pub key: &'a ActionKey,
 }
 
+/// The key of the approval question among a call's input requests (and of its answer).
+pub const INPUT_KEY: &str = "oncegate/approval";
+
+/// What the gateway's `requestState` holds before the approval id.
+const STATE_PREFIX: &str = "oncegate/approval:";
+
 /// Whether the session's client can be asked.
 pub fn can_ask(context: &RequestContext<RoleServer>) -> bool {
     context
@@ -64,10 +81,95 @@ pub fn can_ask(context: &RequestContext<RoleServer>) -> bool {
         .is_some_and(|info| info.capabilities.elicitation.is_some())
 }
 
+/// Whether the request is of the stateless revision (its `_meta` names a version without the
+/// handshake), and so can only be asked through an input request.
+pub fn stateless(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .meta
+        .protocol_version()
+        .is_some_and(|version| !version.has_initialize())
+}
+
+/// Whether a stateless request's client declared elicitation (in the request's own `_meta`).
+pub fn can_ask_inline(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .meta
+        .client_capabilities()
+        .is_some_and(|capabilities| capabilities.elicitation.is_some())
+}
+
+/// The person's answer a stateless client sent again with the call: the approval id its state
+/// names and the answer as sent. Both are removed from `params`, which go upstream.
+pub fn take_answer(params: &mut CallToolRequestParams) -> Option<(String, serde_json::Value)> {
+    let id = params
+        .request_state
+        .as_deref()
+        .and_then(|state| state.strip_prefix(STATE_PREFIX))?
+        .to_owned();
+    params.request_state = None;
+    let answer = params
+        .input_responses
+        .as_mut()
+        .and_then(|responses| responses.remove(INPUT_KEY));
+    if params
+        .input_responses
+        .as_ref()
+        .is_some_and(|responses| responses.is_empty())
+    {
+        params.input_responses = None;
+    }
+    answer.map(|answer| (id, answer))
+}
+
 impl Held<'_> {
     /// Asks the person; `None` when no answer came (the client failed, or did not answer in
     /// time), so the held answer stands.
     pub async fn ask(&self, peer: &Peer<RoleServer>) -> Option<Answer> {
+        let params = self.question()?;
+        let asked = peer
+            .create_elicitation_with_timeout(params, Some(self.time_to_answer()))
+            .await;
+        match asked {
+            Ok(result) => Some(self.answered(result)),
+            Err(error) => {
+                tracing::warn!(tool = self.tool, approval_id = %self.approval.id, %error,
+                    "could not ask the MCP client to approve the held call; it stays pending");
+                None
+            }
+        }
+    }
+
+    /// The question as an input request, for a stateless client to ask and call again with.
+    pub fn input_required(&self) -> Option<InputRequiredResult> {
+        let question: ElicitRequest = Request::new(self.question()?);
+        let requests =
+            InputRequests::from([(INPUT_KEY.to_owned(), InputRequest::Elicitation(question))]);
+        Some(InputRequiredResult::new(
+            Some(requests),
+            Some(format!("{STATE_PREFIX}{}", self.approval.id)),
+        ))
+    }
+
+    /// The person's answer a stateless client sent again (as [`take_answer`] found it), when it
+    /// answers the approval the gate holds now; `None` when it answers another (asked again).
+    pub fn answer_in(&self, sent: Option<&(String, serde_json::Value)>) -> Option<Answer> {
+        let (id, answer) = sent?;
+        if *id != self.approval.id {
+            return None;
+        }
+        match serde_json::from_value::<ElicitResult>(answer.clone()) {
+            Ok(result) => Some(self.answered(result)),
+            // Not an elicitation result: as a question left unanswered, never as an approval.
+            Err(error) => {
+                tracing::warn!(tool = self.tool, approval_id = %self.approval.id, %error,
+                    "the MCP client's answer to the approval question could not be read");
+                Some(self.answered(ElicitResult::new(ElicitationAction::Cancel)))
+            }
+        }
+    }
+
+    /// The question: the tool, the arguments as sent, the policy and its reason, and a note.
+    fn question(&self) -> Option<ElicitRequestParams> {
         let approval = self.approval;
         let message = format!(
             "The gate holds the tool call `{}` for approval.\n\nArguments: {}\nPolicy: {}\n\
@@ -102,16 +204,18 @@ impl Held<'_> {
             .unwrap_or_default(),
         )
         .ok()?;
-        let params = ElicitRequestParams::FormElicitationParams {
+        Some(ElicitRequestParams::FormElicitationParams {
             meta: None,
             message,
             requested_schema: schema,
-        };
-        let asked = peer
-            .create_elicitation_with_timeout(params, Some(self.time_to_answer()))
-            .await;
-        let answer = match asked {
-            Ok(result) => {
+        })
+    }
+
+    /// What the person answered, audited.
+    fn answered(&self, result: ElicitResult) -> Answer {
+        let approval = self.approval;
+        let answer = {
+            {
                 let note = result
                     .content
                     .as_ref()
@@ -128,11 +232,6 @@ impl Held<'_> {
                     _ => Answer::Refused("cancelled", note),
                 }
             }
-            Err(error) => {
-                tracing::warn!(tool = self.tool, approval_id = %approval.id, %error,
-                    "could not ask the MCP client to approve the held call; it stays pending");
-                return None;
-            }
         };
         let (said, note) = match &answer {
             Answer::Approved(note) => ("accepted", note),
@@ -141,7 +240,7 @@ impl Held<'_> {
         tracing::info!(target: AUDIT, agent_id = %self.key.agent_id, run_id = %self.key.run_id,
             key = %self.key.key, tool = self.tool, approval_id = %approval.id,
             decision = "mcp_approval_answered", answer = said, note = %note, "tools/call");
-        Some(answer)
+        answer
     }
 
     /// Until the approval lapses, at most [`LONGEST_QUESTION`].

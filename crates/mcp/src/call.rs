@@ -29,7 +29,7 @@ use rmcp::{
 
 use super::{
     Shared, answers, approve, identity, sent,
-    session::{Session, passthrough_error},
+    session::{Origin, Session, passthrough_error},
     unknown::Lost,
 };
 use oncegate_client::{
@@ -67,19 +67,12 @@ pub async fn call_tool(
         }
         // Not retried on a dead connection: the tool may have run.
         let answer = session
-            .forward(
-                Session::call_request(params),
-                &context.meta,
-                &context.ct,
-                None,
-            )
+            .forward(Session::call_request(params), Origin::of(&context), None)
             .await
             .map_err(passthrough_error)?;
         return response(answer);
     }
-    gated_call(session, &rule, params, sent, &context)
-        .await
-        .map(CallToolResponse::Complete)
+    gated_call(session, &rule, params, sent, &context).await
 }
 
 fn response(answer: ServerResult) -> Result<CallToolResponse, McpError> {
@@ -127,17 +120,19 @@ fn unforwardable() -> McpError {
 async fn gated_call(
     session: &Session,
     rule: &ToolRule,
-    params: CallToolRequestParams,
+    mut params: CallToolRequestParams,
     sent: Option<sent::Sent>,
     context: &RequestContext<RoleServer>,
-) -> Result<CallToolResult, McpError> {
+) -> Result<CallToolResponse, McpError> {
     let shared = &session.shared;
-    let who = match identity::identify(&context.meta, &shared.identity, &session.id) {
+    // The person's answer to the gateway's own question is not the upstream's to see.
+    let answered = approve::take_answer(&mut params);
+    let who = match identity::identify(&context.meta, &shared.identity, &session.default_run()) {
         Ok(who) => who,
-        Err(message) => return Ok(answers::refused("INVALID_REQUEST", &message)),
+        Err(message) => return complete(answers::refused("INVALID_REQUEST", &message)),
     };
     let Some(sent) = sent else {
-        return Ok(answers::refused(
+        return complete(answers::refused(
             "INVALID_REQUEST",
             "the gateway could not read this call's arguments exactly as sent (is a member of \
              the request given twice?); nothing was forwarded",
@@ -177,7 +172,6 @@ async fn gated_call(
     .await;
     if let Err(GuardError::PendingApproval { approval }) = &outcome
         && let Some(approver) = &shared.approver
-        && approve::can_ask(context)
     {
         let approval = approval.clone();
         let held = approve::Held {
@@ -186,11 +180,27 @@ async fn gated_call(
             approval: &approval,
             key: &key,
         };
-        if let Some(answer) = held.ask(&context.peer).await {
+        let answer = if approve::stateless(context) {
+            match held.answer_in(answered.as_ref()) {
+                Some(answer) => Some(answer),
+                None if approve::can_ask_inline(context) => {
+                    if let Some(question) = held.input_required() {
+                        return Ok(CallToolResponse::InputRequired(question));
+                    }
+                    None
+                }
+                None => None,
+            }
+        } else if approve::can_ask(context) {
+            held.ask(&context.peer).await
+        } else {
+            None
+        };
+        if let Some(answer) = answer {
             if let Err(why) = approver.decide(&held, &answer).await {
                 tracing::warn!(tool = %params.name, approval_id = %approval.id, error = %why,
                     "the person answered, but the gate did not take the decision");
-                return Ok(answers::refused(
+                return complete(answers::refused(
                     "REFUSED",
                     &format!(
                         "the user's answer to approval {} could not be recorded ({why}); the call is \
@@ -207,7 +217,7 @@ async fn gated_call(
                     .await;
                 }
                 approve::Answer::Refused(how, _) => {
-                    return Ok(answers::approval_refused(how, &approval.id));
+                    return complete(answers::approval_refused(how, &approval.id));
                 }
             }
         }
@@ -218,7 +228,11 @@ async fn gated_call(
         key,
         lost,
     };
-    seen.answer(outcome, result)
+    seen.answer(outcome, result).map(CallToolResponse::Complete)
+}
+
+fn complete(result: CallToolResult) -> Result<CallToolResponse, McpError> {
+    Ok(CallToolResponse::Complete(result))
 }
 
 /// What the gateway knows of one gated call once the guard is done with it.
@@ -326,8 +340,7 @@ impl Forward<'_> {
         let answer = session
             .forward(
                 Session::call_request(params.clone()),
-                &context.meta,
-                &context.ct,
+                Origin::of(context),
                 Some(shared.call_timeout),
             )
             .await;
@@ -418,6 +431,10 @@ fn refusal(
                 "the gate is unavailable: the call was not forwarded (GATE_UNAVAILABLE)");
             answers::gate_unavailable(&message)
         }
+        ClientError::PolicyDenied { approval_id, .. } if !approval_id.is_empty() => {
+            answers::approval_denied(&approval_id)
+        }
+        ClientError::PolicyDenied { policy_id, .. } => answers::policy_denied(&policy_id),
         ClientError::RateLimited { retry_after } => {
             answers::gate_unavailable(&format!("rate limited for {retry_after:?}"))
         }

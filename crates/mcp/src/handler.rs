@@ -14,20 +14,20 @@ use rmcp::{
     model::{
         CallToolRequestParams, CallToolResponse, ClientRequest, CompleteRequest,
         CompleteRequestParams, CompleteResult, CustomNotification, CustomRequest, CustomResult,
-        GetPromptRequest, GetPromptRequestParams, GetPromptResponse, InitializeRequestParams,
-        InitializeResult, ListPromptsRequest, ListPromptsResult, ListResourceTemplatesRequest,
-        ListResourceTemplatesResult, ListResourcesRequest, ListResourcesResult, ListToolsRequest,
-        ListToolsResult, PaginatedRequestParams, PingRequest, ProtocolVersion, ReadResourceRequest,
-        ReadResourceRequestParams, ReadResourceResponse, ServerConfig, ServerResult,
-        SetLevelRequest, SetLevelRequestParams, SubscribeRequest, SubscribeRequestParams,
-        UnsubscribeRequest, UnsubscribeRequestParams,
+        DiscoverResult, GetPromptRequest, GetPromptRequestParams, GetPromptResponse,
+        InitializeRequestParams, InitializeResult, ListPromptsRequest, ListPromptsResult,
+        ListResourceTemplatesRequest, ListResourceTemplatesResult, ListResourcesRequest,
+        ListResourcesResult, ListToolsRequest, ListToolsResult, PaginatedRequestParams,
+        PingRequest, ProtocolVersion, ReadResourceRequest, ReadResourceRequestParams,
+        ReadResourceResponse, ServerConfig, ServerResult, SetLevelRequest, SetLevelRequestParams,
+        SubscribeRequest, SubscribeRequestParams, UnsubscribeRequest, UnsubscribeRequestParams,
     },
     service::{NotificationContext, RequestContext},
 };
 
 use super::{
     call,
-    session::{Session, passthrough_error},
+    session::{self, Session, passthrough_error},
 };
 
 /// Forwards `$request` and unpacks the answer as `$variant` (another answer is a protocol error
@@ -47,7 +47,7 @@ impl Session {
         request: ClientRequest,
         context: &RequestContext<RoleServer>,
     ) -> Result<ServerResult, McpError> {
-        self.forward_again(request, &context.meta, &context.ct)
+        self.forward_again(request, session::Origin::of(context))
             .await
             .map_err(passthrough_error)
     }
@@ -87,7 +87,18 @@ impl ServerHandler for Session {
     }
 
     fn get_info(&self) -> ServerConfig {
-        self.server_info().unwrap_or_default()
+        self.known_info().unwrap_or_default()
+    }
+
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<DiscoverResult, McpError> {
+        let info = self.upstream_info().await?;
+        Ok(DiscoverResult::from_server_info(
+            self.versions().into_owned(),
+            info,
+        ))
     }
 
     async fn ping(&self, context: RequestContext<RoleServer>) -> Result<(), McpError> {

@@ -1,5 +1,7 @@
 //! Who acts and which action a gated call is. The agent comes from the gateway's configuration;
-//! the run from the request's `_meta` (`oncegate/run_id`), else `--run-id`, else the MCP session;
+//! the run from the request's `_meta` (`oncegate/run_id`), else `--run-id`, else the MCP session
+//! (a stateless request over HTTP has none: its run is [`STATELESS_RUN`], the same on every
+//! replica, so a repeated call is one action whichever replica answers);
 //! the idempotency key from `_meta` (`oncegate/idempotency_key`, or `idempotencyKey` as the
 //! closed MCP proposal named it), else none: the gate then names the action by the fingerprint
 //! of the arguments (with the action's key fields). Owns these `_meta` names; decides nothing.
@@ -12,6 +14,9 @@ pub const META_RUN_ID: &str = "oncegate/run_id";
 pub const META_IDEMPOTENCY_KEY: &str = "oncegate/idempotency_key";
 /// The same, as the closed MCP proposal (SEP for `tools/call` idempotency) named it.
 pub const META_IDEMPOTENCY_KEY_PROPOSAL: &str = "idempotencyKey";
+
+/// The run of a stateless HTTP request that names none (and of a gateway without `--run-id`).
+pub const STATELESS_RUN: &str = "mcp-stateless";
 
 /// The gateway's own identity settings.
 #[derive(Debug, Clone)]
@@ -31,19 +36,20 @@ pub struct Identity {
     pub idempotency_key: String,
 }
 
-/// The identity of a call with request `_meta` `meta`, in MCP session `session`. An error names
-/// the `_meta` key that is not a non-empty string.
+/// The identity of a call with request `_meta` `meta`, whose run is `session_run` when neither
+/// the request nor the gateway names one. An error names the `_meta` key that is not a non-empty
+/// string.
 pub fn identify(
     meta: &Map<String, Value>,
     defaults: &Defaults,
-    session: &str,
+    session_run: &str,
 ) -> Result<Identity, String> {
     let run_id = match text(meta, META_RUN_ID)? {
         Some(run) => run,
         None => defaults
             .run_id
             .clone()
-            .unwrap_or_else(|| format!("mcp-session-{session}")),
+            .unwrap_or_else(|| session_run.to_owned()),
     };
     let idempotency_key = match text(meta, META_IDEMPOTENCY_KEY)? {
         Some(key) => key,
@@ -104,7 +110,7 @@ mod tests {
             (id.run_id.as_str(), id.idempotency_key.as_str()),
             ("flag-run", "k1")
         );
-        let id = identify(&meta(json!({})), &none, "s1").unwrap();
+        let id = identify(&meta(json!({})), &none, "mcp-session-s1").unwrap();
         assert_eq!(
             (id.run_id.as_str(), id.idempotency_key.as_str()),
             ("mcp-session-s1", "")

@@ -57,6 +57,8 @@ pub struct Shared {
     /// How the gateway decides a held call the person in the session answered; `None`: it
     /// cannot (a gate server and no `--approver-api-key`).
     pub approver: Option<approve::Approver>,
+    /// The upstream link the stateless (2026-07-28) requests share.
+    pub stateless: session::Link,
 }
 
 /// Runs `oncegate mcp` until its client goes away (stdio) or SIGINT/SIGTERM (HTTP).
@@ -135,6 +137,7 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         unknowns: unknown::Unknowns::default(),
         metrics: gateway_metrics,
         approver,
+        stateless: session::Link::default(),
     })
 }
 

@@ -78,7 +78,7 @@ async fn http(addr: std::net::SocketAddr, hosts: Vec<String>, shared: Arc<Shared
     let body_limit = config.max_request_body_bytes;
     let sessions = Arc::new(LocalSessionManager::default());
     let service = StreamableHttpService::new(
-        move || Ok(Session::new(shared.clone())),
+        move || Ok(Session::over_http(shared.clone())),
         sessions.clone(),
         config,
     );

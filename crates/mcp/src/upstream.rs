@@ -1,8 +1,12 @@
 //! The upstream MCP server: a child process speaking stdio (`--upstream-command`) or a server
-//! over Streamable HTTP (`--upstream-url`), one connection per downstream session, initialized
-//! with the downstream client's own `initialize` parameters. What the upstream sends on its own
-//! (sampling, elicitation and roots requests, notifications) goes to the downstream peer
-//! unchanged, except that progress tokens are mapped back to the downstream's. Owns the
+//! over Streamable HTTP (`--upstream-url`). A downstream session (a client that began with
+//! `initialize`) gets a connection of its own, initialized with the client's own `initialize`
+//! parameters, or, when the upstream refuses the handshake (it speaks only the stateless
+//! 2026-07-28 revision), opened with `server/discover`. The stateless downstream requests share
+//! one connection, opened with `server/discover` and falling back to `initialize` for an upstream
+//! that predates it ([`Lifecycle`]). What the upstream sends on its own (sampling, elicitation and
+//! roots requests, notifications) goes to the session's downstream peer unchanged, except that
+//! progress tokens are mapped back to the downstream's (and to the peer that asked). Owns the
 //! connection; decides nothing about tools.
 
 use std::{
@@ -11,8 +15,11 @@ use std::{
 };
 
 use rmcp::{
-    ErrorData as McpError, RoleClient, RoleServer, ServiceExt,
-    model::{ClientConfig, ClientResult, ProgressToken, ServerNotification, ServerRequest},
+    ClientLifecycleMode, ClientServiceExt, ErrorData as McpError, RoleClient, RoleServer,
+    model::{
+        ClientCapabilities, ClientConfig, ClientResult, Implementation, ProgressToken,
+        ProtocolVersion, RequestMetaObject, ServerNotification, ServerRequest,
+    },
     service::{NotificationContext, Peer, RequestContext, RunningService, Service, ServiceError},
     transport::{StreamableHttpClientTransport, TokioChildProcess},
 };
@@ -26,25 +33,64 @@ pub enum Target {
     Url(String),
 }
 
-/// Upstream progress tokens → the downstream's, for the calls in flight.
-pub type ProgressMap = Arc<Mutex<HashMap<ProgressToken, ProgressToken>>>;
+/// Upstream progress tokens → the downstream's and the peer to tell, for the calls in flight.
+pub type ProgressMap =
+    Arc<Mutex<HashMap<ProgressToken, (ProgressToken, Option<Peer<RoleServer>>)>>>;
+
+/// How a connection to the upstream opens.
+#[derive(Debug, Clone)]
+pub enum Lifecycle {
+    /// A downstream session's: `initialize` at the client's version; `server/discover` when the
+    /// upstream refuses the handshake.
+    Handshake(ProtocolVersion),
+    /// The stateless requests': `server/discover`, `initialize` for an upstream without it.
+    Stateless,
+}
+
+/// The gateway as the client of the shared stateless connection (each request still carries
+/// its own client's capabilities: [`capabilities_of`]).
+pub fn gateway_info() -> ClientConfig {
+    ClientConfig::new(
+        ClientCapabilities::default(),
+        Implementation::new("oncegate-mcp", env!("CARGO_PKG_VERSION")),
+    )
+}
+
+/// The downstream's `_meta` for the upstream: without the keys that describe the downstream's
+/// protocol version and client (the gateway's connection states its own).
+pub fn meta_for_upstream(meta: &RequestMetaObject) -> RequestMetaObject {
+    let mut meta = meta.clone();
+    meta.retain(|key, _| !key.starts_with("io.modelcontextprotocol/"));
+    meta
+}
+
+/// The downstream client's capabilities from a stateless request's `_meta`, to pass on.
+pub fn capabilities_of(meta: &RequestMetaObject) -> Option<RequestMetaObject> {
+    let capabilities = meta.client_capabilities()?;
+    let mut only = RequestMetaObject::new();
+    only.set_client_capabilities(capabilities);
+    Some(only)
+}
 
 /// A live upstream connection.
 pub type Connection = RunningService<RoleClient, Relay>;
 
 /// The gateway's client side: relays what the upstream sends to the downstream peer.
+#[derive(Clone)]
 pub struct Relay {
     info: ClientConfig,
-    downstream: Peer<RoleServer>,
+    /// The session's client; `None` on the shared stateless connection (a 2026-07-28 client
+    /// takes no requests from servers).
+    downstream: Option<Peer<RoleServer>>,
     progress: ProgressMap,
-    on_tools_changed: Box<dyn Fn() + Send + Sync>,
+    on_tools_changed: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl Relay {
     /// A relay presenting `info` (the downstream client's initialize parameters) upstream.
     pub fn new(
         info: ClientConfig,
-        downstream: Peer<RoleServer>,
+        downstream: Option<Peer<RoleServer>>,
         progress: ProgressMap,
         on_tools_changed: impl Fn() + Send + Sync + 'static,
     ) -> Self {
@@ -52,7 +98,7 @@ impl Relay {
             info,
             downstream,
             progress,
-            on_tools_changed: Box::new(on_tools_changed),
+            on_tools_changed: Arc::new(on_tools_changed),
         }
     }
 }
@@ -66,11 +112,17 @@ impl Service<RoleClient> for Relay {
         match request {
             // Liveness of the gateway's own connection: answered here.
             ServerRequest::PingRequest(_) => Ok(ClientResult::empty(())),
-            request => self
-                .downstream
-                .send_request(request)
-                .await
-                .map_err(downstream_error),
+            request => match &self.downstream {
+                Some(downstream) => downstream
+                    .send_request(request)
+                    .await
+                    .map_err(downstream_error),
+                None => Err(McpError::invalid_request(
+                    "the MCP client speaks the stateless protocol revision (2026-07-28) and \
+                     takes no requests from servers: ask for input in a tool result instead",
+                    None,
+                )),
+            },
         }
     }
 
@@ -79,6 +131,7 @@ impl Service<RoleClient> for Relay {
         notification: ServerNotification,
         _context: NotificationContext<RoleClient>,
     ) -> Result<(), McpError> {
+        let mut to = self.downstream.clone();
         let notification = match notification {
             ServerNotification::ProgressNotification(mut progress) => {
                 let mapped = self
@@ -87,7 +140,10 @@ impl Service<RoleClient> for Relay {
                     .map(|map| map.get(&progress.params.progress_token).cloned())
                     .unwrap_or_default();
                 match mapped {
-                    Some(token) => progress.params.progress_token = token,
+                    Some((token, peer)) => {
+                        progress.params.progress_token = token;
+                        to = peer.or(to);
+                    }
                     // The downstream asked for no progress on this call.
                     None => return Ok(()),
                 }
@@ -99,7 +155,11 @@ impl Service<RoleClient> for Relay {
             }
             other => other,
         };
-        if let Err(e) = self.downstream.send_notification(notification).await {
+        let Some(to) = to else {
+            // The shared stateless connection: nobody listens beyond a request's own answer.
+            return Ok(());
+        };
+        if let Err(e) = to.send_notification(notification).await {
             tracing::debug!(error = %e, "could not relay an upstream notification");
         }
         Ok(())
@@ -110,8 +170,43 @@ impl Service<RoleClient> for Relay {
     }
 }
 
-/// Connects to the upstream and runs the initialize handshake with the relay's client info.
-pub async fn connect(target: &Target, relay: Relay) -> Result<Connection, String> {
+/// Connects to the upstream as `lifecycle` says, with the relay's client info.
+pub async fn connect(
+    target: &Target,
+    relay: Relay,
+    lifecycle: Lifecycle,
+) -> Result<Connection, String> {
+    let newest = vec![ProtocolVersion::V_2026_07_28];
+    match lifecycle {
+        Lifecycle::Stateless => {
+            let mode = ClientLifecycleMode::Auto {
+                preferred_versions: newest,
+                legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
+            };
+            open(target, relay, mode).await
+        }
+        Lifecycle::Handshake(_) => {
+            match open(target, relay.clone(), ClientLifecycleMode::Initialize).await {
+                Ok(connection) => Ok(connection),
+                Err(handshake) => {
+                    // An upstream of the stateless revision alone refuses the handshake.
+                    let mode = ClientLifecycleMode::Discover {
+                        preferred_versions: newest,
+                    };
+                    open(target, relay, mode).await.map_err(|discover| {
+                        format!("{handshake}; with server/discover: {discover}")
+                    })
+                }
+            }
+        }
+    }
+}
+
+async fn open(
+    target: &Target,
+    relay: Relay,
+    mode: ClientLifecycleMode,
+) -> Result<Connection, String> {
     match target {
         Target::Command(argv) => {
             let (program, args) = argv
@@ -122,12 +217,12 @@ pub async fn connect(target: &Target, relay: Relay) -> Result<Connection, String
             let transport = TokioChildProcess::new(command)
                 .map_err(|e| format!("cannot start {program:?}: {e}"))?;
             relay
-                .serve(transport)
+                .serve_with_lifecycle(transport, mode)
                 .await
                 .map_err(|e| format!("upstream {program:?} did not initialize: {e}"))
         }
         Target::Url(url) => relay
-            .serve(StreamableHttpClientTransport::from_uri(url.as_str()))
+            .serve_with_lifecycle(StreamableHttpClientTransport::from_uri(url.as_str()), mode)
             .await
             .map_err(|e| format!("upstream {url} did not initialize: {e}")),
     }
