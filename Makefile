@@ -108,7 +108,12 @@ $(MCP_VENV)/.installed: tests/mcp/requirements.txt
 	$(MCP_VENV)/bin/pip install -q -r tests/mcp/requirements.txt
 	touch $@
 
-test-mcp: $(MCP_VENV)/.installed
+## The TypeScript MCP SDK's client (v2) for tests/mcp/test_typescript.py, from its lockfile.
+tests/mcp/ts/node_modules/.installed: tests/mcp/ts/package-lock.json
+	cd tests/mcp/ts && npm ci --no-audit --no-fund
+	touch $@
+
+test-mcp: $(MCP_VENV)/.installed tests/mcp/ts/node_modules/.installed
 	$(CARGO) build --locked --bin oncegate
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(MCP_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/mcp
 

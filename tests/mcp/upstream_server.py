@@ -2,7 +2,8 @@
 
 Every execution of a side-effecting tool appends one JSON line to $EFFECTS_FILE, so a test can
 count executions. Started by the gateway as `--upstream-command python upstream_server.py`
-(stdio), or with `--http PORT` for Streamable HTTP. Writes its pid to $PID_FILE (one line per
+(stdio), or with `--http PORT` for Streamable HTTP, or with `--handshake-only` as a stdio server
+of the revisions before 2026-07-28. Writes its pid to $PID_FILE (one line per
 start) so a test can kill it mid-call.
 """
 
@@ -14,7 +15,10 @@ import sys
 import time
 from itertools import count
 
+import anyio
 from mcp.server.mcpserver import MCPServer
+from mcp.server.runner import serve_loop
+from mcp.server.stdio import stdio_server
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS, ToolAnnotations
@@ -108,10 +112,21 @@ def triage(ticket: str) -> str:
     return f"Triage ticket {ticket}: decide its priority."
 
 
+async def serve_handshake_only() -> None:
+    """Stdio, the way a server that predates 2026-07-28 speaks: the `initialize` handshake only
+    (`server/discover` and per-request versions are not understood)."""
+    low = server._lowlevel_server
+    async with stdio_server() as (read, write), low.lifespan(low) as state:
+        await serve_loop(low, read, write, lifespan_state=state,
+                         init_options=low.create_initialization_options())
+
+
 if __name__ == "__main__":
     with open(os.environ.get("PID_FILE", os.devnull), "a", encoding="utf-8") as f:
         f.write(f"{os.getpid()}\n")
     if len(sys.argv) == 3 and sys.argv[1] == "--http":
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif sys.argv[1:] == ["--handshake-only"]:
+        anyio.run(serve_handshake_only)
     else:
         server.run()

@@ -23,13 +23,16 @@ use std::time::Duration;
 
 use rmcp::{
     ErrorData as McpError, RoleServer,
-    model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ServerResult},
+    model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ResultType,
+        ServerResult,
+    },
     service::{RequestContext, ServiceError},
 };
 
 use super::{
     Shared, answers, approve, identity, sent,
-    session::{Origin, Session, passthrough_error},
+    session::{self, Origin, Session, passthrough_error},
     unknown::Lost,
 };
 use oncegate_client::{
@@ -72,7 +75,14 @@ pub async fn call_tool(
             .map_err(passthrough_error)?;
         return response(answer);
     }
-    gated_call(session, &rule, params, sent, &context).await
+    let mut answer = gated_call(session, &rule, params, sent, &context).await?;
+    if let CallToolResponse::Complete(result) = &mut answer
+        && session::stateless_request(&context.meta)
+    {
+        // A recorded result of an upstream of a handshake revision, or the gate's own answer.
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+    }
+    Ok(answer)
 }
 
 fn response(answer: ServerResult) -> Result<CallToolResponse, McpError> {

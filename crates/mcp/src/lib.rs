@@ -2,7 +2,9 @@
 //! agent's side-effecting tool calls run at most once without a line of agent code.
 //!
 //! It speaks MCP to the agent (stdio, or Streamable HTTP with `--listen`) and to one upstream (a
-//! child process or a Streamable HTTP URL), built on the official Rust SDK (`rmcp`). Everything
+//! child process or a Streamable HTTP URL), built on the official Rust SDK (`rmcp`), on every
+//! protocol revision rmcp knows: the stateless 2026-07-28 (each request on its own, any replica
+//! answering it) and the revisions with the `initialize` handshake (a session each). Everything
 //! passes through unchanged except `tools/call` of gated tools ([`call`]). The gate is the same
 //! [`oncegate_gate::Gate`] the gRPC server runs, in process on the embedded store, or a gate server
 //! over gRPC (`--gate`); either way its decisions are counted and audited as gRPC ones are.

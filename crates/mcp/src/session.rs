@@ -19,7 +19,8 @@ use rmcp::{
     ErrorData as McpError, RoleServer,
     model::{
         CallToolRequest, ClientConfig, ClientRequest, ErrorCode, GetMeta, InitializeRequestParams,
-        ListToolsRequest, PaginatedRequestParams, ProtocolVersion, ServerConfig, ServerResult,
+        ListToolsRequest, PaginatedRequestParams, ProtocolVersion, ResultType, ServerConfig,
+        ServerResult,
     },
     service::{Peer, PeerRequestOptions, ServiceError},
 };
@@ -147,7 +148,7 @@ impl Session {
         let client = self.client.lock().unwrap().clone();
         let (relay, lifecycle) = match client {
             Some((info, downstream)) => {
-                let lifecycle = upstream::Lifecycle::Handshake(info.protocol_version.clone());
+                let lifecycle = upstream::Lifecycle::Handshake;
                 let relay = Relay::new(info, Some(downstream), link.progress.clone(), forget);
                 (relay, lifecycle)
             }
@@ -300,6 +301,12 @@ impl Session {
             // The upstream is gone (its process died): the next request starts it again.
             link.upstream.lock().await.take();
         }
+        let mut result = result;
+        if let Ok(answer) = &mut result
+            && stateless_request(meta)
+        {
+            mark_complete(answer);
+        }
         if let Ok(ServerResult::ListToolsResult(list)) = &result {
             let mut view = link.tools.lock().unwrap();
             let view = view.get_or_insert_with(HashMap::new);
@@ -377,6 +384,30 @@ impl Session {
             _ => Cow::Borrowed(ProtocolVersion::KNOWN_VERSIONS),
         }
     }
+}
+
+/// Whether a request is of the stateless revision (its `_meta` names a version without the
+/// handshake).
+pub(super) fn stateless_request(meta: &rmcp::model::RequestMetaObject) -> bool {
+    meta.protocol_version()
+        .is_some_and(|version| !version.has_initialize())
+}
+
+/// Marks a result `resultType: "complete"` when it says nothing (an upstream of a handshake
+/// revision never does; a stateless client requires it).
+pub(super) fn mark_complete(answer: &mut ServerResult) {
+    let result_type = match answer {
+        ServerResult::CompleteResult(r) => &mut r.result_type,
+        ServerResult::GetPromptResult(r) => &mut r.result_type,
+        ServerResult::ListPromptsResult(r) => &mut r.result_type,
+        ServerResult::ListResourcesResult(r) => &mut r.result_type,
+        ServerResult::ListResourceTemplatesResult(r) => &mut r.result_type,
+        ServerResult::ReadResourceResult(r) => &mut r.result_type,
+        ServerResult::ListToolsResult(r) => &mut r.result_type,
+        ServerResult::CallToolResult(r) => &mut r.result_type,
+        _ => return,
+    };
+    result_type.get_or_insert(ResultType::COMPLETE);
 }
 
 /// Where a forwarded request came from: its `_meta`, its cancellation, and the downstream peer

@@ -37,12 +37,16 @@ pub enum Target {
 pub type ProgressMap =
     Arc<Mutex<HashMap<ProgressToken, (ProgressToken, Option<Peer<RoleServer>>)>>>;
 
+/// How long an upstream may take to answer `server/discover` (a child process starting
+/// included) before the gateway tries the handshake instead.
+const DISCOVER_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// How a connection to the upstream opens.
 #[derive(Debug, Clone)]
 pub enum Lifecycle {
     /// A downstream session's: `initialize` at the client's version; `server/discover` when the
     /// upstream refuses the handshake.
-    Handshake(ProtocolVersion),
+    Handshake,
     /// The stateless requests': `server/discover`, `initialize` for an upstream without it.
     Stateless,
 }
@@ -179,13 +183,29 @@ pub async fn connect(
     let newest = vec![ProtocolVersion::V_2026_07_28];
     match lifecycle {
         Lifecycle::Stateless => {
-            let mode = ClientLifecycleMode::Auto {
+            // Not rmcp's `Auto`: it takes a slow start (a child process still loading) for an
+            // upstream without `server/discover`. An upstream that has none says so (-32601).
+            let mode = ClientLifecycleMode::Discover {
                 preferred_versions: newest,
-                legacy_version: Some(ProtocolVersion::LATEST_WITH_INITIALIZE),
             };
-            open(target, relay, mode).await
+            let discovered = tokio::time::timeout(DISCOVER_WAIT, open(target, relay.clone(), mode));
+            match discovered.await {
+                Ok(Ok(connection)) => Ok(connection),
+                answer => {
+                    let discover = match answer {
+                        Ok(Err(why)) => why,
+                        _ => format!("no answer to server/discover within {DISCOVER_WAIT:?}"),
+                    };
+                    let mut info = relay.info.clone();
+                    info.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
+                    let relay = Relay { info, ..relay };
+                    open(target, relay, ClientLifecycleMode::Initialize)
+                        .await
+                        .map_err(|handshake| format!("{discover}; with initialize: {handshake}"))
+                }
+            }
         }
-        Lifecycle::Handshake(_) => {
+        Lifecycle::Handshake => {
             match open(target, relay.clone(), ClientLifecycleMode::Initialize).await {
                 Ok(connection) => Ok(connection),
                 Err(handshake) => {
