@@ -46,7 +46,11 @@ def pay(ledger: Path, invoice: Invoice) -> Receipt:
     """The fake bank: records the call under the grant's provider key, returns its receipt."""
     calls = len(bank_calls(ledger)) + 1
     receipt = Receipt(transfer_id=f"tr-{calls}", amount=invoice.amount)
-    entry = {"provider_key": current_grant().provider_key, "transfer_id": receipt.transfer_id, "amount": invoice.amount}
+    entry = {
+        "provider_key": current_grant().provider_key,
+        "transfer_id": receipt.transfer_id,
+        "amount": invoice.amount,
+    }
     with ledger.open("a", encoding="utf-8") as file:
         file.write(json.dumps(entry) + "\n")
     return receipt
@@ -65,7 +69,9 @@ async def worker_that_hangs(target: str, ledger: Path, workflow_id: str, run_id:
         raise AssertionError("killed before this")
 
     env = ActivityEnvironment()
-    env.info = replace(env.info, activity_id="pay-1", attempt=1, workflow_id=workflow_id, workflow_run_id=run_id)
+    env.info = replace(
+        env.info, activity_id="pay-1", attempt=1, workflow_id=workflow_id, workflow_run_id=run_id
+    )
     async with Gate(target) as gate:
         interceptor = OncegateInterceptor(gate, options=GuardOptions(lease_ttl=2.0, max_wait=0))
         await run_activity(env, [interceptor], transfer, Invoice(4200, "EUR", "DE89"))

@@ -47,7 +47,12 @@ INVOICE = Invoice(4200, "EUR", "DE89")
 def environment(workflow_id: str, attempt: int, **info: Any) -> ActivityEnvironment:
     env = ActivityEnvironment()
     env.info = replace(
-        env.info, activity_id="pay-1", attempt=attempt, workflow_id=workflow_id, workflow_run_id="run-1", **info
+        env.info,
+        activity_id="pay-1",
+        attempt=attempt,
+        workflow_id=workflow_id,
+        workflow_run_id="run-1",
+        **info,
     )
     return env
 
@@ -74,7 +79,9 @@ def test_a_completed_attempt_is_replayed_without_running(gate_target: str, tmp_p
     async def scenario() -> list[Any]:
         async with Gate(gate_target) as gate:
             guard = OncegateInterceptor(gate)
-            return [await run_activity(environment(workflow, n), [guard], transfer, INVOICE) for n in (1, 2, 3)]
+            return [
+                await run_activity(environment(workflow, n), [guard], transfer, INVOICE) for n in (1, 2, 3)
+            ]
 
     results = asyncio.run(scenario())
     assert results == [Receipt("tr-1", 4200)] * 3
@@ -82,7 +89,9 @@ def test_a_completed_attempt_is_replayed_without_running(gate_target: str, tmp_p
     assert len(bank_calls(ledger)) == 1
 
 
-def test_changed_input_under_one_activity_id_is_refused_non_retryably(gate_target: str, tmp_path: Path) -> None:
+def test_changed_input_under_one_activity_id_is_refused_non_retryably(
+    gate_target: str, tmp_path: Path
+) -> None:
     ledger, workflow = tmp_path / "bank.jsonl", f"wf-{uuid.uuid4().hex[:12]}"
     transfer = transfer_to(ledger)
 
@@ -117,7 +126,9 @@ def test_an_unknown_outcome_fails_non_retryably_naming_the_provider_key(gate_tar
             first = await failure_of(run_activity(environment(workflow, 1), [guard], transfer, INVOICE))
             other = replace(INVOICE, to="DE00")
             retrying = OncegateInterceptor(gate, retry_unknown=True)
-            second = await failure_of(run_activity(environment(f"{workflow}-b", 1), [retrying], transfer, other))
+            second = await failure_of(
+                run_activity(environment(f"{workflow}-b", 1), [retrying], transfer, other)
+            )
             return first, second
 
     first, second = asyncio.run(scenario())
@@ -135,10 +146,20 @@ def test_a_killed_worker_holds_the_retry_until_its_lease_ends_then_a_resolver_se
 ) -> None:
     ledger, workflow = tmp_path / "bank.jsonl", f"wf-{uuid.uuid4().hex[:12]}"
     worker = subprocess.Popen(
-        [sys.executable, str(Path(__file__).parent / "temporal_activities.py"), gate_target, str(ledger), workflow, "run-1"],
+        [
+            sys.executable,
+            str(Path(__file__).parent / "temporal_activities.py"),
+            gate_target,
+            str(ledger),
+            workflow,
+            "run-1",
+        ],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]),
+        },
     )
     try:
         assert worker.stdout is not None and worker.stdout.readline().strip() == "called the bank"
@@ -152,7 +173,11 @@ def test_a_killed_worker_holds_the_retry_until_its_lease_ends_then_a_resolver_se
     @resolver.lookup("payments.transfer")
     def ask_the_bank(unresolved: Unresolved) -> Any:
         paid = [c for c in bank_calls(ledger) if c["provider_key"] == unresolved.provider_key]
-        return Completed({"transfer_id": paid[0]["transfer_id"], "amount": paid[0]["amount"]}) if paid else Unknown()
+        return (
+            Completed({"transfer_id": paid[0]["transfer_id"], "amount": paid[0]["amount"]})
+            if paid
+            else Unknown()
+        )
 
     transfer = transfer_to(ledger)
     seen: list[ApplicationError] = []
@@ -231,12 +256,22 @@ def test_only_marked_or_named_activities_are_guarded(gate_target: str, tmp_path:
             plain = OncegateInterceptor(gate)
             named = OncegateInterceptor(gate, activities={"notify": "payments.transfer"})
             return [
-                await run_activity(environment(workflow, 1, activity_type="notify"), [plain], notify, INVOICE),
-                await run_activity(environment(workflow, 1, activity_type="notify"), [named], notify, INVOICE),
-                await run_activity(environment(workflow, 2, activity_type="notify"), [named], notify, INVOICE),
+                await run_activity(
+                    environment(workflow, 1, activity_type="notify"), [plain], notify, INVOICE
+                ),
+                await run_activity(
+                    environment(workflow, 1, activity_type="notify"), [named], notify, INVOICE
+                ),
+                await run_activity(
+                    environment(workflow, 2, activity_type="notify"), [named], notify, INVOICE
+                ),
             ]
 
-    assert asyncio.run(scenario()) == [Receipt("unguarded", 4200), Receipt("tr-1", 4200), Receipt("tr-1", 4200)]
+    assert asyncio.run(scenario()) == [
+        Receipt("unguarded", 4200),
+        Receipt("tr-1", 4200),
+        Receipt("tr-1", 4200),
+    ]
     assert len(bank_calls(ledger)) == 1
 
 

@@ -22,8 +22,9 @@ And where orchestrators run agents' steps, and retry them by design:
   task replays.
 
 Each is a few dozen lines over :mod:`oncegate.aio` (every one of these frameworks runs tools on an
-event loop, as Temporal's workers run their interceptors; Celery's tasks use the threaded guard) and :class:`~oncegate.guard.binding.Binding`: the protocol is the guard's, never a
-second one. Never name the run by the framework's tool-call id: a retried call gets a new one, so
-the gate would see a new action each time and run it again. This package imports no framework;
+event loop, as Temporal's workers run their interceptors; Celery's tasks use the threaded guard)
+and :class:`~oncegate.guard.binding.Binding`: the protocol is the guard's, never a second one.
+Never name the run by the framework's tool-call id: a retried call gets a new one, so the gate
+would see a new action each time and run it again. This package imports no framework;
 import the adapter you use.
 """
