@@ -74,12 +74,13 @@ lint-proto:
 test-rust:
 	$(CARGO) test --locked --workspace --all-targets
 
-## The client with its test tools and every framework adapter's extra (oncegate.integrations), so
-## the adapters' tests drive the real frameworks; reinstalled only when pyproject.toml changes.
+## The client with its test tools and every framework and orchestrator adapter's extra
+## (oncegate.integrations), so the adapters' tests drive the real frameworks, Temporal and Celery;
+## reinstalled only when pyproject.toml changes.
 $(VENV)/.installed: clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q './clients/python[test,openai-agents,langgraph,pydantic-ai]'
+	$(VENV)/bin/pip install -q './clients/python[test,openai-agents,langgraph,pydantic-ai,temporal,celery]'
 	touch $@
 
 ## The client's whole suite on its native core (oncegate._native, built by pip through maturin into
