@@ -174,7 +174,7 @@ def gate_part(opts, tmp: Path) -> dict:
             try:
                 load = lambda n: gate.load("grant-complete", "--concurrency", opts.callers, "--duration",
                                            600, "--warmup", 0, "--actions", n, timeout=900)
-                load(100)  # warm-up: connections, caches, the runtime's threads
+                load(low)  # warm-up: connections, caches, the runtime's threads
                 small, _ = callgrind.count(gate.proc.pid, lambda: load(low))
                 big, dump = callgrind.count(gate.proc.pid, lambda: load(high))
             finally:
