@@ -116,7 +116,7 @@ def scenario_lines(opts) -> list:
                 try:
                     gates = python_side.python_gates(started, opts.bin, redis, tmp, opts)
                     python = []
-                    for i in range(opts.runs):
+                    for i in range(opts.runs if has_python(opts) else 0):
                         print(f"round {i + 1} of {opts.runs}", flush=True)
                         python.append(python_side.python_round(redis, gates, opts))
                 finally:
