@@ -204,8 +204,14 @@ fn the_admin_summary_names_every_admin_subcommand() {
             text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
                 .any(|word| word == *command)
         };
-        assert!(named(summary), "oncegate --help: admin omits {command}: {summary}");
-        assert!(named(&about), "oncegate admin --help omits {command}: {about}");
+        assert!(
+            named(summary),
+            "oncegate --help: admin omits {command}: {summary}"
+        );
+        assert!(
+            named(&about),
+            "oncegate admin --help omits {command}: {about}"
+        );
     }
 }
 

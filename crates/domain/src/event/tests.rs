@@ -80,7 +80,10 @@ fn ids_name_what_the_event_is_about_and_nothing_else() {
     assert_eq!(decided.data["decision"], "approved");
     assert!(
         !decided.data.contains_key("params")
-            && !decided.cloudevent("oncegate").to_string().contains("amount"),
+            && !decided
+                .cloudevent("oncegate")
+                .to_string()
+                .contains("amount"),
         "params travel only in approval.requested: {:?}",
         decided.data
     );
@@ -140,10 +143,20 @@ fn budget_refusals_aggregate_into_one_event() {
         "written as 60, not 60.0: {body}"
     );
     let odd = BudgetRefusals::first("daily", "billing", "pay", 1000, 1500);
-    assert_eq!(Event::budget_exceeded(&odd, 2500).data["window_seconds"], json!(1.5));
+    assert_eq!(
+        Event::budget_exceeded(&odd, 2500).data["window_seconds"],
+        json!(1.5)
+    );
     let down = Event::store_unavailable("redis", 1000, 13_000);
-    assert!(down.data["down_seconds"].is_u64(), "{}", down.data["down_seconds"]);
-    assert_eq!(Event::store_unavailable("redis", 1000, 1250).data["down_seconds"], json!(0.25));
+    assert!(
+        down.data["down_seconds"].is_u64(),
+        "{}",
+        down.data["down_seconds"]
+    );
+    assert_eq!(
+        Event::store_unavailable("redis", 1000, 1250).data["down_seconds"],
+        json!(0.25)
+    );
     assert_eq!(event.data["last_refused_at"], json!(rfc3339(5000)));
 }
 
