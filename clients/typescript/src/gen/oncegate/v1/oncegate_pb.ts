@@ -521,9 +521,9 @@ export type Completion = Message<"oncegate.v1.Completion"> & {
   seq: bigint;
 
   /**
-   * The entry's signed receipt statement when it is a signed chain head (see
-   * ReceiptEntry.statement); empty in a completion's reply, where no head is signed yet, and
-   * without signing. Prove a completion from the chain (ExportReceipts).
+   * Always empty: a completion's reply, a repeat, a replay and GetAction carry the chain entry's
+   * `seq` but not its statement, even once that entry is a signed head. Prove a completion from
+   * the chain (ExportReceipts: ReceiptEntry.statement).
    *
    * @generated from field: string statement = 9;
    */
