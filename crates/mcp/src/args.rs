@@ -72,7 +72,11 @@ pub struct McpArgs {
     /// 0600) on which this machine's user of the gateway is the operator, so that `oncegate admin
     /// approve` (and every admin command) reaches the gate while the gateway runs. Default:
     /// <data-dir>/admin.sock. Ignored with --gate (that gate serves its own).
-    #[arg(long, env = "ONCEGATE_ADMIN_SOCKET", conflicts_with = "no_admin_socket")]
+    #[arg(
+        long,
+        env = "ONCEGATE_ADMIN_SOCKET",
+        conflicts_with = "no_admin_socket"
+    )]
     pub admin_socket: Option<PathBuf>,
 
     /// Serve no admin socket for the in-process gate (then nobody can approve a held call but
