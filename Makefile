@@ -93,7 +93,8 @@ $(VENV)/.installed: clients/python/pyproject.toml
 ## (ONCEGATE_PURE_PYTHON=1, the fallback for TLS channels and channels with gRPC options): every
 ## suite that calls a gate, fake or real.
 PURE_PYTHON_TESTS := test_native.py test_guard.py test_aio.py test_integration.py test_resolver.py \
-  test_settle.py test_operator_receipts.py test_authorization.py test_errors.py test_local.py
+  test_settle.py test_operator_receipts.py test_authorization.py test_errors.py test_local.py \
+  test_resolver_reopen.py
 
 test-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate

@@ -38,6 +38,7 @@ mod races;
 mod readme;
 mod receipts;
 mod reflection;
+mod resolver_faults;
 mod resolvers;
 mod rows;
 mod security;
