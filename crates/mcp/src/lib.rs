@@ -22,6 +22,7 @@ pub mod gate;
 pub mod handler;
 pub mod identity;
 pub mod metrics;
+pub mod operator;
 pub mod sent;
 pub mod serve;
 pub mod session;
@@ -61,6 +62,9 @@ pub struct Shared {
     pub approver: Option<approve::Approver>,
     /// The upstream link the stateless (2026-07-28) requests share.
     pub stateless: session::Link,
+    /// The in-process gate's admin socket and console, served while the gateway runs (`None`
+    /// with `--gate`).
+    pub operator: Option<operator::LocalOperator>,
 }
 
 /// Runs `oncegate mcp` until its client goes away (stdio) or SIGINT/SIGTERM (HTTP).
@@ -99,8 +103,11 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
     let mut registry = Registry::default();
     let gateway_metrics = metrics::GatewayMetrics::register(&mut registry);
-    let (gate, approver) = match &args.gate {
-        Some(url) => remote_gate(url, args)?,
+    let (gate, approver, local_operator) = match &args.gate {
+        Some(url) => {
+            let (gate, approver) = remote_gate(url, args)?;
+            (gate, approver, None)
+        }
         None => {
             let gate = local_gate(
                 args,
@@ -109,8 +116,16 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
                 &mut registry,
             )
             .await?;
-            let approver = approve::Approver::Local(gate.0.clone());
-            (gate::GateLink::Local(gate), Some(approver))
+            // A held call must be approvable by an operator while the gateway runs: the admin
+            // socket (and the console, when asked), as `oncegate serve` serves them.
+            let (gate, local_operator) =
+                operator::start(args, gate.0, file.principals.clone()).await?;
+            let approver = approve::Approver::Local(gate.clone());
+            (
+                gate::GateLink::Local(gate::LocalGate(gate)),
+                Some(approver),
+                Some(local_operator),
+            )
         }
     };
     if let Some(addr) = args.metrics_listen {
@@ -140,6 +155,7 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         metrics: gateway_metrics,
         approver,
         stateless: session::Link::default(),
+        operator: local_operator,
     })
 }
 
