@@ -108,17 +108,20 @@ test-mcp: $(MCP_VENV)/.installed
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(MCP_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/mcp
 
 ## The soak (scripts/soak.py): deployments on loopback (embedded store; Sentinel and a 3-master
-## Cluster, three gates each at durability level 1), clients running the Python guard against a fake
-## provider, a seeded nemesis (gates SIGKILLed, Redis nodes paused, failovers, Cluster nodes
-## restarted, clients paused past their lease, ambiguous provider timeouts, operator reconciliation),
-## then the checker (scripts/soaklib/checker.py) on the recorded history; exits 1 on any violation.
-## `make soak` runs all three for 5 minutes each on the release build (SOAK_ARGS passes options,
-## e.g. --duration 1800 --seed 42); histories land in target/soak/. `make test-soak` (in `make
-## test`): the checker's unit tests, then two minutes each on the embedded store and on Sentinel,
-## there at durability level 2 (both replicas): at level 1 two failovers a few seconds apart lose
-## acknowledged writes (found by `make soak`, docs/reliability.md), which would fail `make test`
-## at random. `make soak` keeps level 1. Then one minute on the embedded store with resolvers in
-## place of the operator (--resolver, docs/reliability.md).
+## Cluster, three gates each at durability level 1; PostgreSQL, a primary and a synchronous standby,
+## three gates on the multi-host URL at level 1), clients running the Python guard against a fake
+## provider, a seeded nemesis (gates SIGKILLed, Redis nodes and PostgreSQL servers paused,
+## failovers, Cluster nodes restarted, clients paused past their lease, ambiguous provider timeouts,
+## operator reconciliation), then the checker (scripts/soaklib/checker.py) on the recorded history;
+## exits 1 on any violation. `make soak` runs all four for 5 minutes each on the release build
+## (SOAK_ARGS passes options, e.g. --duration 1800 --seed 42); histories land in target/soak/.
+## `make test-soak` (in `make test`): the checker's unit tests, then two minutes each on the
+## embedded store and on Sentinel, there at durability level 2 (both replicas): at level 1 two
+## failovers a few seconds apart lose acknowledged writes (found by `make soak`,
+## docs/reliability.md), which would fail `make test` at random. `make soak` keeps level 1. Then one
+## minute on PostgreSQL at level 1 (its failovers lose nothing: the standby is synchronous), and
+## one minute on the embedded store with resolvers in place of the operator (--resolver,
+## docs/reliability.md).
 SOAK_ARGS ?=
 
 soak: deps $(VENV)/.installed
@@ -132,6 +135,8 @@ test-soak: deps $(VENV)/.installed
 	cd scripts && $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider soaklib
 	$(VENV)/bin/python scripts/soak.py --deployments embedded,sentinel --duration 120 \
 	  --durability 2 --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test
+	$(VENV)/bin/python scripts/soak.py --deployments postgres --duration 60 --durability 1 \
+	  --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test-postgres
 	$(VENV)/bin/python scripts/soak.py --deployments embedded --duration 60 --resolver \
 	  --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test-resolver
 

@@ -18,6 +18,7 @@ mod docs;
 mod durability;
 mod eviction;
 mod failover;
+mod failover_postgres;
 mod failures;
 mod functions;
 mod holders;
