@@ -15,6 +15,7 @@ mod console;
 mod corrupt;
 mod deploy;
 mod docs;
+mod docs_tickets;
 mod durability;
 mod eviction;
 mod failover;

@@ -1,4 +1,4 @@
-//! Resolvers (issue 23) end to end, on both stores: a principal with the `resolver` role watches
+//! Resolvers end to end, on both stores: a principal with the `resolver` role watches
 //! the unresolved actions of its agents (WatchUnresolved: what is unresolved when it starts, then
 //! each lease that ends with no outcome) and settles them with ResolveExpired and the fencing
 //! number it was sent. The agent's retry replays the resolver's receipt; two resolvers racing on

@@ -50,7 +50,7 @@ pub struct ServeArgs {
     /// is loopback or a Unix socket), which leaves Redis a core of its own. One thread is Tokio's
     /// current-thread scheduler, which writes the Redis commands and replies of the calls ready
     /// together in one system call each: on 2 CPUs shared with Redis, about 0.6x the gate CPU per
-    /// call of two workers and as many calls per second (BENCHMARKS.md, "Gate CPU per call"). Set
+    /// call of two workers and as many calls per second (BENCHMARKS.md, "What was tried"). Set
     /// it when the gate's share of the machine is not what the CPU count says. The start-up line
     /// logs the count, the scheduler, the CPUs and which rule chose the count. A signing gate
     /// signs its grants on one thread more (`oncegate-signer`), so that a signature does not hold
@@ -65,7 +65,7 @@ pub struct ServeArgs {
     /// a connection that thread opens). For many clients with a connection each (worker
     /// processes), 2 on 2 CPUs beside Redis made the Python decorator about 1.1x the cycles per
     /// second of 1 on one VM and no faster on another, for 15-25% more gate CPU per call
-    /// (BENCHMARKS.md, "Serving threads"): measure on your host. One busy connection is served by
+    /// (BENCHMARKS.md, "What was tried"): measure on your host. One busy connection is served by
     /// one thread whatever this says.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_SERVING_THREADS", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=defaults::MAX_SERVING_THREADS as i64))]
