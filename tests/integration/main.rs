@@ -19,7 +19,6 @@ mod docs_tickets;
 mod durability;
 mod eviction;
 mod failover;
-mod failover_postgres;
 mod failures;
 mod functions;
 mod holders;

@@ -54,7 +54,6 @@ pub mod gate;
 pub mod health;
 pub mod inputs;
 pub mod pki;
-pub mod postgres;
 pub mod principals;
 pub mod receiver;
 pub mod redis;
