@@ -31,13 +31,18 @@ clean-data:
 ## tests, and a two-minute soak under a nemesis on the embedded store and on Sentinel.
 test: deps lint test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts test-soak
 
-## Installs redis-server, promtool (Debian's prometheus package), and chromium with chromedriver
+## Installs redis-server, PostgreSQL's server binaries (the tests start their own servers from
+## `pg_config --bindir`), promtool (Debian's prometheus package), and chromium with chromedriver
 ## (the operator console's browser tests) when they are missing.
 deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "redis-server not found: installing it (Debian)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	@command -v redis-server >/dev/null
+	@{ command -v pg_config >/dev/null 2>&1 && test -x "$$(pg_config --bindir)/initdb"; } || { \
+	  echo "PostgreSQL (pg_config, initdb) not found: installing Debian's postgresql"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; }
+	@test -x "$$(pg_config --bindir)/initdb"
 	@command -v promtool >/dev/null 2>&1 || { \
 	  echo "promtool not found: installing Debian's prometheus package"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }

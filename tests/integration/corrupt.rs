@@ -43,6 +43,8 @@ fn serve(store: Store) -> impl std::future::Future<Output = TestGate> {
         redis: None,
         cluster: None,
         sentinel: None,
+        postgres: None,
+        pg_server: None,
         _dir: None,
     };
     let gate = Gate::new(store, Policies::default());

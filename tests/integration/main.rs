@@ -29,6 +29,8 @@ mod log_lines;
 mod metrics;
 mod metrics_endpoint;
 mod metrics_operator;
+mod postgres;
+mod postgres_faults;
 mod operator;
 mod promise;
 mod properties;

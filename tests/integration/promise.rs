@@ -116,7 +116,7 @@ async fn an_unresolved_lease_outlives_its_retention(kind: Kind) {
     assert_eq!(resp.decision(), pb::Decision::Granted);
     assert!(resp.grant.unwrap().fencing > g.fencing);
 }
-on_stores!(an_unresolved_lease_outlives_its_retention: embedded, redis, cluster, sentinel);
+on_stores!(an_unresolved_lease_outlives_its_retention: embedded, redis, cluster, sentinel, postgres);
 
 fn regrant_policies(extra_limits: &str) -> oncegate_gate::policy::Policies {
     crate::support::policies(&format!(
@@ -153,7 +153,7 @@ async fn a_superseded_grant_survives_the_newer_release(kind: Kind) {
         (b"tx-T1".to_vec(), t1.fencing)
     );
 }
-on_stores!(a_superseded_grant_survives_the_newer_release: embedded, redis, cluster, sentinel);
+on_stores!(a_superseded_grant_survives_the_newer_release: embedded, redis, cluster, sentinel, postgres);
 
 /// Superseded grants are bounded: a lease below the minimum is refused, and superseded grants stop at the limit with
 /// LEASE_EXPIRED_UNRESOLVED instead of a grant (none dropped).
@@ -194,7 +194,7 @@ async fn superseded_grants_are_bounded(kind: Kind) {
     assert_eq!(resp.decision(), pb::Decision::AlreadyCompleted);
     assert_eq!(resp.completion.unwrap().receipt, b"tx-oldest".to_vec());
 }
-on_stores!(superseded_grants_are_bounded: embedded, redis, cluster, sentinel);
+on_stores!(superseded_grants_are_bounded: embedded, redis, cluster, sentinel, postgres);
 
 /// Amounts: two different amounts never share a fingerprint; a literal a double cannot hold is
 /// refused, naming the field (beyond 2^53 too, where a double would round), and creates nothing.
@@ -231,4 +231,4 @@ async fn amounts_a_double_cannot_hold_are_refused(kind: Kind) {
         .await;
     }
 }
-on_stores!(amounts_a_double_cannot_hold_are_refused: embedded, redis, cluster, sentinel);
+on_stores!(amounts_a_double_cannot_hold_are_refused: embedded, redis, cluster, sentinel, postgres);

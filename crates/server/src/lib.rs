@@ -82,7 +82,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
     report_durability(&store).await;
     let store_closed = match &store {
         Store::Embedded(embedded) => Some(embedded.closed()),
-        Store::Redis(_) => None,
+        Store::Redis(_) | Store::Postgres(_) => None,
     };
     let signer = config
         .signing
