@@ -97,7 +97,7 @@ class PgNode:
     def __init__(self, root: Path, name: str) -> None:
         self.name = name
         self.port = free_port()
-        self.dir = owned_dir(root / name)
+        self.dir = owned_dir((root / name).resolve())  # the tools run in /
         self.data = self.dir / "data"
         self.proc: subprocess.Popen[Any] | None = None
         self.paused = False
