@@ -8,8 +8,8 @@ free loopback port, never the machine's), then, at the same concurrency on that 
   grant-complete``;
 
 alternating, ``--runs`` rounds; medians of pairs/s, the gate ÷ the limit (target ≥ 0.5), and the
-server's CPU per pair (user + system of every process of its process group, from ``/proc``, plus
-what its exited backends left in the postmaster's children's time), the gate's and the load
+server's CPU per pair (user + system of the postmaster and its live backends, from ``/proc``,
+plus what its exited backends left in the postmaster's children's time), the gate's and the load
 generator's too. ``--rss-seconds N`` instead loads the gate for N seconds and samples its RSS
 (``VmRSS``) every ``--rss-every`` seconds with the tables' sizes: flat or not.
 
@@ -61,20 +61,19 @@ def ticks(pid: int) -> tuple[int, int]:
     return int(fields[11]) + int(fields[12]), int(fields[13]) + int(fields[14])
 
 
-def group_cpu(pgid: int) -> float:
-    """CPU seconds of every live process of group ``pgid`` plus what its reaped children used."""
+def server_cpu(postmaster: int) -> float:
+    """CPU seconds of the postmaster and its live children (each backend calls setsid(), so not
+    its process group), plus what its reaped children used."""
     total = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
-            stat = (entry / "stat").read_text()
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
-            total += int(fields[11]) + int(fields[12])
-            if int(entry.name) == pgid:
-                total += int(fields[13]) + int(fields[14])
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if int(entry.name) == postmaster:
+                total += int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
+            elif int(fields[1]) == postmaster:
+                total += int(fields[11]) + int(fields[12])
         except (OSError, ValueError, IndexError):
             continue
     return total / os.sysconf("SC_CLK_TCK")
@@ -132,7 +131,7 @@ class Server:
         return out.stdout.strip()
 
     def cpu(self) -> float:
-        return group_cpu(self.proc.pid)
+        return server_cpu(self.proc.pid)
 
     def table_sizes(self) -> dict[str, int]:
         rows = self.sql("SELECT relname, pg_total_relation_size(oid) FROM pg_class WHERE relkind = 'r' "
@@ -296,7 +295,7 @@ def main() -> int:
     if not opts.bin.exists():
         parser.error(f"{opts.bin} does not exist: cargo build --release --bin oncegate")
     opts.version = subprocess.run([str(bindir() / "postgres"), "--version"], capture_output=True,
-                                  text=True, check=True).stdout.split()[-1]
+                                  text=True, check=True).stdout.split()[2]
     with tempfile.TemporaryDirectory(prefix="oncegate-bench-pg-") as tmp:
         os.chmod(tmp, 0o755)
         lines = (rss if opts.rss_seconds else pairs)(opts, opts.bin, Path(tmp))

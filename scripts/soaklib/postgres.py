@@ -9,7 +9,7 @@ the Debian binaries (``pg_config --bindir``), and three gates on the multi-host 
   without a restart.
 
 :meth:`Postgres.failover` is the nemesis's ``failover`` here: the primary's processes SIGKILLed
-at once (its process group, as a machine that dies), ``pg_ctl promote`` on the standby, then a
+at once (the postmaster and its children, as a machine that dies), ``pg_ctl promote`` on the standby, then a
 new standby rebuilt with ``pg_basebackup`` from the new primary in the old one's place (same
 port, fresh data directory: the old primary's unreplicated tail is thrown away), so that the soak
 goes on with more failovers. :meth:`Postgres.table_sizes` samples ``pg_total_relation_size`` of
@@ -82,6 +82,19 @@ def run_tool(name: str, *args: str, timeout: float = 120) -> str:
     return out
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from ``/proc``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(entry.name))
+            except (OSError, ValueError, IndexError):
+                continue
+    return found
+
+
 def owned_dir(path: Path) -> Path:
     """A directory the server's user owns."""
     path.mkdir(parents=True, exist_ok=True)
@@ -91,8 +104,8 @@ def owned_dir(path: Path) -> Path:
 
 
 class PgNode:
-    """One PostgreSQL server on a fixed loopback port (kept across rebuilds), its processes one
-    process group."""
+    """One PostgreSQL server on a fixed loopback port (kept across rebuilds), signalled as a whole
+    (the postmaster and its children)."""
 
     def __init__(self, root: Path, name: str) -> None:
         self.name = name
@@ -135,27 +148,32 @@ class PgNode:
         return subprocess.run([str(bindir() / "pg_isready"), "-q", "-h", "127.0.0.1", "-p", str(self.port)],
                               check=False).returncode == 0
 
-    def _signal_group(self, sig: int) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+    def _signal_all(self, sig: int) -> None:
+        """``sig`` to the postmaster, then to each of its children: every backend calls setsid(),
+        so the process group holds the postmaster alone (stopped or killed first, it forks no
+        new child meanwhile)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for pid in [self.proc.pid, *children(self.proc.pid)]:
             try:
-                os.killpg(self.proc.pid, sig)
+                os.kill(pid, sig)
             except ProcessLookupError:
                 pass
 
     def kill(self) -> None:
         """Every process of the server at once (a machine that dies), the postmaster reaped."""
-        self._signal_group(signal.SIGCONT)
-        self._signal_group(signal.SIGKILL)
+        self._signal_all(signal.SIGCONT)
+        self._signal_all(signal.SIGKILL)
         kill(self.proc)
         self.proc = None
         self.paused = False
 
     def pause(self) -> None:
-        self._signal_group(signal.SIGSTOP)
+        self._signal_all(signal.SIGSTOP)
         self.paused = True
 
     def resume(self) -> None:
-        self._signal_group(signal.SIGCONT)
+        self._signal_all(signal.SIGCONT)
         self.paused = False
 
     def promote(self) -> None:
