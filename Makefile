@@ -7,7 +7,7 @@ VENV := .venv
 BENCH_VENV := .venv-bench
 BUF := npx --yes @bufbuild/buf@1.75.0
 
-.PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts dist test-soak soak example-python example-typescript bench clean fuzz
+.PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts dist test-soak soak example-python example-typescript bench bench-postgres-rss clean fuzz
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data and the operator
 ## console on http://127.0.0.1:7480/ (ONCEGATE_CONSOLE_LISTEN moves it). ARGS passes flags
@@ -223,7 +223,8 @@ fuzz:
 ## unsigned), this disk's fdatasync, the Python side beside Powertools (in .venv-bench) and Redis's
 ## instructions per cycle under callgrind; prints
 ## one table with every target and writes it into BENCHMARKS.md (BENCH_ARGS passes options, e.g.
-## --runs 5).
+## --runs 5). Then the gate on PostgreSQL beside its limit, pgbench issuing the store's statements
+## for a grant-complete pair (bench/postgres.py, its own server on a free port; BENCH_PG_ARGS).
 bench: deps $(BENCH_VENV)/.installed
 	@command -v valgrind >/dev/null 2>&1 || { \
 	  echo "valgrind not found: installing it (Debian; the bench counts Redis's instructions under callgrind)"; \
@@ -231,6 +232,13 @@ bench: deps $(BENCH_VENV)/.installed
 	$(CARGO) build --release --locked --bin oncegate
 	$(BENCH_VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
 	$(PYTHON) scripts/bench.py --python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
+	$(PYTHON) bench/postgres.py $(BENCH_PG_ARGS)
+
+## The gate on PostgreSQL under grant-complete load for 10 minutes, its RSS sampled every 10 s beside
+## the tables' sizes (bench/postgres.py --rss-seconds; BENCH_PG_ARGS passes options).
+bench-postgres-rss: deps
+	$(CARGO) build --release --locked --bin oncegate
+	$(PYTHON) bench/postgres.py --rss-seconds 600 $(BENCH_PG_ARGS)
 
 ## The bench's own virtualenv: Powertools and redis-py for the Python comparison.
 $(BENCH_VENV)/.installed: scripts/bench-requirements.txt clients/python/pyproject.toml
