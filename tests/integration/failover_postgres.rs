@@ -156,7 +156,11 @@ async fn grant(
     let key = format!("w{w}-{i}");
     let asked = retried(seen, || {
         let mut client = client.clone();
-        async move { client.request_token(authed(request(w, i), Some(WORKER_KEY))).await }
+        async move {
+            client
+                .request_token(authed(request(w, i), Some(WORKER_KEY)))
+                .await
+        }
     })
     .await;
     let mut seen = seen.lock().unwrap();
@@ -175,11 +179,19 @@ async fn grant(
             Some((action, grant.token))
         }
         Ok(other) => {
-            seen.unexpected.push(format!("{key}: granted nothing: {other:?}"));
+            seen.unexpected
+                .push(format!("{key}: granted nothing: {other:?}"));
+            None
+        }
+        // The grant committed but its answer was lost, and the retries failed closed until its
+        // lease ended: an unresolved action, which the listing at the end must name.
+        Err(status) if reason(&status) == "LEASE_EXPIRED_UNRESOLVED" => {
+            seen.unsettled.insert(key);
             None
         }
         Err(status) => {
-            seen.unexpected.push(format!("{key}: RequestToken {status:?}"));
+            seen.unexpected
+                .push(format!("{key}: RequestToken {status:?}"));
             None
         }
     }
@@ -213,7 +225,14 @@ async fn worker(client: Client, w: usize, stop: Arc<AtomicBool>, seen: Arc<Mutex
                 })
                 .await;
                 match released {
-                    Ok(_) => *seen.lock().unwrap().releases.entry(key.clone()).or_default() += 1,
+                    Ok(_) => {
+                        *seen
+                            .lock()
+                            .unwrap()
+                            .releases
+                            .entry(key.clone())
+                            .or_default() += 1
+                    }
                     Err(status) => {
                         let mut seen = seen.lock().unwrap();
                         seen.unexpected.push(format!("{key}: Release {status:?}"));
@@ -315,9 +334,19 @@ async fn audit(
         let grants: Vec<(String, Vec<(String, u64)>)> = s
             .grants
             .iter()
-            .map(|(k, g)| (k.clone(), g.iter().map(|g| (g.token.clone(), g.fencing)).collect()))
+            .map(|(k, g)| {
+                (
+                    k.clone(),
+                    g.iter().map(|g| (g.token.clone(), g.fencing)).collect(),
+                )
+            })
             .collect();
-        (grants, s.completes.clone(), s.unsettled.clone(), s.releases.clone())
+        (
+            grants,
+            s.completes.clone(),
+            s.unsettled.clone(),
+            s.releases.clone(),
+        )
     };
     for (key, tokens) in &grants {
         let distinct: HashSet<&String> = tokens.iter().map(|(t, _)| t).collect();
@@ -340,7 +369,11 @@ async fn audit(
         let asked = retried(seen, || {
             let mut client = client.clone();
             let auditor = auditor.clone();
-            async move { client.request_token(authed(auditor, Some(WORKER_KEY))).await }
+            async move {
+                client
+                    .request_token(authed(auditor, Some(WORKER_KEY)))
+                    .await
+            }
         })
         .await;
         match asked.map(|r| r.into_inner()) {
@@ -429,10 +462,7 @@ async fn primary_killed_and_standby_promoted_under_load_loses_nothing_acknowledg
     let config = write_file(
         dir.path(),
         "oncegate.toml",
-        &format!(
-            "[defaults]\nlease_ttl_seconds = 2\n{}",
-            principals_toml("")
-        ),
+        &format!("[defaults]\nlease_ttl_seconds = 2\n{}", principals_toml("")),
     );
     let args = [
         "--postgres-url",
@@ -472,8 +502,12 @@ async fn primary_killed_and_standby_promoted_under_load_loses_nothing_acknowledg
     .await
     .unwrap();
     let resumed_from = acked();
-    wait_for_acks(&acked, resumed_from + 200, "the stream did not resume on the promoted server")
-        .await;
+    wait_for_acks(
+        &acked,
+        resumed_from + 200,
+        "the stream did not resume on the promoted server",
+    )
+    .await;
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         w.await.unwrap();
@@ -522,7 +556,10 @@ async fn primary_killed_and_standby_promoted_under_load_loses_nothing_acknowledg
     assert_eq!(report.forgotten, 0, "{report:#?}");
     assert_eq!(report.not_settled, 0, "{report:#?}");
     // The failover happened under the load: calls failed closed, and work went on after it.
-    assert!(report.unavailable > 0 && report.completes > 0, "{report:#?}");
+    assert!(
+        report.unavailable > 0 && report.completes > 0,
+        "{report:#?}"
+    );
     // The audit ran on the promoted server.
     assert_eq!(standby.psql("postgres", "SELECT pg_is_in_recovery()"), "f");
 }
