@@ -6,6 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 BENCH_VENV := .venv-bench
 BUF := npx --yes @bufbuild/buf@1.75.0
+# What ships, and what `make bench` measures, is built with Cargo's `dist` profile (Cargo.toml): the
+# wheel's native core too, through maturin's PEP 517 backend. `make dist` builds the wheel with
+# WHEEL_PROFILE; `make test` checks the artifacts built with `release` (see test-artifacts).
+DIST_WHEEL_ARGS := --config-settings=build-args='--profile dist'
+WHEEL_PROFILE ?= dist
 
 .PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts dist test-soak soak example-python example-typescript bench bench-postgres-rss clean fuzz
 
@@ -74,12 +79,13 @@ lint-proto:
 test-rust:
 	$(CARGO) test --locked --workspace --all-targets
 
-## The client with its test tools and every framework adapter's extra (oncegate.integrations), so
-## the adapters' tests drive the real frameworks; reinstalled only when pyproject.toml changes.
+## The client with its test tools and every framework and orchestrator adapter's extra
+## (oncegate.integrations), so the adapters' tests drive the real frameworks, Temporal and Celery;
+## reinstalled only when pyproject.toml changes.
 $(VENV)/.installed: clients/python/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q './clients/python[test,openai-agents,langgraph,pydantic-ai]'
+	$(VENV)/bin/pip install -q './clients/python[test,openai-agents,langgraph,pydantic-ai,temporal,celery]'
 	touch $@
 
 ## The client's whole suite on its native core (oncegate._native, built by pip through maturin into
@@ -87,7 +93,8 @@ $(VENV)/.installed: clients/python/pyproject.toml
 ## (ONCEGATE_PURE_PYTHON=1, the fallback for TLS channels and channels with gRPC options): every
 ## suite that calls a gate, fake or real.
 PURE_PYTHON_TESTS := test_native.py test_guard.py test_aio.py test_integration.py test_resolver.py \
-  test_settle.py test_operator_receipts.py test_authorization.py test_errors.py test_local.py
+  test_settle.py test_operator_receipts.py test_authorization.py test_errors.py test_local.py \
+  test_resolver_reopen.py
 
 test-python: $(VENV)/.installed
 	$(CARGO) build --locked --bin oncegate
@@ -172,16 +179,21 @@ test-typescript: $(TS_CLIENT)/node_modules/.installed $(TS_EXAMPLES)/node_module
 	cd $(TS_EXAMPLES) && npm run build && node dist/ai-sdk-tool.js --spawn $(CURDIR)/target/debug/oncegate > /dev/null
 
 ## The installable artifacts in ./dist: the Python wheel (pip wheel through maturin: the package and
-## its native core, one abi3 wheel for CPython 3.10 and later on this platform) and the TypeScript
-## client's npm tarball (npm pack, with its built dist/).
+## its native core, one abi3 wheel for CPython 3.10 and later on this platform, its native core
+## built with the `dist` profile) and the TypeScript client's npm tarball (npm pack, with its built
+## dist/).
 dist: $(VENV)/.installed $(TS_CLIENT)/node_modules/.installed
 	rm -rf dist && mkdir -p dist
-	$(VENV)/bin/pip wheel -q --no-deps --wheel-dir dist ./clients/python
+	$(VENV)/bin/pip wheel -q --no-deps --config-settings=build-args='--profile $(WHEEL_PROFILE)' \
+	  --wheel-dir dist ./clients/python
 	cd $(TS_CLIENT) && npm pack --silent --pack-destination $(CURDIR)/dist > /dev/null
 	@ls dist
 
 ## Each artifact installed into a clean virtualenv / npm project outside the checkout, running a
-## guarded action against a real gate (tests/artifacts).
+## guarded action against a real gate (tests/artifacts). The wheel is built with the `release`
+## profile here (the variable reaches the `dist` prerequisite): the same files as `make dist`'s,
+## without a second, link-time-optimized build of the native core in every `make test`.
+test-artifacts: WHEEL_PROFILE = release
 test-artifacts: dist
 	$(CARGO) build --locked --bin oncegate
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate ONCEGATE_DIST=$(CURDIR)/dist $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/artifacts
@@ -218,33 +230,38 @@ fuzz:
 	    -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
 	done
 
-## The gate against the limit on this machine: release build, its own redis-server on a free
-## loopback port, redis-benchmark, then the gate on Redis and on the embedded store (signed and
-## unsigned), this disk's fdatasync, the Python side beside Powertools (in .venv-bench) and Redis's
-## instructions per cycle under callgrind; prints
-## one table with every target and writes it into BENCHMARKS.md (BENCH_ARGS passes options, e.g.
-## --runs 5). Then the gate on PostgreSQL beside its limit, pgbench issuing the store's statements
-## for a grant-complete pair (bench/postgres.py, its own server on a free port; BENCH_PG_ARGS).
+## The benchmarks (bench/README.md says what each scenario measures): `make bench` is SCENARIO=all,
+## the gate on every store beside the limit, then the Python rows beside Powertools, written into
+## BENCHMARKS.md. SCENARIO=stores, python, signing or instructions runs one part and prints it;
+## SCENARIO=ab A=<binary> B=<binary> compares two builds. It measures the `dist` profile (what
+## ships: fat LTO, one unit per crate; its first build is the longest) and says so; BENCH_ARGS
+## passes options to bench/bench.py, e.g. --runs 5. With SCENARIO=all or stores, then the gate on
+## PostgreSQL beside its limit: pgbench issuing the store's statements for a grant-complete pair at
+## the same concurrency on the same server (bench/postgres.py, its own server on a free port;
+## BENCH_PG_ARGS passes its options). `make bench-postgres-rss`: the gate's RSS over 10 minutes.
+SCENARIO ?= all
 bench: deps $(BENCH_VENV)/.installed
-	@command -v valgrind >/dev/null 2>&1 || { \
-	  echo "valgrind not found: installing it (Debian; the bench counts Redis's instructions under callgrind)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind; }
-	$(CARGO) build --release --locked --bin oncegate
-	$(BENCH_VENV)/bin/pip install -q --no-deps --force-reinstall ./clients/python
-	$(PYTHON) scripts/bench.py --python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
-	$(PYTHON) bench/postgres.py $(BENCH_PG_ARGS)
+	@case "$(SCENARIO)" in all|instructions) command -v valgrind >/dev/null 2>&1 || { \
+	  echo "valgrind not found: installing it (Debian; the bench counts instructions under callgrind)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind; };; esac
+	$(CARGO) build --profile dist --locked --bin oncegate
+	$(BENCH_VENV)/bin/pip install -q --no-deps --force-reinstall $(DIST_WHEEL_ARGS) ./clients/python
+	$(PYTHON) bench/bench.py $(SCENARIO) --python $(BENCH_VENV)/bin/python \
+	  $(if $(A),--a $(A)) $(if $(B),--b $(B)) $(BENCH_ARGS)
+	@case "$(SCENARIO)" in all|stores) \
+	  $(PYTHON) bench/postgres.py --bin target/dist/oncegate $(BENCH_PG_ARGS);; esac
 
 ## The gate on PostgreSQL under grant-complete load for 10 minutes, its RSS sampled every 10 s beside
 ## the tables' sizes (bench/postgres.py --rss-seconds; BENCH_PG_ARGS passes options).
 bench-postgres-rss: deps
-	$(CARGO) build --release --locked --bin oncegate
-	$(PYTHON) bench/postgres.py --rss-seconds 600 $(BENCH_PG_ARGS)
+	$(CARGO) build --profile dist --locked --bin oncegate
+	$(PYTHON) bench/postgres.py --bin target/dist/oncegate --rss-seconds 600 $(BENCH_PG_ARGS)
 
 ## The bench's own virtualenv: Powertools and redis-py for the Python comparison.
-$(BENCH_VENV)/.installed: scripts/bench-requirements.txt clients/python/pyproject.toml
+$(BENCH_VENV)/.installed: bench/requirements.txt clients/python/pyproject.toml
 	$(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/pip install -q --upgrade pip
-	$(BENCH_VENV)/bin/pip install -q -r scripts/bench-requirements.txt ./clients/python
+	$(BENCH_VENV)/bin/pip install -q $(DIST_WHEEL_ARGS) -r bench/requirements.txt ./clients/python
 	touch $@
 
 clean:

@@ -35,8 +35,8 @@ pub enum Command {
     HashKey,
     /// The worker API against a running gate: request-token, complete, release, extend, get.
     Call(Box<super::call_cli::CallArgs>),
-    /// The operator API against a running gate: get, complete, resolve, list-unresolved, audit;
-    /// approvals and budgets: approve, deny, list-approvals, budgets.
+    /// The operator API against a running gate: get, complete, resolve, list-unresolved, audit,
+    /// webhooks, console-login; approvals and budgets: approve, deny, list-approvals, budgets.
     Admin(Box<super::admin::AdminArgs>),
     /// Load a running gate on this machine and report throughput, latency and correctness.
     Bench(super::bench::BenchArgs),

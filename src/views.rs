@@ -3,7 +3,9 @@
 //! JSON (`grant.token`), empty values left out.
 //!
 //! An unsettled action always shows what settling it needs: its action reference, token (where
-//! the gate shows it), fencing number, provider key, and since when its lease ended.
+//! the gate shows it), fencing number, provider key, since when its lease ended, and what its
+//! latest grant was asked for: the action type and the params exactly as the agent sent them
+//! (which provider to ask, for what amount, to whom).
 
 use base64::Engine as _;
 use serde_json::{Value, json};
@@ -63,8 +65,8 @@ pub fn token_answer(r: &pb::RequestTokenResponse) -> Value {
     })
 }
 
-/// A GetAction answer for `action`. The token is empty unless the caller is an operator and the
-/// action unsettled.
+/// A GetAction answer for `action`. The token, the action type and the params are empty unless
+/// the caller is an operator and the action unsettled.
 pub fn action_view(action: &pb::ActionRef, v: &pb::GetActionResponse) -> Value {
     json!({
         "action": action_ref(Some(action)),
@@ -75,6 +77,8 @@ pub fn action_view(action: &pb::ActionRef, v: &pb::GetActionResponse) -> Value {
         "token": v.token,
         "provider_key": v.provider_key,
         "holder": v.holder,
+        "action_name": v.action_name,
+        "params_json": v.params_json,
         "completion": v.completion.as_ref().map(completion),
     })
 }
@@ -111,7 +115,7 @@ pub fn text(value: &Value) -> String {
 
 /// The order fields are read in: what was decided, which action, what settling it needs, then
 /// the rest (JSON objects are sorted by name, which reads badly).
-const FIELD_ORDER: [&str; 17] = [
+const FIELD_ORDER: [&str; 19] = [
     "decision",
     "state",
     "resolution",
@@ -124,6 +128,8 @@ const FIELD_ORDER: [&str; 17] = [
     "token",
     "fencing",
     "provider_key",
+    "action_name",
+    "params_json",
     "lease_expires_at",
     "lease_expired_at",
     "completion",
@@ -175,6 +181,8 @@ pub fn unresolved_text(listing: &Value) -> String {
             "token": a["token"],
             "fencing": a["fencing"],
             "provider_key": a["provider_key"],
+            "action_name": a["action_name"],
+            "params_json": a["params_json"],
             "holder": a["holder"],
         });
         for line in text(&details).lines() {

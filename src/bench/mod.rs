@@ -8,8 +8,8 @@
 //! reason, and the checks, which must all be zero (the exit status is 1 otherwise).
 //!
 //! Owns: the flags, the target check, connections and the run's timeline. The scenarios live in
-//! `workload`, the counting and printing in `report`. Starts no gate and no Redis (`make bench`
-//! does, in `scripts/bench.py`).
+//! `workload`, the counting and printing in `report`. Starts no gate and no Redis: `make bench`
+//! (bench/, bench/README.md) starts them and drives this load generator against them.
 
 mod report;
 mod workload;

@@ -108,12 +108,10 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
     let channel = tls_channel(&served.addr, &ca.pem, None).await.unwrap();
     let mut gate = ActionGateServiceClient::new(channel);
     const MARKER: &str = "params-marker-IBAN-DE89";
-    let mut req = token_request(
-        "billing-9",
-        "run-1",
-        "payments.transfer",
-        &format!(r#"{{"iban":"{MARKER}"}}"#),
-    );
+    // Params as an agent wrote them: a space and `12.50` (not `12.5`), so "exactly as sent"
+    // can be told from "parsed and written again".
+    let params = format!(r#"{{"iban":"{MARKER}", "amount": 12.50}}"#);
+    let mut req = token_request("billing-9", "run-1", "payments.transfer", &params);
     req.lease_ttl = ttl_ms(100);
     let resp = gate
         .request_token(authed(req, Some(WORKER_KEY)))
@@ -173,6 +171,9 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
         entry["lease_expired_at"],
         grant.lease_expires_at.unwrap().to_string()
     );
+    // Which provider to ask, for what amount, to whom: the action type and the params as sent.
+    assert_eq!(entry["action_name"], "payments.transfer");
+    assert_eq!(entry["params_json"], params.as_str());
     let (code, stdout, _) = admin(&["list-unresolved"], None);
     assert_eq!(code, Some(0));
     for line in [
@@ -184,6 +185,8 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
         format!("  token         {token}"),
         format!("  fencing       {}", grant.fencing),
         format!("  provider_key  {}", grant.provider_key),
+        "  action_name   payments.transfer".to_owned(),
+        format!("  params_json   {params}"),
     ] {
         assert!(stdout.lines().any(|l| l == line), "{line:?} in\n{stdout}");
     }
@@ -205,6 +208,32 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
     assert_eq!(view["state"], "ACTION_STATE_EXPIRED");
     assert_eq!(view["token"], token.as_str(), "operators see the token");
     assert_eq!(view["provider_key"], grant.provider_key.as_str());
+    assert_eq!(view["action_name"], "payments.transfer");
+    assert_eq!(view["params_json"], params.as_str());
+    let (code, stdout, _) = admin(
+        &[
+            "get",
+            "--agent",
+            "billing-9",
+            "--run",
+            "run-1",
+            "--key",
+            &action.key,
+        ],
+        None,
+    );
+    assert_eq!(code, Some(0));
+    for (name, value) in [
+        ("action_name", "payments.transfer"),
+        ("params_json", params.as_str()),
+    ] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(name)
+                && l[name.len()..].starts_with("  ")
+                && l[name.len()..].trim_start() == value),
+            "{name} {value} in\n{stdout}"
+        );
+    }
 
     let (code, stdout, stderr) = admin(
         &[

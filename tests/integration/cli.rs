@@ -173,6 +173,48 @@ fn help_names_authorization_and_the_approval_commands() {
     );
 }
 
+/// `oncegate --help` and `oncegate admin --help` name every admin subcommand in their summary of
+/// `admin`: the list is read from clap's own list of subcommands, so a new one must be named.
+#[test]
+fn the_admin_summary_names_every_admin_subcommand() {
+    let raw = |args: &[&str]| {
+        let out = oncegate(args);
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let admin_help = raw(&["admin", "--help"]);
+    let commands: Vec<&str> = admin_help
+        .lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| !line.trim().is_empty())
+        .filter(|line| line.starts_with("  ") && !line.starts_with("   "))
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|command| *command != "help")
+        .collect();
+    assert!(
+        commands.contains(&"webhooks") && commands.contains(&"console-login"),
+        "{commands:?} read from {admin_help}"
+    );
+    let top = squeeze(&raw(&["--help"]));
+    let summary = &top[top.find(" admin ").unwrap()..top.find(" bench ").unwrap()];
+    let about = squeeze(&admin_help[..admin_help.find("Usage:").unwrap()]);
+    for command in &commands {
+        let named = |text: &str| {
+            text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .any(|word| word == *command)
+        };
+        assert!(
+            named(summary),
+            "oncegate --help: admin omits {command}: {summary}"
+        );
+        assert!(
+            named(&about),
+            "oncegate admin --help omits {command}: {about}"
+        );
+    }
+}
+
 /// `text` with each run of white space as one space (help wraps at the terminal's width).
 fn squeeze(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")

@@ -637,4 +637,23 @@ decimals = 2
         )),
         "{shown}"
     );
+    // The duration is exact, not rounded to its largest unit: its parts add up to the wait
+    // RetryInfo carries.
+    let said = &shown[shown.rfind("(in ").unwrap() + 4..shown.rfind(')').unwrap()];
+    let words: Vec<&str> = said.split(' ').collect();
+    let said_ms: u128 = words
+        .chunks(2)
+        .map(|part| {
+            let n: u128 = part[0].parse().unwrap();
+            n * match part[1] {
+                "d" => 86_400_000,
+                "h" => 3_600_000,
+                "min" => 60_000,
+                "s" => 1000,
+                "ms" => 1,
+                unit => panic!("unit {unit} in {said}"),
+            }
+        })
+        .sum();
+    assert_eq!(said_ms, retry_after.as_millis(), "{said}");
 }

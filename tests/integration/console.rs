@@ -145,6 +145,14 @@ async fn approve_from_the_page_grants_once(kind: Kind) {
         browser.run("return document.title").await,
         "Approvals · oncegate console"
     );
+    // What each button will do is said before the click.
+    let consequences = browser.text(&format!("{card} .consequences")).await;
+    assert!(
+        consequences.contains("Approve: the held call runs once, when the agent asks again")
+            && consequences
+                .contains("Deny: identical requests are refused until the approval lapses"),
+        "{consequences}"
+    );
     browser
         .screenshot(&screenshots().join("console-approvals.png"))
         .await;
@@ -255,9 +263,15 @@ async fn settled_on_the_page_replays_its_receipt(kind: Kind) {
     let card = "section.unresolved[data-key='pay-12']";
     let provider_key = browser.text(&format!("{card} .provider-key")).await;
     assert_eq!(provider_key, action_provider_key(&action));
-    browser
-        .screenshot(&screenshots().join("console-unresolved.png"))
-        .await;
+    // What to ask the provider about: the action type and the params as sent.
+    assert_eq!(
+        browser.text(&format!("{card} .action-name")).await,
+        "payments.transfer"
+    );
+    assert_eq!(
+        browser.text(&format!("{card} pre.params")).await,
+        r#"{"amount":12}"#
+    );
 
     let receipt = r#"{"transfer":"tr_42","status":"succeeded"}"#;
     browser
@@ -289,6 +303,125 @@ async fn settled_on_the_page_replays_its_receipt(kind: Kind) {
     assert_eq!(done.note, "found tr_42 at the bank");
 }
 on_stores!(settled_on_the_page_replays_its_receipt: embedded);
+
+/// (b') A bank's plain transaction id, settled from the page: the card says what was asked for
+/// (the type and the params exactly as sent); the id forced as JSON is refused in an error
+/// (role=alert, red), not a success-styled note, and the form keeps what was typed; the format
+/// left to its default is guessed as `oncegate admin` guesses it, so `tx_777` settles as text.
+async fn a_plain_receipt_id_settles_as_text_and_a_refusal_keeps_what_was_typed(kind: Kind) {
+    let dir = TempDir::new().unwrap();
+    let (gate, url) = TestGate::start_with_console(kind, setup(&dir)).await;
+    let mut client = gate.client().await;
+    // As an agent wrote them: spaces, and 250.00 rather than 250.
+    let params = r#"{"amount": 250.00, "currency": "EUR", "to": "FR76 3000 6000"}"#;
+    let mut req = token_request("billing-pay", "run-4", "payments.transfer", params);
+    req.idempotency_key = "invoice-777".into();
+    req.lease_ttl = ttl_ms(1000);
+    let (_, g) = grant_as(&mut client, req.clone(), Some(WORKER_KEY)).await;
+    gate.time.pass_beyond(g.lease_expires_at.unwrap()).await;
+
+    let browser = Browser::start().await;
+    log_in(&browser, &url, OPS_KEY).await;
+    browser.goto(&format!("{url}/unresolved")).await;
+    let card = "section.unresolved[data-key='invoice-777']";
+    assert_eq!(
+        browser.text(&format!("{card} .action-name")).await,
+        "payments.transfer"
+    );
+    assert_eq!(browser.text(&format!("{card} pre.params")).await, params);
+    let value = |css: String| {
+        let browser = &browser;
+        async move {
+            let found = browser
+                .run(&format!("return document.querySelector(\"{css}\").value"))
+                .await;
+            found.as_str().unwrap().to_owned()
+        }
+    };
+    let format = format!("{card} select[name=receipt_format]");
+    assert_eq!(
+        value(format.clone()).await,
+        "guess",
+        "guessed unless chosen"
+    );
+    browser
+        .screenshot(&screenshots().join("console-unresolved.png"))
+        .await;
+
+    // Forced as JSON, a plain id is refused: an error, and nothing typed is lost.
+    browser
+        .type_into(&format!("{card} textarea[name=receipt]"), "tx_777")
+        .await;
+    browser
+        .type_into(
+            &format!("{card} form textarea[name=note]"),
+            "bank statement line 42",
+        )
+        .await;
+    browser
+        .run(&format!(
+            "document.querySelector(\"{format}\").value = 'json'; return true"
+        ))
+        .await;
+    browser.click(&format!("{card} button.approve")).await;
+    let alert = browser.text("#flash[role=alert]").await;
+    assert!(
+        alert.starts_with("Not settled") && alert.contains("A plain id (tx_777) is text"),
+        "{alert}"
+    );
+    assert!(browser.all("#flash[role=status]").await.is_empty());
+    let colour = browser
+        .run("return getComputedStyle(document.querySelector('#flash')).backgroundColor")
+        .await;
+    assert_eq!(
+        colour, "rgb(255, 235, 233)",
+        "the error's red, not the success's green"
+    );
+    assert_eq!(
+        value(format!("{card} textarea[name=receipt]")).await,
+        "tx_777"
+    );
+    assert_eq!(
+        value(format!("{card} form textarea[name=note]")).await,
+        "bank statement line 42"
+    );
+    assert_eq!(value(format.clone()).await, "json");
+    let mut admin = gate.admin().await;
+    let still = admin
+        .list_unresolved(authed(pb::ListUnresolvedRequest::default(), Some(OPS_KEY)))
+        .await
+        .unwrap()
+        .into_inner()
+        .actions;
+    assert_eq!(still.len(), 1, "nothing was settled: {still:?}");
+    browser
+        .run("document.querySelector('#flash').scrollIntoView(); return true")
+        .await;
+    browser
+        .screenshot(&screenshots().join("console-unresolved-refused.png"))
+        .await;
+
+    // Left to the guess (as `oncegate admin resolve` guesses), the same id settles as text.
+    browser
+        .run(&format!(
+            "document.querySelector(\"{format}\").value = 'guess'; return true"
+        ))
+        .await;
+    browser.click(&format!("{card} button.approve")).await;
+    let done = browser.text("#flash[role=status]").await;
+    assert!(done.starts_with("Settled as completed"), "{done}");
+    let colour = browser
+        .run("return getComputedStyle(document.querySelector('#flash')).backgroundColor")
+        .await;
+    assert_eq!(colour, "rgb(218, 251, 225)", "a success is green");
+    let replay = ask(&gate, req).await.unwrap();
+    assert_eq!(replay.decision(), pb::Decision::AlreadyCompleted);
+    let completion = replay.completion.unwrap();
+    assert_eq!(completion.receipt, b"tx_777");
+    assert_eq!(completion.receipt_format(), pb::ReceiptFormat::Text);
+    assert_eq!(completion.note, "bank statement line 42");
+}
+on_stores!(a_plain_receipt_id_settles_as_text_and_a_refusal_keeps_what_was_typed: embedded);
 
 /// The provider key of `action`, as the gate derives it.
 fn action_provider_key(action: &pb::ActionRef) -> String {
@@ -433,7 +566,8 @@ async fn an_approver_decides_and_cannot_settle(kind: Kind) {
             scope.agent_id, scope.run_id, action.key
         ))
         .await;
-    assert!(browser.text(".flash").await.starts_with("Not settled"));
+    let refusal = browser.text("#flash[role=alert]").await;
+    assert!(refusal.starts_with("Not settled"), "{refusal}");
     let mut admin = gate.admin().await;
     let still = admin
         .list_unresolved(authed(pb::ListUnresolvedRequest::default(), Some(OPS_KEY)))

@@ -119,6 +119,11 @@ fn sh_is_run(page: &str, first: &str) -> Result<(), String> {
             Err(format!("no make target {target:?}"))
         };
     }
+    if page == "docs/agents/typescript.md"
+        && first.starts_with("cd clients/typescript && npm ci && npm pack")
+    {
+        return Ok(()); // tests/artifacts/test_routes.py takes this route as written
+    }
     match (page, first.split_whitespace().next()) {
         ("docs/getting-started.md", Some("grpcurl")) => Ok(()), // clients/python/tests/test_docs.py
         ("docs/agents/mcp.md", Some("ONCEGATE_API_KEY=$AGENT_KEY")) => Ok(()), // tests/mcp/test_docs.py

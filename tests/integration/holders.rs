@@ -68,7 +68,7 @@ on_stores!(without_principals_a_certificate_is_no_operator: embedded, redis);
 
 /// Two agent principals allowed for the same agents: the one that was granted gets its live token
 /// redelivered; the other, even knowing the params and the holder name, does not. GetAction shows
-/// the holder to operators only.
+/// the holder, and the action type and params asked for, to operators only.
 async fn a_holder_name_is_no_credential(kind: Kind) {
     const OTHER_KEY: &str = "second-worker-key-2";
     let second = format!(
@@ -106,13 +106,24 @@ async fn a_holder_name_is_no_credential(kind: Kind) {
     let get = pb::GetActionRequest {
         action: Some(action),
     };
-    for (key, holder) in [(WORKER_KEY, ""), (OTHER_KEY, ""), (OPS_KEY, "worker-7")] {
+    // An operator also reads what the unsettled grant was asked for: the action type and the
+    // params as sent (from the store's record, on either store).
+    for (key, holder, action_name, params) in [
+        (WORKER_KEY, "", "", ""),
+        (OTHER_KEY, "", "", ""),
+        (OPS_KEY, "worker-7", "pay", r#"{"n":1}"#),
+    ] {
         let view = client
             .get_action(authed(get.clone(), Some(key)))
             .await
             .unwrap()
             .into_inner();
         assert_eq!(view.holder, holder, "as {key}");
+        assert_eq!(
+            (view.action_name.as_str(), view.params_json.as_str()),
+            (action_name, params),
+            "as {key}"
+        );
     }
 }
 on_stores!(a_holder_name_is_no_credential: embedded, redis);

@@ -18,7 +18,10 @@ use crate::support::{
 #[test]
 fn a_test_server_starts_is_killed_and_recovers() {
     let mut server = PgServer::start();
-    server.psql("postgres", "CREATE TABLE t (v int); INSERT INTO t VALUES (7)");
+    server.psql(
+        "postgres",
+        "CREATE TABLE t (v int); INSERT INTO t VALUES (7)",
+    );
     server.kill();
     server.restart();
     assert_eq!(server.psql("postgres", "SELECT v FROM t"), "7");
@@ -98,12 +101,22 @@ async fn the_purge_forgets_expired_records_in_bounded_batches_and_keeps_unresolv
     let url = backend.postgres.clone().unwrap();
     let gate = TestGate::serve(backend, Policies::default()).await;
     let mut client = gate.client().await;
-    let done = token_request("agent", "run", "payments.transfer", r#"{"amount":1,"to":"a"}"#);
+    let done = token_request(
+        "agent",
+        "run",
+        "payments.transfer",
+        r#"{"amount":1,"to":"a"}"#,
+    );
     let (action, granted) = grant(&mut client, done).await;
     complete(&mut client, &action, &granted.token, b"ok")
         .await
         .unwrap();
-    let open = token_request("agent", "run", "payments.transfer", r#"{"amount":2,"to":"b"}"#);
+    let open = token_request(
+        "agent",
+        "run",
+        "payments.transfer",
+        r#"{"amount":2,"to":"b"}"#,
+    );
     grant(&mut client, open).await;
 
     let server = crate::support::postgres::shared();
@@ -186,9 +199,10 @@ async fn the_start_up_line_says_what_a_commit_promises_and_a_level_it_cannot_giv
         "{stderr}"
     );
 
-    let unsafe_server = tokio::task::spawn_blocking(|| PgServer::start_with(&["synchronous_commit = off"]))
-        .await
-        .unwrap();
+    let unsafe_server =
+        tokio::task::spawn_blocking(|| PgServer::start_with(&["synchronous_commit = off"]))
+            .await
+            .unwrap();
     let (code, stderr) = serve_exit(vec![
         "--postgres-url".into(),
         unsafe_server.url(),
@@ -226,7 +240,10 @@ async fn bad_postgres_settings_exit_with_what_to_fix() {
         (
             vec![
                 "--postgres-url".into(),
-                format!("postgresql://postgres@127.0.0.1:{}/postgres", crate::support::free_port()),
+                format!(
+                    "postgresql://postgres@127.0.0.1:{}/postgres",
+                    crate::support::free_port()
+                ),
             ],
             69,
             "check the host and port",

@@ -29,7 +29,9 @@ async fn own_server(extra: &'static [&'static str]) -> PgServer {
 }
 
 async fn store_on(server: &PgServer, options: PostgresOptions) -> PostgresStore {
-    PostgresStore::connect(&server.url(), options).await.unwrap()
+    PostgresStore::connect(&server.url(), options)
+        .await
+        .unwrap()
 }
 
 fn unavailable(result: Result<impl std::fmt::Debug, StoreError>) -> String {
@@ -112,9 +114,14 @@ async fn a_frozen_server_fails_the_call_at_its_deadline_and_grants_once_after() 
     // is granted, and a third is in progress, not granted again.
     let deadline = Instant::now() + Duration::from_secs(10);
     let first = loop {
-        match store.request_token(&key, &store_request("fp", "t2"), 0).await {
+        match store
+            .request_token(&key, &store_request("fp", "t2"), 0)
+            .await
+        {
             Ok(reply) => break reply,
-            Err(_) if Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
             Err(e) => panic!("{e}"),
         }
     };
@@ -151,7 +158,14 @@ async fn an_exhausted_pool_fails_closed_saying_so() {
     let (class, id) = action_lock(&held);
     // Another session holds the action's lock for 5 s.
     let mut holder = crate::support::postgres::program("psql")
-        .args(["-X", "-q", "-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args([
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &server.port.to_string(),
+        ])
         .args(["-U", "postgres", "-d", "postgres", "-c"])
         .arg(format!(
             "SELECT pg_advisory_lock({class}, {id}); SELECT pg_sleep(5)"
@@ -160,7 +174,11 @@ async fn an_exhausted_pool_fails_closed_saying_so() {
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while server.psql("postgres", "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == "0" {
+    while server.psql(
+        "postgres",
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'",
+    ) == "0"
+    {
         assert!(Instant::now() < deadline, "the lock was never taken");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -174,7 +192,11 @@ async fn an_exhausted_pool_fails_closed_saying_so() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let other = ActionKey::new("a", "r", "other");
-    let why = unavailable(store.request_token(&other, &store_request("fp", "t2"), 0).await);
+    let why = unavailable(
+        store
+            .request_token(&other, &store_request("fp", "t2"), 0)
+            .await,
+    );
     assert!(why.contains("no pooled connection"), "{why}");
     unavailable(waiting.await.unwrap());
     let _ = holder.kill();
@@ -182,9 +204,15 @@ async fn an_exhausted_pool_fails_closed_saying_so() {
     // Free again: the other action is granted.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match store.request_token(&other, &store_request("fp", "t3"), 0).await {
+        match store
+            .request_token(&other, &store_request("fp", "t3"), 0)
+            .await
+        {
             Ok(reply) => {
-                assert!(matches!(reply.result, Ok(TokenOutcome::Granted(..))), "{reply:?}");
+                assert!(
+                    matches!(reply.result, Ok(TokenOutcome::Granted(..))),
+                    "{reply:?}"
+                );
                 break;
             }
             Err(e) => {
@@ -199,7 +227,7 @@ async fn an_exhausted_pool_fails_closed_saying_so() {
 /// committed, so the store runs the step again, and the call succeeds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deadlocked_step_is_rolled_back_and_retried_inside_the_store() {
-    let server = own_server(&["deadlock_timeout = '200ms'"]).await;
+    let server = own_server(&["deadlock_timeout = '1s'"]).await;
     let store = store_on(&server, postgres_options()).await;
     let key = ActionKey::new("a", "r", "deadlock");
     store
@@ -207,17 +235,25 @@ async fn a_deadlocked_step_is_rolled_back_and_retried_inside_the_store() {
         .await
         .unwrap();
     let (class, id) = action_lock(&key);
-    // The other session locks the record's row, waits until the gate's step holds the action's
-    // lock and waits for that row, then asks for the action's lock: a cycle. Its own deadlock
-    // timeout is long, so the gate's step (200 ms) is the one the database rolls back.
+    // The other session locks the record's row; the gate's step then takes the action's lock and
+    // waits for that row; the other session asks for the action's lock: a cycle. The gate's step
+    // has waited longest when its deadlock timeout (1 s) comes, so the database rolls it back;
+    // the other session's own timeout is long, so it never checks first.
     let mut other = crate::support::postgres::program("psql")
-        .args(["-X", "-q", "-h", "127.0.0.1", "-p", &server.port.to_string()])
+        .args([
+            "-X",
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &server.port.to_string(),
+        ])
         .args(["-U", "postgres", "-d", "postgres", "-v", "ON_ERROR_STOP=1"])
         .args(["-c", "SET deadlock_timeout = '10s'"])
         .arg("-c")
         .arg(format!(
             "BEGIN; SELECT 1 FROM oncegate_records FOR UPDATE; \
-             SELECT pg_sleep(1); SELECT pg_advisory_xact_lock({class}, {id}); \
+             SELECT pg_sleep(0.3); SELECT pg_advisory_xact_lock({class}, {id}); \
              SELECT pg_sleep(0.2); COMMIT;"
         ))
         .stdout(std::process::Stdio::null())
@@ -230,7 +266,10 @@ async fn a_deadlocked_step_is_rolled_back_and_retried_inside_the_store() {
          WHERE c.relname = 'oncegate_records' AND l.mode = 'RowShareLock'",
     ) == "0"
     {
-        assert!(Instant::now() < deadline, "the other session never locked the row");
+        assert!(
+            Instant::now() < deadline,
+            "the other session never locked the row"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     let reply = store
@@ -255,7 +294,7 @@ async fn a_deadlocked_step_is_rolled_back_and_retried_inside_the_store() {
 /// grant back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_without_an_answer_is_reported_unknown_never_granted() {
-    let mut server = own_server(&["synchronous_standby_names = 'nobody'"]).await;
+    let mut server = own_server(&[]).await;
     let store = store_on(
         &server,
         PostgresOptions {
@@ -264,6 +303,9 @@ async fn a_commit_without_an_answer_is_reported_unknown_never_granted() {
         },
     )
     .await;
+    // Named after the start-up (whose migrations would wait too): from now on every commit waits
+    // for a standby that never comes.
+    tokio::task::block_in_place(|| server.reconfigure(&["synchronous_standby_names = 'nobody'"]));
     let key = ActionKey::new("a", "r", "unknown");
     let mut request = store_request("fp", "t1");
     request.holder = "worker-1".into();
@@ -273,10 +315,17 @@ async fn a_commit_without_an_answer_is_reported_unknown_never_granted() {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let view = store.get(&key).await.unwrap();
-        if view.result.as_ref().is_ok_and(|v| v.state != oncegate_domain::ledger::State::Absent) {
+        if view
+            .result
+            .as_ref()
+            .is_ok_and(|v| v.state != oncegate_domain::ledger::State::Absent)
+        {
             break;
         }
-        assert!(Instant::now() < deadline, "the step never became visible: {view:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the step never became visible: {view:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut retry = store_request("fp", "t2");
@@ -309,7 +358,9 @@ async fn an_undecodable_row_fails_its_action_alone() {
     let db = url.rsplit('/').next().unwrap();
     crate::support::postgres::shared().psql(
         db,
-        &format!("UPDATE oncegate_records SET record = '\\xc1'::bytea WHERE key = '\\x{hex}'::bytea"),
+        &format!(
+            "UPDATE oncegate_records SET record = '\\xc1'::bytea WHERE key = '\\x{hex}'::bytea"
+        ),
     );
     let status = client.request_token(broken_request).await.unwrap_err();
     expect_error(&status, Code::Internal, "INTERNAL");

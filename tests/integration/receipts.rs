@@ -192,6 +192,42 @@ async fn completions_form_one_chain_per_agent(kind: Kind) {
     let b = export(&mut admin, "billing-b").await;
     assert_eq!(b.len(), 1);
     assert!(verify_chain(&keys, "billing-b", &b).problems.is_empty());
+    // Its one entry is a signed head now (the export sealed it); what returns the stored
+    // completion gives its place and no statement (CONTRACT §4.x): the chain gives statements.
+    assert!(!b[0].statement.is_empty(), "a signed head");
+    let replayed = client
+        .request_token(authed(other, Some(OPS_KEY)))
+        .await
+        .unwrap()
+        .into_inner()
+        .completion
+        .unwrap();
+    let repeated = complete_as(&mut client, &action, &grant.token, b"b", Some(OPS_KEY))
+        .await
+        .unwrap();
+    let got = client
+        .get_action(authed(
+            pb::GetActionRequest {
+                action: Some(action.clone()),
+            },
+            Some(OPS_KEY),
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .completion
+        .unwrap();
+    for (what, completion) in [
+        ("replay", &replayed),
+        ("repeated Complete", &repeated),
+        ("GetAction", &got),
+    ] {
+        assert_eq!(
+            (completion.seq, completion.statement.as_str()),
+            (1, ""),
+            "{what}"
+        );
+    }
 }
 on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] completions_form_one_chain_per_agent: embedded, redis, cluster, postgres);
 

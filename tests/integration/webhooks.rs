@@ -719,6 +719,53 @@ fn a_webhook_whose_secret_variable_is_unset_is_a_bad_configuration() {
     );
 }
 
+/// An audit sink subscribed to decisions only gets the decision, never the params it was about
+/// (they travel only in `approval.requested`, to the approvers).
+async fn a_receiver_of_decisions_alone_gets_no_params(kind: Kind) {
+    let receiver = Receiver::start(Answer::Ok).await;
+    let dir = TempDir::new().unwrap();
+    let hook = webhook(
+        &receiver.url(),
+        "[\"approval.decided\"]",
+        &format!("secrets = [\"{SECRET}\"]"),
+    );
+    let (gate, _) =
+        TestGate::serve_with_webhooks(backend(kind).await, config(&gate_config(&dir, &hook))).await;
+    let mut client = gate.client().await;
+    let mut admin = gate.admin().await;
+    let (held, approval_id) = hold(&mut client, "/home/payroll/secret.xlsx").await;
+    admin
+        .decide_approval(authed(
+            pb::DecideApprovalRequest {
+                action: Some(held),
+                approval_id: approval_id.clone(),
+                approve: false,
+                note: "not this one".into(),
+            },
+            Some(OPS_KEY),
+        ))
+        .await
+        .unwrap();
+    let got = receiver.wait_for_type("approval.decided").await;
+    let body = cloudevent(&got[0], "approval.decided");
+    assert_eq!(body["data"]["approval_id"], approval_id.as_str());
+    assert_eq!(body["data"]["decision"], "denied");
+    assert_eq!(body["data"]["action"], "files.delete");
+    assert!(body["data"].get("params").is_none(), "{body}");
+    let every = receiver.deliveries();
+    assert!(
+        every.iter().all(|d| !d.body.contains("secret.xlsx")),
+        "no delivery carries a param's value: {every:#?}"
+    );
+    assert!(
+        every
+            .iter()
+            .all(|d| d.json()["type"] == "dev.oncegate.approval.decided"),
+        "subscribed to decisions only, it got no approval.requested: {every:#?}"
+    );
+}
+on_stores!(a_receiver_of_decisions_alone_gets_no_params: embedded, redis);
+
 async fn budget_refusals_come_as_one_event_with_their_count(kind: Kind) {
     const REFUSALS: usize = 5;
     let receiver = Receiver::start(Answer::Ok).await;

@@ -1,16 +1,22 @@
 """Approvals asked in the chat: a gated tool call the gate holds for approval is asked
 of the person in the session through `elicitation/create` when their client supports it. Accepted:
 the gateway approves and the call runs once; declined or cancelled: the gate records a denial and
-nothing runs. A client without elicitation gets the approval id. Over stdio and Streamable HTTP,
-on the in-process gate and on a gate server with the gateway's own approver key."""
+nothing runs. A client without elicitation gets the approval id and the command that approves it;
+the in-process gate serves its admin socket (and its console when asked), so an operator approves
+it there and the call then runs once. Over stdio and Streamable HTTP, on the in-process gate and on
+a gate server with the gateway's own approver key."""
 
 from __future__ import annotations
 
+import re
+import shlex
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import mcp.types as types
 import pytest
-from conftest import AGENT_KEY, GATE_CONFIG, World, sha256
+from conftest import AGENT_KEY, GATE_CONFIG, World, free_port, sha256
 from mcp import Client
 from test_gateway import content, meta
 
@@ -150,3 +156,57 @@ async def test_through_a_gate_server_the_gateway_decides_as_its_approver(world: 
         held = await session.call_tool("transfer", {"to": "DE89", "amount": 400})
     assert held.is_error and "pending approval" in content(held)[0]["text"]
     assert unasked.asked == [] and len(world.effects()) == 1
+
+
+async def test_an_operator_approves_on_the_admin_socket_and_the_call_runs_once(world: World) -> None:
+    """The in-process gate serves its admin socket while the gateway runs: the held call's answer
+    names the command an operator runs, `oncegate admin approve` on the socket approves it, and
+    the same call then runs once (a client without elicitation: nobody in the chat decides)."""
+    in_process_config(world)
+    data = str(world.dir / "gateway-data")
+    async with client(world, "stdio", None) as session:
+        held = await session.call_tool("transfer", {"to": "DE89", "amount": 500})
+        told = content(held)[0]["text"]
+        assert held.is_error and "an operator must approve this call" in told, told
+        command = re.search(r"`(oncegate admin approve [^`]+)`", told)
+        assert command, told
+        # The operator on this machine: the gateway's data directory holds the socket.
+        code, listed = world.cli("admin", "--data-dir", data, "list-approvals", "--agent", "mcp")
+        assert code == 0, listed
+        (pending,) = listed["approvals"]
+        assert pending["state"] == "PENDING" and pending["params"] == {"to": "DE89", "amount": 500}
+        args = shlex.split(command.group(1))[1:]
+        assert args[args.index("--id") + 1] == pending["id"]
+        code, approved = world.cli(*args, "--data-dir", data, "--note", "invoice checked")
+        assert code == 0, approved
+        assert world.effects() == [], "approving runs nothing by itself"
+        ran = await session.call_tool("transfer", {"to": "DE89", "amount": 500})
+        again = await session.call_tool("transfer", {"to": "DE89", "amount": 500})
+    assert not ran.is_error, content(ran)
+    assert len(world.effects()) == 1, "the approved call ran once"
+    assert meta(again)["oncegate/replayed"] is True and content(again) == content(ran)
+    # The socket goes with the gateway.
+    assert not (world.dir / "gateway-data" / "admin.sock").exists()
+
+
+async def test_the_in_process_gate_serves_its_console_when_asked(world: World) -> None:
+    """`--console-listen`, as on `oncegate serve`: a code from `oncegate admin console-login` on
+    the gateway's admin socket opens a console session that lists the held call."""
+    in_process_config(world)
+    data = str(world.dir / "gateway-data")
+    port = free_port()
+    url = world.start_http_gateway("--run-id", "chat-3", "--console-listen", f"127.0.0.1:{port}")
+    async with Client(url) as session:
+        held = await session.call_tool("transfer", {"to": "DE89", "amount": 700})
+    assert held.is_error
+    code, login = world.cli("admin", "--data-dir", data, "console-login")
+    assert code == 0, login
+    assert login["principal"] == "local-operator"
+    cookies = urllib.request.HTTPCookieProcessor()
+    browser = urllib.request.build_opener(cookies)
+    form = urllib.parse.urlencode({"credential": login["code"]}).encode()
+    with browser.open(f"http://127.0.0.1:{port}/login", data=form, timeout=10) as page:
+        assert page.url.endswith("/approvals"), page.url
+    with browser.open(f"http://127.0.0.1:{port}/approvals?agent=mcp", timeout=10) as page:
+        html = page.read().decode()
+    assert "transfer" in html and "PENDING" in html and "700" in html, html

@@ -7,6 +7,8 @@ count as much as the others: a cycle drawn only for the type checker is still a 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -51,10 +53,14 @@ LAYERS: list[set[str]] = [
     {"oncegate.aio.local_gate"},
     {"oncegate.aio"},
     {"oncegate.integrations.messages"},
+    {"oncegate.integrations.temporal.failures", "oncegate.integrations.temporal.payloads"},
     {
         "oncegate.integrations.openai_agents",
         "oncegate.integrations.langgraph",
         "oncegate.integrations.pydantic_ai",
+        "oncegate.integrations.temporal",
+        "oncegate.integrations.temporal.testing",
+        "oncegate.integrations.celery",
     },
     {"oncegate.integrations"},
     {"oncegate"},
@@ -101,6 +107,17 @@ SOURCES = {
 
 def test_every_module_has_a_layer() -> None:
     assert set(SOURCES) | NATIVE == set(RANK)
+
+
+def test_the_client_imports_no_framework_or_orchestrator() -> None:
+    """The adapters' dependencies are optional extras: importing the clients loads none of them."""
+    script = (
+        "import sys, oncegate, oncegate.aio, oncegate.integrations; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'temporalio', 'celery', 'redis', 'agents', 'langgraph', 'langchain_core', 'pydantic_ai'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
 
 
 def test_only_the_native_module_loads_the_extension() -> None:

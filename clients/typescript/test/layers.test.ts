@@ -27,7 +27,9 @@ const LAYERS: string[][] = [
   ["guard/heartbeat"],
   ["guard/run-once"],
   ["client", "resolver"],
-  ["index"],
+  ["temporal/failures"],
+  ["temporal/interceptor"],
+  ["index", "temporal/index"],
 ];
 const RANK = new Map(LAYERS.flatMap((layer, rank) => layer.map((module): [string, number] => [module, rank])));
 

@@ -8,7 +8,9 @@
 //! [`ClientError::AlreadySettled`] or [`ClientError::AlreadyCompleted`], and moves on). A lookup
 //! that answers [`Lookup::Unknown`], fails or takes longer than the timeout leaves the action for
 //! a person (it stays listed, counted and notified); it is logged. The stream is reopened with
-//! backoff when it breaks.
+//! backoff when it breaks, and also when a settlement failed in a way that may pass (the gate or
+//! its store unavailable, a rate limit): the stream sends an action once, so only a reopened one
+//! (which sends every action unresolved at that moment) brings that action back to be settled.
 //!
 //! The resolver's principal needs the `resolver` role (or `operator`) for the agents it settles.
 
@@ -140,6 +142,9 @@ pub struct Resolver {
     backoff: (Duration, Duration),
     note: String,
     busy: Arc<Mutex<HashSet<GrantId>>>,
+    /// Set when a settlement failed in a way that may pass: the stream is reopened to get the
+    /// action again.
+    reopen: Arc<tokio::sync::Notify>,
 }
 
 impl Resolver {
@@ -154,6 +159,7 @@ impl Resolver {
             backoff: (Duration::from_millis(200), Duration::from_secs(30)),
             note: "resolver: provider lookup by provider key".into(),
             busy: Arc::default(),
+            reopen: Arc::default(),
         }
     }
 
@@ -215,8 +221,13 @@ impl Resolver {
         if !self.lock().insert(busy.clone()) {
             return Settled::Left("already being settled here".into());
         }
-        let settled = self.settle_once(&u).await;
+        let (settled, passing) = self.settle_once(&u).await;
         self.lock().remove(&busy);
+        if passing {
+            // The stream will not send this action again by itself: reopen it (after the
+            // backoff), and the gate sends it again with everything still unresolved.
+            self.reopen.notify_one();
+        }
         match &settled {
             Settled::Left(why) => tracing::warn!(
                 agent_id = %busy.0, run_id = %busy.1, key = %busy.2, fencing = u.fencing,
@@ -234,17 +245,20 @@ impl Resolver {
         self.busy.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    async fn settle_once(&self, u: &Unresolved) -> Settled {
+    /// What became of `u`, and whether the settlement failed in a way that may pass (then the
+    /// stream is reopened to settle it again).
+    async fn settle_once(&self, u: &Unresolved) -> (Settled, bool) {
+        let left = |why: String| (Settled::Left(why), false);
         let Some(lookup) = self.lookups.get(&u.action_name) else {
-            return Settled::Left(format!("no lookup for action {:?}", u.action_name));
+            return left(format!("no lookup for action {:?}", u.action_name));
         };
         let answer = match tokio::time::timeout(self.timeout, lookup(u.clone())).await {
-            Err(_) => return Settled::Left(format!("the lookup took over {:?}", self.timeout)),
-            Ok(Err(e)) => return Settled::Left(format!("the lookup failed: {e}")),
+            Err(_) => return left(format!("the lookup took over {:?}", self.timeout)),
+            Ok(Err(e)) => return left(format!("the lookup failed: {e}")),
             Ok(Ok(answer)) => answer,
         };
         let (resolution, receipt, format, done) = match answer {
-            Lookup::Unknown => return Settled::Left("the provider cannot tell".into()),
+            Lookup::Unknown => return left("the provider cannot tell".into()),
             Lookup::Failed => (
                 pb::Resolution::Failed,
                 Vec::new(),
@@ -267,20 +281,31 @@ impl Resolver {
             expected_fencing: u.fencing,
         });
         match self.admin.clone().resolve_expired(request).await {
-            Ok(_) => done,
+            Ok(_) => (done, false),
             Err(status) => match ClientError::from_status(&status) {
                 ClientError::AlreadySettled { .. } | ClientError::AlreadyCompleted => {
-                    Settled::ByOther
+                    (Settled::ByOther, false)
                 }
-                e => Settled::Left(format!("the settlement failed: {e}")),
+                e => {
+                    let passing = e.is_retryable();
+                    let why = match passing {
+                        true => {
+                            format!("the settlement failed: {e}; reopening the stream to try again")
+                        }
+                        false => format!("the settlement failed: {e}"),
+                    };
+                    (Settled::Left(why), passing)
+                }
             },
         }
     }
 
     /// Follows the gate's unresolved actions and settles each, until `shutdown` completes; a
     /// broken stream is reopened after a backoff that doubles up to its maximum (and starts
-    /// again once a stream delivers). Each action is settled on its own task, so a slow lookup
-    /// does not hold up the others.
+    /// again once a stream delivers), and so is one whose settlement failed in a way that may
+    /// pass ([`ClientError::is_retryable`]: the gate or its store unavailable, a rate limit), so
+    /// that the gate sends that action again. Each action is settled on its own task, so a slow
+    /// lookup does not hold up the others.
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         tokio::select! {
             () = self.follow() => {}
@@ -293,7 +318,15 @@ impl Resolver {
         loop {
             match self.stream().await {
                 Ok(mut stream) => loop {
-                    match stream.message().await {
+                    let message = tokio::select! {
+                        message = stream.message() => message,
+                        () = self.reopen.notified() => {
+                            tracing::info!("a settlement failed and may pass: reopening the \
+                                unresolved stream, which sends that action again");
+                            break;
+                        }
+                    };
+                    match message {
                         Ok(Some(message)) => {
                             wait = self.backoff.0;
                             let Some(action) = message.action else {

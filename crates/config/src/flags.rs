@@ -280,9 +280,11 @@ impl ServeArgs {
             || !self.redis_sentinels.is_empty();
         if self.postgres_url.is_some() {
             if redis {
-                return Err("set either --postgres-url or a Redis topology (--redis-url, \
+                return Err(
+                    "set either --postgres-url or a Redis topology (--redis-url, \
                             --redis-cluster-nodes, --redis-sentinels), not both"
-                    .into());
+                        .into(),
+                );
             }
             return Ok(None);
         }

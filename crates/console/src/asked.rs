@@ -3,7 +3,10 @@
 
 use std::{collections::HashMap, sync::Arc};
 
-use super::{Console, session::Session};
+use super::{
+    Console,
+    session::{Flash, Session},
+};
 use oncegate_grpc::auth::Principal;
 
 /// A parsed form or query string (the first value of each name).
@@ -23,11 +26,21 @@ pub struct Asked<'a> {
     pub session: &'a Session,
     pub session_id: &'a str,
     pub query: Fields,
-    pub flash: Option<String>,
+    pub flash: Option<Flash>,
 }
 
 impl Asked<'_> {
     pub fn principal(&self) -> &Arc<Principal> {
         &self.session.principal
+    }
+
+    /// What the person typed into the form the gate just refused, if `wanted` says it is this
+    /// form (matching its hidden fields): the page fills the form in again with it.
+    pub fn typed(&self, wanted: &[(&str, &str)]) -> Option<&Fields> {
+        let flash = self.flash.as_ref().filter(|f| f.refused)?;
+        wanted
+            .iter()
+            .all(|(name, value)| flash.typed.get(*name).map(String::as_str) == Some(*value))
+            .then_some(&flash.typed)
     }
 }

@@ -74,7 +74,8 @@ pub struct Frame<'a> {
     pub csrf: &'a str,
     /// Whether the principal reads more than approvals (an operator).
     pub reads: bool,
-    pub flash: Option<&'a str>,
+    /// What the last form did, and whether it was refused (then shown as an error).
+    pub flash: Option<(&'a str, bool)>,
 }
 
 /// A whole logged-in page.
@@ -90,10 +91,18 @@ pub fn page(frame: &Frame<'_>, body: &str) -> String {
         };
         let _ = write!(nav, "<a href=\"{path}\"{current}>{title}</a>");
     }
-    let flash = frame
-        .flash
-        .map(|m| format!("<p class=\"flash\" role=\"status\">{}</p>", esc(m)))
-        .unwrap_or_default();
+    // A refusal is an error a screen reader announces at once, never a success-styled note.
+    let flash = match frame.flash {
+        Some((message, false)) => format!(
+            "<p class=\"flash\" id=\"flash\" role=\"status\">{}</p>",
+            esc(message)
+        ),
+        Some((message, true)) => format!(
+            "<p class=\"flash refused\" id=\"flash\" role=\"alert\">{}</p>",
+            esc(message)
+        ),
+        None => String::new(),
+    };
     format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
@@ -143,7 +152,7 @@ h2 { font-size: 1.05rem; margin: 0 0 .5rem; }
 .muted { color: var(--muted); }
 .note { color: var(--muted); font-size: .9rem; margin: 0 0 1rem; }
 .flash { background: #dafbe1; border: 1px solid #aceebb; padding: .5rem .8rem; border-radius: 6px; }
-.error { background: #ffebe9; border: 1px solid #ffcecb; padding: .5rem .8rem; border-radius: 6px; }
+.error, .flash.refused { background: #ffebe9; border: 1px solid #ffcecb; padding: .5rem .8rem; border-radius: 6px; color: var(--bad); }
 .card { background: #fff; border: 1px solid var(--line); border-radius: 8px; padding: 1rem; margin: 0 0 1rem; }
 dl { display: grid; grid-template-columns: max-content 1fr; gap: .2rem 1rem; margin: 0 0 .8rem; }
 dt { color: var(--muted); }

@@ -45,7 +45,37 @@ pub struct Sessions {
 struct Entry {
     session: Session,
     /// What the last action did, shown once on the next page.
-    flash: Option<String>,
+    flash: Option<Flash>,
+}
+
+/// What a form did, shown once on the next page: a success, or a refusal (shown as an error) with
+/// what the person typed, so that the form comes back filled in rather than empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Flash {
+    pub message: String,
+    /// Whether it is a refusal: nothing was changed.
+    pub refused: bool,
+    /// The refused form's fields, as typed (empty after a success).
+    pub typed: HashMap<String, String>,
+}
+
+impl Flash {
+    /// A form that did what it said.
+    pub fn done(message: String) -> Self {
+        Self {
+            message,
+            ..Self::default()
+        }
+    }
+
+    /// A form the gate refused: nothing changed, and `typed` fills it in again.
+    pub fn refused(message: String, typed: HashMap<String, String>) -> Self {
+        Self {
+            message,
+            refused: true,
+            typed,
+        }
+    }
 }
 
 /// 32 random bytes as hex.
@@ -91,7 +121,7 @@ impl Sessions {
     }
 
     /// The live session of the cookie value `id`, with its message (taken: shown once).
-    pub fn find(&self, id: &str) -> Option<(Session, Option<String>)> {
+    pub fn find(&self, id: &str) -> Option<(Session, Option<Flash>)> {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         let key = digest(id);
         let entry = open.get_mut(&key)?;
@@ -102,11 +132,11 @@ impl Sessions {
         Some((entry.session.clone(), entry.flash.take()))
     }
 
-    /// Leaves `message` for the session's next page.
-    pub fn flash(&self, id: &str, message: String) {
+    /// Leaves `flash` for the session's next page.
+    pub fn flash(&self, id: &str, flash: Flash) {
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = open.get_mut(&digest(id)) {
-            entry.flash = Some(message);
+            entry.flash = Some(flash);
         }
     }
 
@@ -129,8 +159,11 @@ mod tests {
         assert!(flash.is_none());
         assert!(session.csrf_matches(&session.csrf.clone()));
         assert!(!session.csrf_matches("") && !session.csrf_matches("x"));
-        sessions.flash(&id, "done".into());
-        assert_eq!(sessions.find(&id).unwrap().1.as_deref(), Some("done"));
+        sessions.flash(&id, Flash::done("done".into()));
+        assert_eq!(
+            sessions.find(&id).unwrap().1,
+            Some(Flash::done("done".into()))
+        );
         assert!(sessions.find(&id).unwrap().1.is_none(), "shown once");
         assert!(sessions.find("other").is_none());
         sessions.end(&id);

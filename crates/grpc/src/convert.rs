@@ -166,6 +166,8 @@ pub fn action_view(key: &ActionKey, view: ledger::ActionView) -> pb::GetActionRe
         holder: view.holder,
         token: view.token,
         provider_key: key.provider_key(),
+        action_name: view.action,
+        params_json: view.params,
     }
 }
 

@@ -150,6 +150,48 @@ impl Drop for AdminSocket {
     }
 }
 
+/// The admin socket served on its own, for a gate in a process that serves no gRPC listener (the
+/// MCP gateway's in-process gate): both services to the local operator, exactly as `oncegate
+/// serve` serves them there, so that `oncegate admin` on the machine reaches that gate. Dropped,
+/// it stops serving and removes its socket file.
+pub struct AdminSocketServer {
+    task: tokio::task::JoinHandle<()>,
+    _socket: AdminSocket,
+    // Kept so that the services' sessions see no drain until the socket goes.
+    _draining: tokio::sync::watch::Sender<bool>,
+}
+
+impl AdminSocketServer {
+    /// Binds `path` (as `oncegate serve` binds its admin socket) and serves `gate` on it with
+    /// `options`' limits and console login codes. `None` when another live gate serves the
+    /// socket already.
+    pub fn start(
+        path: &std::path::Path,
+        gate: &Gate,
+        options: &ServerOptions,
+    ) -> Result<Option<Self>, ServeError> {
+        let Some(mut socket) = AdminSocket::bind(path)? else {
+            return Ok(None);
+        };
+        let (draining_tx, draining) = tokio::sync::watch::channel(false);
+        let layer = RpcLayer::new(gate.metrics().clone());
+        let Some(task) = socket.serve(gate, options, layer, draining) else {
+            return Ok(None);
+        };
+        Ok(Some(Self {
+            task,
+            _socket: socket,
+            _draining: draining_tx,
+        }))
+    }
+}
+
+impl Drop for AdminSocketServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Every listener of a server, bound before it serves: the gRPC listener it is given, and the
 /// health-only listener and the admin socket its options ask for. Bound first, a port in use or
 /// an unusable socket path fails the start, before the gate says it serves.

@@ -259,6 +259,9 @@ impl ActionGateService for GateService {
                 // LEASE_EXPIRED_UNRESOLVED, as the one who may reconcile it.)
                 view.holder.clear();
                 view.token.clear();
+                // What the unsettled grant was asked for is what an operator reconciles with.
+                view.action.clear();
+                view.params.clear();
             }
             Ok(action_view(&key, view))
         })

@@ -301,24 +301,26 @@ fn budget_exceeded(over: &OverBudget) -> Wire {
     }
 }
 
-/// A duration as a person reads it: `23 h 59 min`, `4 min 10 s`, `12 s`, `350 ms`.
+/// A duration as a person reads it, exactly: every unit that is not zero, from days down to
+/// milliseconds (`23 h 59 min 12 s`, `1 d 24 min`, `4 min 10 s 350 ms`, `0 ms`), so that the
+/// message never rounds a wait away (RetryInfo and `retry_after_ms` carry the same number).
 fn human_duration(ms: Millis) -> String {
     let ms = ms.max(0);
-    let (d, h, m, s) = (
-        ms / 86_400_000,
-        ms / 3_600_000 % 24,
-        ms / 60_000 % 60,
-        ms / 1000 % 60,
-    );
-    match (d, h, m, s) {
-        (0, 0, 0, 0) => format!("{ms} ms"),
-        (0, 0, 0, s) => format!("{s} s"),
-        (0, 0, m, 0) => format!("{m} min"),
-        (0, 0, m, s) => format!("{m} min {s} s"),
-        (0, h, 0, _) => format!("{h} h"),
-        (0, h, m, _) => format!("{h} h {m} min"),
-        (d, 0, _, _) => format!("{d} d"),
-        (d, h, _, _) => format!("{d} d {h} h"),
+    let parts = [
+        (ms / 86_400_000, "d"),
+        (ms / 3_600_000 % 24, "h"),
+        (ms / 60_000 % 60, "min"),
+        (ms / 1000 % 60, "s"),
+        (ms % 1000, "ms"),
+    ];
+    let named: Vec<String> = parts
+        .iter()
+        .filter(|(n, _)| *n != 0)
+        .map(|(n, unit)| format!("{n} {unit}"))
+        .collect();
+    match named.is_empty() {
+        true => "0 ms".to_owned(),
+        false => named.join(" "),
     }
 }
 
@@ -391,4 +393,25 @@ fn rate_limited(retry_after: Duration) -> Wire {
     )
     .meta("retry_after_ms", ms)
     .retry_after(retry_after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_duration;
+
+    #[test]
+    fn a_duration_is_written_exactly() {
+        for (ms, shown) in [
+            (0, "0 ms"),
+            (350, "350 ms"),
+            (12_000, "12 s"),
+            (250_350, "4 min 10 s 350 ms"),
+            (86_352_000, "23 h 59 min 12 s"),
+            (86_400_000, "1 d"),
+            (87_840_000, "1 d 24 min"),
+            (90_061_001, "1 d 1 h 1 min 1 s 1 ms"),
+        ] {
+            assert_eq!(human_duration(ms), shown, "{ms} ms");
+        }
+    }
 }

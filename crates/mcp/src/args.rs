@@ -68,6 +68,28 @@ pub struct McpArgs {
     #[arg(long, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR)]
     pub data_dir: PathBuf,
 
+    /// The in-process gate's admin socket, as `oncegate serve` serves it: a Unix socket (mode
+    /// 0600) on which this machine's user of the gateway is the operator, so that `oncegate admin
+    /// approve` (and every admin command) reaches the gate while the gateway runs. Default:
+    /// <data-dir>/admin.sock. Ignored with --gate (that gate serves its own).
+    #[arg(
+        long,
+        env = "ONCEGATE_ADMIN_SOCKET",
+        conflicts_with = "no_admin_socket"
+    )]
+    pub admin_socket: Option<PathBuf>,
+
+    /// Serve no admin socket for the in-process gate (then nobody can approve a held call but
+    /// the person in the chat, through elicitation).
+    #[arg(long, env = "ONCEGATE_NO_ADMIN_SOCKET")]
+    pub no_admin_socket: bool,
+
+    /// The operator console of the in-process gate, as `oncegate serve --console-listen`: web
+    /// pages for approvals and unresolved actions, plain HTTP on a loopback address (e.g.
+    /// 127.0.0.1:7480); log in with a code from `oncegate admin console-login`. Off when unset.
+    #[arg(long, env = "ONCEGATE_CONSOLE_LISTEN", conflicts_with = "gate")]
+    pub console_listen: Option<SocketAddr>,
+
     /// The agent the gateway acts for (else `[mcp] agent_id`, else "mcp"). With --gate and API
     /// keys, one of the principal's agents.
     #[arg(long, env = "ONCEGATE_AGENT_ID")]

@@ -271,11 +271,15 @@ impl Seen<'_> {
                     "the tool ran but Complete was not acknowledged; the lease will expire unresolved");
                 executed(result)
             }
+            // The model relays this to a person: what to run to approve it (the in-process
+            // gate serves its admin socket; a gate server's operator runs it against that gate).
             Err(GuardError::PendingApproval { approval }) => Ok(answers::refused(
                 "REFUSED",
                 &format!(
-                    "pending approval {} ({}): an operator must approve this call",
-                    approval.id, approval.reason
+                    "pending approval {} ({}): an operator must approve this call (`oncegate \
+                     admin approve --agent {} --run {} --key {} --id {}`, or the operator \
+                     console), then call it again with the same arguments: it runs once",
+                    approval.id, approval.reason, key.agent_id, key.run_id, key.key, approval.id
                 ),
             )),
             Err(GuardError::InProgressBeyondWait { .. }) => {

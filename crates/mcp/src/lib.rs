@@ -20,6 +20,7 @@ pub mod gate;
 pub mod handler;
 pub mod identity;
 pub mod metrics;
+pub mod operator;
 pub mod sent;
 pub mod serve;
 pub mod session;
@@ -57,6 +58,9 @@ pub struct Shared {
     /// How the gateway decides a held call the person in the session answered; `None`: it
     /// cannot (a gate server and no `--approver-api-key`).
     pub approver: Option<approve::Approver>,
+    /// The in-process gate's admin socket and console, served while the gateway runs (`None`
+    /// with `--gate`).
+    pub operator: Option<operator::LocalOperator>,
 }
 
 /// Runs `oncegate mcp` until its client goes away (stdio) or SIGINT/SIGTERM (HTTP).
@@ -95,8 +99,11 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
     let mut registry = Registry::default();
     let gateway_metrics = metrics::GatewayMetrics::register(&mut registry);
-    let (gate, approver) = match &args.gate {
-        Some(url) => remote_gate(url, args)?,
+    let (gate, approver, local_operator) = match &args.gate {
+        Some(url) => {
+            let (gate, approver) = remote_gate(url, args)?;
+            (gate, approver, None)
+        }
         None => {
             let gate = local_gate(
                 args,
@@ -105,8 +112,16 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
                 &mut registry,
             )
             .await?;
-            let approver = approve::Approver::Local(gate.0.clone());
-            (gate::GateLink::Local(gate), Some(approver))
+            // A held call must be approvable by an operator while the gateway runs: the admin
+            // socket (and the console, when asked), as `oncegate serve` serves them.
+            let (gate, local_operator) =
+                operator::start(args, gate.0, file.principals.clone()).await?;
+            let approver = approve::Approver::Local(gate.clone());
+            (
+                gate::GateLink::Local(gate::LocalGate(gate)),
+                Some(approver),
+                Some(local_operator),
+            )
         }
     };
     if let Some(addr) = args.metrics_listen {
@@ -135,6 +150,7 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         unknowns: unknown::Unknowns::default(),
         metrics: gateway_metrics,
         approver,
+        operator: local_operator,
     })
 }
 

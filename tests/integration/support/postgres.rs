@@ -4,8 +4,8 @@
 //! trust authentication from 127.0.0.1 and the socket only. It never touches a PostgreSQL already
 //! running on the machine (that one's port and socket are never used).
 //!
-//! Its processes are one process group, stopped on drop; a watchdog process kills the group when
-//! the test process dies without dropping it (a SIGKILLed test run, or a server kept in a
+//! Its processes (the postmaster and its children, by pid) are stopped on drop; a watchdog process
+//! kills them when the test process dies without dropping it (a SIGKILLed test run, or a server kept in a
 //! `static`). As root (the CI), the server runs as the `postgres` user, since PostgreSQL refuses
 //! to run as root.
 //!
@@ -158,7 +158,10 @@ impl PgServer {
     fn write_conf(&self) {
         let mut conf = vec![
             "listen_addresses = '127.0.0.1'".to_owned(),
-            format!("unix_socket_directories = '{}'", self.socket_dir().display()),
+            format!(
+                "unix_socket_directories = '{}'",
+                self.socket_dir().display()
+            ),
             "fsync = on".into(),
             "synchronous_commit = on".into(),
             "max_connections = 300".into(),
@@ -191,7 +194,8 @@ impl PgServer {
     fn spawn(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("server.log")).unwrap();
         if let Some((uid, gid)) = server_user() {
-            let _ = std::os::unix::fs::chown(self.dir.path().join("server.log"), Some(uid), Some(gid));
+            let _ =
+                std::os::unix::fs::chown(self.dir.path().join("server.log"), Some(uid), Some(gid));
         }
         let child = program("postgres")
             .arg("-D")
@@ -208,7 +212,8 @@ impl PgServer {
         self.watchdog = Command::new("sh")
             .arg("-c")
             .arg(format!(
-                "while kill -0 {} 2>/dev/null; do sleep 1; done; kill -KILL -{group} 2>/dev/null",
+                "while kill -0 {} 2>/dev/null; do sleep 1; done; \
+                 kill -KILL $(ps -o pid= --ppid {group}) {group} 2>/dev/null",
                 std::process::id()
             ))
             .stdin(Stdio::null())
@@ -237,7 +242,11 @@ impl PgServer {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("postgres on port {} did not start: {}", self.port, self.log());
+        panic!(
+            "postgres on port {} did not start: {}",
+            self.port,
+            self.log()
+        );
     }
 
     /// The server's log so far.
@@ -245,23 +254,48 @@ impl PgServer {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
     }
 
-    /// The postmaster's pid (its process group's id), while it runs.
+    /// The postmaster's pid, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
 
-    fn signal_group(&self, signal: &str) {
-        if let Some(pid) = self.pid() {
-            let _ = Command::new("kill")
-                .args([signal, "--", &format!("-{pid}")])
-                .status();
+    /// The postmaster and every process it forked (its backends and helpers, each of which
+    /// PostgreSQL puts in a session of its own, so a signal to the group would miss them).
+    fn processes(&self) -> Vec<u32> {
+        let Some(pid) = self.pid() else {
+            return Vec::new();
+        };
+        let mut out = vec![pid];
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let Ok(child) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                    continue;
+                };
+                let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+                // pid (comm) state ppid ...: the fields after the last ')'.
+                let parent = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .and_then(|p| p.parse::<u32>().ok());
+                if parent == Some(pid) {
+                    out.push(child);
+                }
+            }
+        }
+        out
+    }
+
+    fn signal_all(&self, signal: &str) {
+        let pids: Vec<String> = self.processes().iter().map(u32::to_string).collect();
+        if !pids.is_empty() {
+            let _ = Command::new("kill").arg(signal).args(&pids).status();
         }
     }
 
-    /// Kills every process of the server (SIGKILL to its group) and waits for the postmaster: a
+    /// Kills every process of the server (SIGKILL) and waits for the postmaster: a
     /// crash, as far as the data directory knows.
     pub fn kill(&mut self) {
-        self.signal_group("-KILL");
+        self.signal_all("-KILL");
         self.reap();
     }
 
@@ -301,12 +335,12 @@ impl PgServer {
 
     /// Freezes every process of the server (SIGSTOP): connections stay open, nothing answers.
     pub fn pause(&self) {
-        self.signal_group("-STOP");
+        self.signal_all("-STOP");
     }
 
     /// Thaws a paused server (SIGCONT).
     pub fn resume(&self) {
-        self.signal_group("-CONT");
+        self.signal_all("-CONT");
     }
 
     /// Runs `sql` in database `db` with `psql` over the socket; its output, unaligned, tuples
@@ -334,8 +368,7 @@ impl PgServer {
 
 impl Drop for PgServer {
     fn drop(&mut self) {
-        // Thawed first: a stopped process group does not act on SIGKILL's consequences (its
-        // postmaster cannot be reaped) until it runs.
+        // Thawed first, so that nothing of it stays stopped.
         self.resume();
         self.kill();
     }

@@ -51,7 +51,12 @@ impl Backend {
     /// The `oncegate serve` flags that reach this backend's Redis.
     pub fn gate_args(&self) -> Vec<String> {
         if let Some(url) = &self.postgres {
-            vec!["--postgres-url".into(), url.clone()]
+            vec![
+                "--postgres-url".into(),
+                url.clone(),
+                "--store-timeout-ms".into(),
+                POSTGRES_TIMEOUT.as_millis().to_string(),
+            ]
         } else if let Some(redis) = &self.redis {
             vec!["--redis-url".into(), redis.url()]
         } else if let Some(cluster) = &self.cluster {
@@ -194,12 +199,17 @@ pub async fn backend_with_server(server: RedisServer) -> Backend {
     }
 }
 
-/// Options of the tests' PostgreSQL stores: the default pool, no purge task (tests that purge
-/// call it).
+/// The store deadline of the tests' PostgreSQL gates: the ledger runs in the (debug) gate while
+/// a step holds its action's lock, so racers on one key queue behind each other's round trips,
+/// on a machine shared with every other test; the default 2 s ends some of them UNAVAILABLE.
+pub const POSTGRES_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Options of the tests' PostgreSQL stores: the default pool, [`POSTGRES_TIMEOUT`], no purge
+/// task (tests that purge call it).
 pub fn postgres_options() -> PostgresOptions {
     PostgresOptions {
         pool_size: defaults::POSTGRES_POOL_SIZE as usize,
-        call_timeout: STORE_TIMEOUT,
+        call_timeout: POSTGRES_TIMEOUT,
         durability_replicas: 0,
         purge_interval: None,
     }

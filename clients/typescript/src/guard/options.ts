@@ -14,8 +14,12 @@ export interface GuardOptions {
   maxWait?: number;
   /** How long to keep retrying an unacknowledged Complete (and a Release), in ms. 30 s. */
   completeDeadline?: number;
-  /** Heartbeat period in ms; by default a third of the lease, at least 1 s. */
-  heartbeat?: number;
+  /**
+   * Heartbeat period in ms; by default a third of the lease, at least 1 s. `false`: no background
+   * heartbeat, for a caller that extends the lease itself (the Temporal interceptor extends it on
+   * the activity's own heartbeats, so that the lease lives exactly as long as Temporal's attempt).
+   */
+  heartbeat?: number | false;
   /**
    * Longest pause between two asks while another attempt is in progress, in ms; `RetryInfo` says
    * when the other lease ends at the latest, and the other attempt usually completes well before.

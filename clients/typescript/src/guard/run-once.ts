@@ -307,7 +307,8 @@ function startHeartbeat(
   grant: Grant,
   spec: ActionSpec,
   options: ResolvedGuardOptions,
-): Heartbeat {
+): Pick<Heartbeat, "stop"> {
+  if (options.heartbeat === false) return { stop() {} };
   const granted = grant.leaseExpiresAt === undefined ? 0 : grant.leaseExpiresAt.getTime() - Date.now();
   const lease = Math.max(spec.leaseTtlMs ?? granted, 1_000);
   const period = options.heartbeat ?? Math.max(lease / 3, 1_000);

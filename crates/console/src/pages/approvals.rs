@@ -1,6 +1,7 @@
 //! Approvals: the held actions of the agents in view, pending first, each with the exact params
-//! the agent sent, the policy that holds it and its reason; approve or deny with a note
-//! (DecideApproval through the gate, audited with the principal and the note).
+//! the agent sent, the policy that holds it and its reason, and what each choice will do before
+//! it is made; approve or deny with a note (DecideApproval through the gate, audited with the
+//! principal and the note). A refused decision comes back as an error with the note as typed.
 
 use bytes::Bytes;
 use http::Response;
@@ -8,7 +9,7 @@ use http_body_util::Full;
 
 use super::{
     Asked, Fields, action_fields, agent_search, agents_in_view, done, error_block, error_text,
-    field,
+    field, refused,
 };
 use crate::html::{esc, query, when};
 use oncegate_domain::{
@@ -71,16 +72,29 @@ fn card(asked: &Asked<'_>, entry: &ApprovalEntry) -> String {
             esc(&a.note)
         ),
     };
+    // A decision the gate refused comes back with its note as typed.
+    let typed = asked.typed(&[
+        ("agent", &key.agent_id),
+        ("run", &key.run_id),
+        ("key", &key.key),
+        ("approval_id", &a.id),
+    ]);
     let form = match a.state {
         ApprovalState::Pending => format!(
-            "<form method=\"post\" action=\"/approvals/decide\" class=\"inline\">{fields}\
+            "<p class=\"note consequences\"><strong>Approve</strong>: the held call runs once, \
+             when the agent asks again with the same request (its next identical RequestToken is \
+             granted, once; a different request is not covered). <strong>Deny</strong>: identical \
+             requests are refused until the approval lapses ({lapses}).</p>\
+             <form method=\"post\" action=\"/approvals/decide\" class=\"inline\">{fields}\
              <input type=\"hidden\" name=\"approval_id\" value=\"{id}\">\
-             <label>Note (audited)<textarea name=\"note\" maxlength=\"1024\"></textarea></label>\
-             <button type=\"submit\" name=\"decision\" value=\"approve\" class=\"approve\">Approve\
-             </button><button type=\"submit\" name=\"decision\" value=\"deny\" class=\"deny\">Deny\
-             </button></form>",
+             <label>Note (audited)<textarea name=\"note\" maxlength=\"1024\">{note}</textarea>\
+             </label><button type=\"submit\" name=\"decision\" value=\"approve\" \
+             class=\"approve\">Approve</button><button type=\"submit\" name=\"decision\" \
+             value=\"deny\" class=\"deny\">Deny</button></form>",
             fields = action_fields(asked, &key.agent_id, &key.run_id, &key.key),
             id = esc(&a.id),
+            lapses = when(a.expires_at),
+            note = esc(typed.and_then(|t| t.get("note")).map_or("", String::as_str)),
         ),
         ApprovalState::Approved => {
             "<p class=\"note\">Approved: the next identical RequestToken of \
@@ -145,7 +159,10 @@ pub async fn decide(asked: &Asked<'_>, form: &Fields) -> Response<Full<Bytes>> {
             key.agent_id,
             key.key
         ),
-        Err(e) => format!("Not decided: {}", error_text(&e)),
+        Err(e) => {
+            let message = format!("Not decided: {}", error_text(&e));
+            return refused(asked, &next, message, form);
+        }
     };
     done(asked, &next, message)
 }

@@ -17,6 +17,7 @@ use super::{
     asked::{Asked, Fields},
     html::{self, Frame, esc},
     respond,
+    session::Flash,
 };
 use oncegate_gate::GateError;
 use oncegate_grpc::auth::Capability;
@@ -96,18 +97,34 @@ fn page(asked: &Asked<'_>, path: &str, title: &str, body: &str) -> Response<Full
         role: principal.role.as_str(),
         csrf: &asked.session.csrf,
         reads: principal.role.grants(Capability::Read),
-        flash: asked.flash.as_deref(),
+        flash: asked
+            .flash
+            .as_ref()
+            .map(|f| (f.message.as_str(), f.refused)),
     };
     respond::html_response(StatusCode::OK, html::page(&frame, body))
 }
 
-/// After a form: its outcome shown once on `next`.
+/// After a form that did what it said: its outcome shown once on `next`.
 fn done(asked: &Asked<'_>, next: &str, message: String) -> Response<Full<Bytes>> {
     asked
         .console
         .inner
         .sessions
-        .flash(asked.session_id, message);
+        .flash(asked.session_id, Flash::done(message));
+    respond::redirect(next)
+}
+
+/// After a form the gate refused: the refusal shown once on `next` as an error, and the form
+/// filled in again with what was typed (`form`, without its CSRF token).
+fn refused(asked: &Asked<'_>, next: &str, message: String, form: &Fields) -> Response<Full<Bytes>> {
+    let mut typed = form.clone();
+    typed.remove("csrf");
+    asked
+        .console
+        .inner
+        .sessions
+        .flash(asked.session_id, Flash::refused(message, typed));
     respond::redirect(next)
 }
 

@@ -156,11 +156,8 @@ impl Event {
         data.insert("policy_id".into(), json!(approval.policy));
         data.insert("reason".into(), json!(approval.reason));
         data.insert("expires_at".into(), json!(rfc3339(approval.expires_at)));
-        // What was decided on: the held request's params, as the agent sent them (kept with the
-        // approval; absent for approvals asked for before they were).
-        if let Ok(params) = serde_json::from_str::<serde_json::Value>(&approval.params) {
-            data.insert("params".into(), params);
-        }
+        // No params: they travel only in `approval.requested`, to the approvers who decide on
+        // them; a receiver of decisions alone (an audit sink) is promised it never gets them.
         Self {
             kind: EventType::ApprovalDecided,
             id: event_id(EventType::ApprovalDecided, &[approval.id.as_bytes()]),
@@ -226,10 +223,7 @@ impl Event {
         data.insert("refusals".into(), json!(refused.refusals));
         data.insert("first_refused_at".into(), json!(rfc3339(refused.first_at)));
         data.insert("last_refused_at".into(), json!(rfc3339(refused.last_at)));
-        data.insert(
-            "window_seconds".into(),
-            json!(refused.window as f64 / 1000.0),
-        );
+        data.insert("window_seconds".into(), seconds(refused.window));
         data.insert("actions".into(), json!(refused.actions));
         let first = refused.first_at.to_be_bytes();
         Self {
@@ -254,10 +248,7 @@ impl Event {
         data.insert("store".into(), json!(store));
         data.insert("since".into(), json!(rfc3339(since)));
         data.insert("until".into(), json!(rfc3339(until)));
-        data.insert(
-            "down_seconds".into(),
-            json!((until - since).max(0) as f64 / 1000.0),
-        );
+        data.insert("down_seconds".into(), seconds((until - since).max(0)));
         Self {
             kind: EventType::StoreUnavailable,
             id: event_id(
@@ -268,6 +259,15 @@ impl Event {
             subject: store.to_owned(),
             data,
         }
+    }
+}
+
+/// `ms` in seconds as JSON: an integer when it is a whole number of seconds (`60`, never `60.0`:
+/// a receiver that reads integers strictly gets one), else the exact fraction (`1.5`).
+fn seconds(ms: Millis) -> Value {
+    match ms % 1000 {
+        0 => json!(ms / 1000),
+        _ => json!(ms as f64 / 1000.0),
     }
 }
 

@@ -78,6 +78,15 @@ fn ids_name_what_the_event_is_about_and_nothing_else() {
     );
     assert!(decided.id.starts_with("evt_") && decided.id.len() == 36);
     assert_eq!(decided.data["decision"], "approved");
+    assert!(
+        !decided.data.contains_key("params")
+            && !decided
+                .cloudevent("oncegate")
+                .to_string()
+                .contains("amount"),
+        "params travel only in approval.requested: {:?}",
+        decided.data
+    );
     let lapsed = |fencing| Lapsed {
         fencing,
         lease_expired_at: Some(5),
@@ -123,7 +132,31 @@ fn budget_refusals_aggregate_into_one_event() {
     assert_eq!(refused.actions.len(), BudgetRefusals::MAX_ACTIONS);
     let event = Event::budget_exceeded(&refused, 61_000);
     assert_eq!(event.data["refusals"], 22);
-    assert_eq!(event.data["window_seconds"], 60.0);
+    assert!(
+        event.data["window_seconds"].is_u64(),
+        "a whole number of seconds is a JSON integer: {}",
+        event.data["window_seconds"]
+    );
+    let body = event.cloudevent("oncegate").to_string();
+    assert!(
+        body.contains("\"window_seconds\":60") && !body.contains("60.0"),
+        "written as 60, not 60.0: {body}"
+    );
+    let odd = BudgetRefusals::first("daily", "billing", "pay", 1000, 1500);
+    assert_eq!(
+        Event::budget_exceeded(&odd, 2500).data["window_seconds"],
+        json!(1.5)
+    );
+    let down = Event::store_unavailable("redis", 1000, 13_000);
+    assert!(
+        down.data["down_seconds"].is_u64(),
+        "{}",
+        down.data["down_seconds"]
+    );
+    assert_eq!(
+        Event::store_unavailable("redis", 1000, 1250).data["down_seconds"],
+        json!(0.25)
+    );
     assert_eq!(event.data["last_refused_at"], json!(rfc3339(5000)));
 }
 

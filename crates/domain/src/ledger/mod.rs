@@ -295,6 +295,10 @@ pub struct ActionView {
     /// covers the action type, so it is the same for every grant of the key: what a resolver's
     /// `actions` scope is checked against before it settles (docs/CONTRACT.md §7).
     pub action: String,
+    /// The params the latest grant was asked with, as sent (JSON text), while the action is
+    /// unsettled; empty otherwise, and in records written before they were kept. What an
+    /// operator asks the provider about (how much, to whom).
+    pub params: String,
 }
 
 /// A request the state machine refuses; each maps to one ErrorInfo reason.

@@ -312,6 +312,7 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
             holder: String::new(),
             token: String::new(),
             action: String::new(),
+            params: String::new(),
         };
     };
     let mut fencing = rec.fencing;
@@ -356,9 +357,9 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
             None => (State::Absent, None, None, String::new(), String::new()),
         },
     };
-    let action = match state {
-        State::Authorized | State::Expired => rec.asked.action.clone(),
-        State::Absent | State::Completed => String::new(),
+    let (action, params) = match state {
+        State::Authorized | State::Expired => (rec.asked.action.clone(), rec.asked.params.clone()),
+        State::Absent | State::Completed => (String::new(), String::new()),
     };
     ActionView {
         state,
@@ -369,5 +370,6 @@ pub fn view(record: Option<&Record>, now: Millis) -> ActionView {
         holder,
         token,
         action,
+        params,
     }
 }

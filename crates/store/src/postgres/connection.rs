@@ -64,7 +64,10 @@ impl Failure {
                     Some(c) if *c == SqlState::READ_ONLY_SQL_TRANSACTION => {
                         "the server is read-only (a standby); nothing was written".to_owned()
                     }
-                    Some(c) => format!("the server refused it (SQLSTATE {}); nothing was written", c.code()),
+                    Some(c) => format!(
+                        "the server refused it (SQLSTATE {}); nothing was written",
+                        c.code()
+                    ),
                     None if e.is_closed() => "the connection is closed; nothing was written".into(),
                     None => "the connection failed; nothing was written".into(),
                 };
@@ -120,10 +123,9 @@ impl Session {
                 "PostgreSQL: no pooled connection came free within the call timeout \
                  (--postgres-pool-size bounds them)",
             )),
-            Err(deadpool_postgres::PoolError::Backend(e)) => Err(StoreError::unavailable_by(
-                "PostgreSQL: cannot connect",
-                e,
-            )),
+            Err(deadpool_postgres::PoolError::Backend(e)) => {
+                Err(StoreError::unavailable_by("PostgreSQL: cannot connect", e))
+            }
             Err(e) => Err(StoreError::unavailable_by("PostgreSQL: cannot connect", e)),
         }
     }
@@ -227,5 +229,12 @@ pub(super) fn query<'a>(
     params: Vec<&'a (dyn tokio_postgres::types::ToSql + Sync)>,
 ) -> futures_util::future::BoxFuture<'a, Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>> {
     use futures_util::{FutureExt, TryStreamExt};
-    async move { client.query_raw(statement, params).await?.try_collect().await }.boxed()
+    async move {
+        client
+            .query_raw(statement, params)
+            .await?
+            .try_collect()
+            .await
+    }
+    .boxed()
 }

@@ -40,7 +40,9 @@ impl PostgresStore {
         let budget = list::scan_budget(limit);
         attempt!(self, "ListUnresolved", |s| async {
             let now = s.prepare(NOW).await?;
-            let scan = s.prepare(if agent_id.is_some() { ONE } else { ALL }).await?;
+            let scan = s
+                .prepare(if agent_id.is_some() { ONE } else { ALL })
+                .await?;
             let now: Millis = s.client().query_one(&now, &[]).await?.try_get(0)?;
             let rows = s
                 .client()

@@ -33,6 +33,9 @@ use crate::{Durability, StoreError};
 pub use durability::Promise;
 pub use purge::Purged;
 
+/// How long the start-up (connection, migrations, settings) may take.
+const START_UP: Duration = Duration::from_secs(60);
+
 /// How the store connects and behaves.
 #[derive(Debug, Clone)]
 pub struct PostgresOptions {
@@ -109,7 +112,9 @@ pub fn parse_url(url: &str, call_timeout: Duration) -> Result<tokio_postgres::Co
 }
 
 /// One connection outside the pool (start-up, `oncegate migrate`).
-async fn connect_once(config: &tokio_postgres::Config) -> Result<tokio_postgres::Client, StoreError> {
+async fn connect_once(
+    config: &tokio_postgres::Config,
+) -> Result<tokio_postgres::Client, StoreError> {
     let (client, connection) = config.connect(NoTls).await.map_err(connect_error)?;
     tokio::spawn(async move {
         if let Err(e) = connection.await {
@@ -133,14 +138,27 @@ impl PostgresStore {
     /// purge task (on the runtime this is awaited on).
     pub async fn connect(url: &str, options: PostgresOptions) -> Result<Self, StoreError> {
         let config = parse_url(url, options.call_timeout)?;
-        let mut client = connect_once(&config).await?;
-        let applied = schema::migrate(&mut client).await?;
-        if !applied.is_empty() {
-            tracing::info!(versions = ?applied, "PostgreSQL: schema migrated");
-        }
-        let promise = Promise::read(&client)
-            .await
-            .map_err(|e| StoreError::unavailable_by("PostgreSQL: reading its settings", e))?;
+        let start_up = async {
+            let mut client = connect_once(&config).await?;
+            let applied = schema::migrate(&mut client).await?;
+            if !applied.is_empty() {
+                tracing::info!(versions = ?applied, "PostgreSQL: schema migrated");
+            }
+            let promise = Promise::read(&client)
+                .await
+                .map_err(|e| StoreError::unavailable_by("PostgreSQL: reading its settings", e))?;
+            Ok::<_, StoreError>((client, promise))
+        };
+        let (client, promise) = tokio::time::timeout(START_UP, start_up).await.map_err(
+            |_| {
+                StoreError::unavailable(format!(
+                    "PostgreSQL: the start-up (connecting, migrating the schema) did not finish \
+                     within {} s; a commit waiting for a synchronous standby that never \
+                     confirms does that (check synchronous_standby_names)",
+                    START_UP.as_secs()
+                ))
+            },
+        )??;
         promise.require(options.durability_replicas)?;
         drop(client);
         let pool = connection::pool(config, options.pool_size.max(1), options.call_timeout)?;

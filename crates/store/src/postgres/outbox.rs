@@ -132,7 +132,8 @@ impl PostgresStore {
         lease: Millis,
         claim: &str,
     ) -> Result<Reply<Claimed>, StoreError> {
-        attempt!(self, "the outbox claim", |s| async {
+        attempt!(self, "the outbox claim", |s| {
+            async {
             let now = begin(&mut s).await?;
             let forget = s.prepare(FORGET).await?;
             let due = s.prepare(DUE).await?;
@@ -167,7 +168,8 @@ impl PostgresStore {
                 replicas: 0,
             })
         }
-        .await)
+        .await
+        })
     }
 
     pub async fn outbox_settle(
@@ -187,8 +189,8 @@ impl PostgresStore {
             if let Some(row) = row {
                 let stored = decode(&row.try_get::<_, Vec<u8>>(0)?)?;
                 if let Some(settled) = stored.settled(claim, settlement, now) {
-                    let forget = (settled.state != OutboxState::Pending)
-                        .then(|| now.saturating_add(keep));
+                    let forget =
+                        (settled.state != OutboxState::Pending).then(|| now.saturating_add(keep));
                     put(&s, &settled, forget).await?;
                     done = true;
                 }

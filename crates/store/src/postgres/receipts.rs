@@ -22,7 +22,8 @@ use oncegate_domain::{
 pub(super) const TAIL: &str =
     "SELECT entry FROM oncegate_receipts WHERE agent = $1 ORDER BY seq DESC LIMIT 1";
 /// A new entry.
-pub(super) const PUT: &str = "INSERT INTO oncegate_receipts (agent, seq, entry) VALUES ($1, $2, $3)";
+pub(super) const PUT: &str =
+    "INSERT INTO oncegate_receipts (agent, seq, entry) VALUES ($1, $2, $3)";
 /// Entries after a seq, in chain order.
 pub(super) const EXPORT: &str = "SELECT entry FROM oncegate_receipts WHERE agent = $1 AND seq > $2 \
                                  ORDER BY seq LIMIT $3";
@@ -45,7 +46,8 @@ pub(super) struct Tail {
 }
 
 fn decode(bytes: &[u8]) -> Result<Stored, Failure> {
-    rmp_serde::from_slice(bytes).map_err(|e| Failure::Corrupt(format!("a receipt chain entry: {e}")))
+    rmp_serde::from_slice(bytes)
+        .map_err(|e| Failure::Corrupt(format!("a receipt chain entry: {e}")))
 }
 
 /// The tail from [`TAIL`]'s rows.

@@ -60,14 +60,7 @@ impl PostgresStore {
             side: step.side,
             chain,
         };
-        steps::commit(
-            s,
-            &action.target(),
-            loaded.now,
-            writes,
-            self.promise.replicas > 0,
-        )
-        .await?;
+        steps::commit(s, &action.target(), loaded.now, writes).await?;
         Ok(Reply {
             now: loaded.now,
             result: step.reply,
@@ -223,8 +216,7 @@ impl PostgresStore {
         attempt!(self, "ResolveExpired", |s| async {
             let mut loaded = steps::load(&mut s, &action.target(), &Plan::default()).await?;
             let ids = ledger::reserved_buckets(loaded.record.as_ref());
-            steps::load_agent(&mut s, &action.target(), &mut loaded, ids, signer.is_some())
-                .await?;
+            steps::load_agent(&mut s, &action.target(), &mut loaded, ids, signer.is_some()).await?;
             let mut step = ledger::resolve_expired(
                 loaded.record.as_ref(),
                 &loaded.side,

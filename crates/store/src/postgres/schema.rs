@@ -36,7 +36,10 @@ pub async fn database_version(client: &Client) -> Result<i32, tokio_postgres::Er
         return Ok(0);
     }
     let row = client
-        .query_one(&format!("SELECT coalesce(max(version), 0)::int4 FROM {HISTORY}"), &[])
+        .query_one(
+            &format!("SELECT coalesce(max(version), 0)::int4 FROM {HISTORY}"),
+            &[],
+        )
         .await?;
     Ok(row.get(0))
 }
@@ -44,7 +47,9 @@ pub async fn database_version(client: &Client) -> Result<i32, tokio_postgres::Er
 /// Refuses a database migrated by a newer binary, then applies the migrations it lacks; the
 /// versions applied now.
 pub async fn migrate(client: &mut Client) -> Result<Vec<i32>, StoreError> {
-    let db = |e: tokio_postgres::Error| StoreError::unavailable_by("PostgreSQL: migrating the schema", e);
+    let db = |e: tokio_postgres::Error| {
+        StoreError::unavailable_by("PostgreSQL: migrating the schema", e)
+    };
     client
         .execute("SELECT pg_advisory_lock($1::int4, 0)", &[&MIGRATION_LOCK])
         .await

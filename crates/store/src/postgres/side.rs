@@ -36,7 +36,9 @@ impl PostgresStore {
         let limit_rows = limit as i64;
         attempt!(self, "ListApprovals", |s| async {
             let begin = s.prepare("BEGIN").await?;
-            let take = s.prepare("SELECT pg_advisory_xact_lock($1::int4, $2::int4)").await?;
+            let take = s
+                .prepare("SELECT pg_advisory_xact_lock($1::int4, $2::int4)")
+                .await?;
             let now = s.prepare(NOW).await?;
             let drop_lapsed = s.prepare(DROP_LAPSED).await?;
             let list = s.prepare(APPROVALS).await?;
@@ -90,7 +92,9 @@ impl PostgresStore {
         attempt!(self, "Budgets", |s| async {
             let now = s.prepare(NOW).await?;
             let all = s
-                .prepare("SELECT bucket, body FROM oncegate_budgets WHERE agent = $1 ORDER BY bucket")
+                .prepare(
+                    "SELECT bucket, body FROM oncegate_budgets WHERE agent = $1 ORDER BY bucket",
+                )
                 .await?;
             let c = s.client();
             let (now, rows) =

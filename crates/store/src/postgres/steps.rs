@@ -242,16 +242,16 @@ pub(super) struct Writes {
     pub(super) chain: Option<(i64, Vec<u8>)>,
 }
 
-/// Writes what the step decided and commits it (one round trip). With `synchronous`, COMMIT
-/// runs without the statement timeout: cancelled while it waits for a synchronous standby,
-/// PostgreSQL would keep the commit locally and answer success; past the call deadline the gate
-/// drops the connection instead and reports the outcome unknown.
+/// Writes what the step decided and commits it (one round trip). A COMMIT that writes runs
+/// without the statement timeout: cancelled while it waits for a synchronous standby (the
+/// server's settings can change after start-up), PostgreSQL would keep the commit locally and
+/// answer success; past the call deadline the gate drops the connection instead and reports the
+/// outcome unknown.
 pub(super) async fn commit(
     s: &mut Session,
     target: &Target<'_>,
     now: Millis,
     writes: Writes,
-    synchronous: bool,
 ) -> Result<(), Failure> {
     let put_record = s.prepare(PUT_RECORD).await?;
     let put_approval = s.prepare(PUT_APPROVAL).await?;
@@ -300,9 +300,11 @@ pub(super) async fn commit(
         calls.push(query(c, &put_record, params));
     }
     if let Some((expires_at, bytes)) = &approval {
-        calls.push(
-            query(c, &put_approval, vec![&key, &agent, expires_at, bytes]),
-        );
+        calls.push(query(
+            c,
+            &put_approval,
+            vec![&key, &agent, expires_at, bytes],
+        ));
         calls.push(query(c, &drop_lapsed, vec![&agent, &now]));
     }
     for (id, body) in &buckets {
@@ -315,7 +317,7 @@ pub(super) async fn commit(
         calls.push(query(c, &put_entry, vec![&agent, seq, entry]));
     }
     let wrote = !calls.is_empty();
-    if wrote && synchronous {
+    if wrote {
         calls.push(query(c, &no_timeout, vec![]));
     }
     let writes_sent = try_join_all(calls);

@@ -125,7 +125,7 @@ end
 -- A record with every slot set: the request's identity and state; no token, no completion yet.
 -- Every slot up to RECEIPT_FORMAT holds a value (false for no reservations), so cmsgpack packs
 -- the record as an array: a table with a gap packs as a map of slot numbers, and Redis then runs
--- about 6% more instructions per grant and completion (scripts/bench_redis_instructions.py).
+-- about 6% more instructions per grant and completion (`make bench SCENARIO=instructions`).
 -- Records stored as maps by earlier versions unpack to the same table.
 local function new_record(state, fencing, fingerprint, digests, retention, sliding, expires_at)
   return { [STATE] = state, [FENCING] = fencing, [FINGERPRINT] = fingerprint,

@@ -222,6 +222,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
             let completion = fields.completion()?;
             let token = fields.string()?;
             let action = fields.string()?;
+            let params = fields.string()?;
             Decoded::View(ActionView {
                 state,
                 fencing,
@@ -232,6 +233,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                 holder,
                 token,
                 action,
+                params,
             })
         }
         "in_progress" => Decoded::Refused(Refusal::InProgress {
@@ -328,7 +330,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                     action: fields.string()?,
                     params: fields.string()?,
                 };
-                let action = asked.action.clone();
+                let (action, params) = (asked.action.clone(), asked.params.clone());
                 checked.push(match status {
                     0 => listing::Checked::Stale,
                     1 => listing::Checked::Unresolved(Box::new((
@@ -341,6 +343,7 @@ pub(super) fn decode(value: Value) -> Result<(Millis, Decoded), StoreError> {
                             holder,
                             token,
                             action,
+                            params,
                         },
                         asked,
                     ))),

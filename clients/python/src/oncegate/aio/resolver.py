@@ -7,7 +7,8 @@ with ``ResolveExpired`` and the fencing number it was sent, so that two resolver
 grant twice or differently (the second hears ``ALREADY_SETTLED`` or ``ALREADY_COMPLETED`` and
 moves on). A lookup that returns :class:`~oncegate.models.Unknown`, raises or takes longer than
 ``lookup_timeout`` leaves the action for a person (it stays listed, counted and notified); it is
-logged. A broken stream is reopened with backoff.
+logged. A broken stream is reopened with backoff, and so is one whose settlement failed in a way
+that may pass (``UNAVAILABLE``, a rate limit): only a reopened stream sends that action again.
 
 The caller needs a principal with the ``resolver`` role (or ``operator``) for its agents.
 
@@ -72,6 +73,7 @@ class Resolver(Channel):
         self.lookups: dict[str, Callable[[Unresolved], Any]] = {}
         self._call: Any = None
         self._stopping = False
+        self._reopen = False
 
     def lookup(self, action_name: str) -> Callable[[F], F]:
         """Registers the decorated function as the lookup of ``action_name``: it takes an
@@ -107,6 +109,11 @@ class Resolver(Channel):
             if error.reason in SETTLED_BY_OTHER:
                 LOG.info("settled by another: %s (fencing %d)", unresolved.action, unresolved.fencing)
                 return Settled.BY_OTHER
+            if error.retryable:
+                # The stream sends an action once: only a reopened one sends it again.
+                self._reopen = True
+                why = f"the settlement failed: {error}; reopening the stream to try again"
+                return self._left(unresolved, why)
             return self._left(unresolved, f"the settlement failed: {error}")
         settled = Settled.FAILED if isinstance(answer, Failed) else Settled.COMPLETED
         LOG.info("resolved %s (fencing %d): %s", unresolved.action, unresolved.fencing, settled.value)
@@ -119,7 +126,9 @@ class Resolver(Channel):
     async def run(self) -> None:
         """Follows the unresolved actions and settles each, one at a time, until :meth:`stop`.
         A broken stream is reopened after a wait that doubles up to ``backoff[1]`` (and starts
-        again at ``backoff[0]`` once a stream delivers)."""
+        again at ``backoff[0]`` once a stream delivers); so is a stream whose settlement failed in
+        a way that may pass (the gate or its store unavailable, a rate limit): the gate sends an
+        action once, and a reopened stream sends every action still unresolved, that one too."""
         self._stopping = False
         wait = self.backoff[0]
         while not self._stopping:
@@ -130,6 +139,11 @@ class Resolver(Channel):
                 async for message in self._call:
                     wait = self.backoff[0]
                     await self.settle(Unresolved.from_proto(message.action))
+                    if self._reopen:
+                        self._reopen = False
+                        LOG.info("a settlement failed and may pass: reopening the unresolved stream")
+                        self._call.cancel()
+                        break
             except asyncio.CancelledError:  # async only
                 return  # async only
             except grpc.RpcError as err:

@@ -318,7 +318,7 @@ class GetActionRequest(_message.Message):
     def __init__(self, action: _Optional[_Union[ActionRef, _Mapping]] = ...) -> None: ...
 
 class GetActionResponse(_message.Message):
-    __slots__ = ("state", "fencing", "fingerprint", "lease_expires_at", "completion", "holder", "token", "provider_key")
+    __slots__ = ("state", "fencing", "fingerprint", "lease_expires_at", "completion", "holder", "token", "provider_key", "action_name", "params_json")
     STATE_FIELD_NUMBER: _ClassVar[int]
     FENCING_FIELD_NUMBER: _ClassVar[int]
     FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -327,6 +327,8 @@ class GetActionResponse(_message.Message):
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     TOKEN_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_KEY_FIELD_NUMBER: _ClassVar[int]
+    ACTION_NAME_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     state: ActionState
     fencing: int
     fingerprint: str
@@ -335,7 +337,9 @@ class GetActionResponse(_message.Message):
     holder: str
     token: str
     provider_key: str
-    def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ...) -> None: ...
+    action_name: str
+    params_json: str
+    def __init__(self, state: _Optional[_Union[ActionState, str]] = ..., fencing: _Optional[int] = ..., fingerprint: _Optional[str] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., completion: _Optional[_Union[Completion, _Mapping]] = ..., holder: _Optional[str] = ..., token: _Optional[str] = ..., provider_key: _Optional[str] = ..., action_name: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
 
 class WatchUnresolvedRequest(_message.Message):
     __slots__ = ("agent_id",)

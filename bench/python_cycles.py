@@ -1,16 +1,17 @@
-#!/usr/bin/env python3
-"""The Python side of `make bench`: what a Python agent pays per guarded action, beside its peers.
+"""The Python rows of `make bench`: what a Python agent pays per guarded action, beside its peers.
 
 Runs in the bench's own virtualenv (`.venv-bench`: the oncegate client, Powertools with its Redis
-persistence layer, redis-py), against a Redis and a gate on that Redis that `scripts/bench.py`
+persistence layer, redis-py), against a Redis and gates on that Redis that python_side.py
 started. Each contender runs the same full cycle around a no-op tool in `--workers` processes
 for `--seconds`, every cycle a new action (nothing is replayed):
 
 - `powertools`: AWS Lambda Powertools' `@idempotent_function` with `RedisCachePersistenceLayer`;
 - `seed-authorizer`: the seeds' redis-py authorizer (EXISTS, EXISTS, SETEX, the tool, SETEX,
   DEL; its check-then-set race left as the seed wrote it);
-- `oncegate-decorator`: `@gate.action(...)` of the oncegate client, through the gate, on the
-  client's native core (`oncegate._native`);
+- `oncegate-decorator`: `@gate.action(...)` of the oncegate client, through the gate (`--gate`,
+  at its defaults), on the client's native core (`oncegate._native`);
+- `oncegate-decorator-serving-threads`: the same through a gate with `--serving-threads 2`
+  (`--threads-gate`; skipped without it);
 - `oncegate-decorator-signed`: the same through a gate that signs grants and receipts
   (`--signed-gate`; skipped without it);
 - `oncegate-decorator-grpcio`: the same on grpcio alone (`ONCEGATE_PURE_PYTHON=1`);
@@ -23,9 +24,10 @@ for `--seconds`, every cycle a new action (nothing is replayed):
 
 Prints one JSON object: per contender, cycles/s (all workers together) and client CPU µs per
 cycle (user + system of the worker processes, divided by their cycles). Given the servers' process
-ids (`--gate-pid`, `--signed-gate-pid`, `--redis-pid`), also their CPU µs per cycle, and the share
-of the machine's CPU time that was idle, both over the measured seconds only (the workers start
-them together, after their warm-up): where a cycle's CPU goes, and whether the machine was busy.
+ids (`--gate-pid`, `--signed-gate-pid`, `--threads-gate-pid`, `--redis-pid`), also their CPU µs per
+cycle, and the share of the machine's CPU time that was idle, both over the measured seconds only
+(the workers start them together, after their warm-up): where a cycle's CPU goes, and whether the
+machine was busy. instructions.py imports its cycles to count Redis's instructions per cycle.
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench import cpu_seconds  # scripts/bench.py, beside this file: a process's CPU from /proc
+from harness import cpu_seconds  # beside this file: a process's CPU from /proc
 
 CONTENDERS = [
     "powertools",
     "seed-authorizer",
     "oncegate-decorator",
+    "oncegate-decorator-serving-threads",
     "oncegate-decorator-signed",
     "oncegate-decorator-grpcio",
     "oncegate-decorator-in-process",
@@ -193,6 +196,7 @@ def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float, s
         "powertools": lambda: powertools_cycle(redis_url),
         "seed-authorizer": lambda: seed_cycle(redis_url),
         "oncegate-decorator": lambda: decorator_cycle(gate_addr),
+        "oncegate-decorator-serving-threads": lambda: decorator_cycle(gate_addr),
         "oncegate-decorator-signed": lambda: decorator_cycle(gate_addr),
         "oncegate-decorator-grpcio": lambda: decorator_cycle(gate_addr),
         "oncegate-decorator-in-process": lambda: in_process_cycle(redis_url),
@@ -210,13 +214,20 @@ def run_worker(contender: str, redis_url: str, gate_addr: str, seconds: float, s
     return (n, time.perf_counter() - began, cpu() - start_cpu)
 
 
+GATE_OF = {
+    "oncegate-decorator-signed": "signed_gate",
+    "oncegate-decorator-serving-threads": "threads_gate",
+}
+"""The rows that go through another gate than `--gate`: the option that names it."""
+
+
 def measure(contender: str, args) -> dict:
-    signed = contender == "oncegate-decorator-signed"
-    gate = args.signed_gate if signed else args.gate
+    which = GATE_OF.get(contender, "gate")
+    gate = getattr(args, which)
     servers = {"redis": args.redis_pid}
     # The gate server idles while Powertools and the seed run, and while the gates in process do.
     if contender.startswith("oncegate-") and contender != "oncegate-decorator-in-process":
-        servers["gate"] = args.signed_gate_pid if signed else args.gate_pid
+        servers["gate"] = getattr(args, f"{which}_pid")
     servers = {name: pid for name, pid in servers.items() if pid}
     global SCRATCH
     scratch = tempfile.TemporaryDirectory(prefix="oncegate-bench-local-")
@@ -265,14 +276,16 @@ def main() -> None:
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--gate", required=True, help="host:port of a gate on that Redis")
     parser.add_argument("--signed-gate", help="host:port of a signing gate on that Redis")
+    parser.add_argument("--threads-gate", help="host:port of a gate with --serving-threads 2")
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--only", choices=CONTENDERS, action="append")
     parser.add_argument("--gate-pid", type=int, help="the gate's process, to read its CPU")
     parser.add_argument("--signed-gate-pid", type=int, help="the signing gate's process")
+    parser.add_argument("--threads-gate-pid", type=int, help="the --serving-threads 2 gate's process")
     parser.add_argument("--redis-pid", type=int, help="redis-server's process")
     args = parser.parse_args()
-    chosen = [c for c in (args.only or CONTENDERS) if c != "oncegate-decorator-signed" or args.signed_gate]
+    chosen = [c for c in (args.only or CONTENDERS) if getattr(args, GATE_OF.get(c, "gate"))]
     print(json.dumps({c: measure(c, args) for c in chosen}))
 
 
