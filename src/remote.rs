@@ -38,8 +38,8 @@ const CONNECTION: &str = "Connection (before or after the subcommand)";
 /// `oncegate admin`, accepted anywhere on the command line (`admin get ... --json`).
 #[derive(Debug, Clone, Args)]
 pub struct RemoteArgs {
-    /// The gate's address: http://host:port, https://host:port (TLS, with --ca), or
-    /// unix:<path> (a gate's admin socket). Default: `oncegate admin` uses
+    /// The gate's address: host:port or http://host:port (plaintext), https://host:port (TLS,
+    /// with --ca), or unix:<path> (a gate's admin socket). Default: `oncegate admin` uses
     /// unix:<data-dir>/admin.sock when that socket exists (the gate's machine: its user is the
     /// operator), else http://127.0.0.1:50051.
     #[arg(long, global = true, env = "ONCEGATE_SERVER", help_heading = CONNECTION)]

@@ -314,3 +314,104 @@ fn audit_lines_say_each_thing_once_and_json_logs_carry_the_rpc_span() {
         }
     }
 }
+
+/// Every address form reaches the gate, from `call` and `admin` alike: `host:port` (as
+/// `oncegate.local`'s `server.target` prints it), `http://`, the admin socket as `unix:` and
+/// `unix://`; a form it cannot take is refused (64) with the forms it wants, and so are TLS
+/// without a CA and TLS files given to an `http://` address.
+#[test]
+fn every_address_form_reaches_the_gate_and_another_is_refused_with_the_forms() {
+    let dir = TempDir::new().unwrap();
+    let gate = LoggedGate::start(&dir, &["--listen", "127.0.0.1:0"]);
+    let socket = dir.path().join("data/admin.sock");
+    let socket = socket.to_str().unwrap();
+    let get = ["call", "get", "--agent", "a", "--run", "r", "--key", "k"];
+    let run_at = |server: &str, args: &[&str]| {
+        oncegate_command()
+            .args(args)
+            .args(["--server", server])
+            .env_remove("ONCEGATE_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let bare = gate.addr.clone();
+    for server in [
+        bare.clone(),
+        format!("http://{bare}"),
+        format!("http://{bare}/"),
+    ] {
+        let out = run_at(&server, &get);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{server}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stdout).contains("ACTION_STATE_ABSENT"),
+            "{server}"
+        );
+    }
+    for server in [format!("unix:{socket}"), format!("unix://{socket}")] {
+        let out = run_at(&server, &["admin", "list-unresolved"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{server}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    let forms = "give host:port, http://host:port, https://host:port (TLS) or unix:<path> \
+                 (a gate's admin socket)";
+    for server in [
+        format!("grpc://{bare}"),
+        "127.0.0.1".to_owned(),
+        format!("dns:///{bare}"),
+    ] {
+        let out = run_at(&server, &get);
+        assert_eq!(out.status.code(), Some(64), "{server}");
+        assert_eq!(
+            text(&out.stderr),
+            format!("oncegate call: {server:?} is not a gate address: {forms}\n")
+        );
+    }
+    let out = run_at(&format!("https://{bare}"), &get);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("TLS needs --ca"),
+        "{}",
+        text(&out.stderr)
+    );
+    let mut with_ca = get.to_vec();
+    with_ca.extend(["--ca", "/nonexistent/ca.pem"]);
+    let out = run_at(&format!("http://{bare}"), &with_ca);
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "oncegate call: http://{bare} is plaintext, yet TLS files are given: give \
+             https://{bare}\n"
+        )
+    );
+
+    // `oncegate mcp --gate` reads the same forms: another is refused before it starts.
+    let out = oncegate_command()
+        .args([
+            "mcp",
+            "--gate",
+            "grpc://127.0.0.1:1",
+            "--upstream-command",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains(&format!(
+            "\"grpc://127.0.0.1:1\" is not a gate address: {forms}"
+        )),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -35,7 +35,8 @@ pub struct McpArgs {
     #[arg(long, env = "ONCEGATE_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
 
-    /// A gate over gRPC (http://host:port, https:// with --ca). Without it, the gateway runs the
+    /// A gate over gRPC: host:port or http://host:port, https://host:port (TLS, with --ca), or
+    /// unix:<path> (a gate's admin socket). Without it, the gateway runs the
     /// gate in-process on the embedded store under --data-dir. Connected on first use: while it
     /// is unreachable, gated calls answer GATE_UNAVAILABLE and nothing is forwarded.
     #[arg(long, env = "ONCEGATE_GATE")]
