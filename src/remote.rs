@@ -20,7 +20,7 @@ use tonic_types::StatusExt;
 
 use oncegate_client::channel::{self, Access, ConnectError};
 use oncegate_config::{
-    defaults,
+    ADMIN_TARGET_ENV, TARGET_ENV, address_from_env, defaults,
     exit::{UNAVAILABLE as EX_UNAVAILABLE, USAGE as EX_USAGE},
 };
 use oncegate_observe::metrics::code_name;
@@ -41,8 +41,10 @@ pub struct RemoteArgs {
     /// The gate's address: host:port or http://host:port (plaintext), https://host:port (TLS,
     /// with --ca), or unix:<path> (a gate's admin socket). Default: `oncegate admin` uses
     /// unix:<data-dir>/admin.sock when that socket exists (the gate's machine: its user is the
-    /// operator), else http://127.0.0.1:50051.
-    #[arg(long, global = true, env = "ONCEGATE_SERVER", help_heading = CONNECTION)]
+    /// operator), else http://127.0.0.1:50051. From the environment: ONCEGATE_TARGET for
+    /// `oncegate call`, ONCEGATE_ADMIN_TARGET for `oncegate admin` (ONCEGATE_SERVER, their earlier
+    /// name, is still read, with a warning).
+    #[arg(long, global = true, help_heading = CONNECTION)]
     pub server: Option<String>,
 
     /// The data directory of a gate on this machine, where `oncegate admin` looks for its admin
@@ -147,11 +149,20 @@ impl Stop {
 }
 
 impl RemoteArgs {
-    /// The gate to call: --server, else (for the operator's commands, `admin_socket`) the admin
-    /// socket in --data-dir when it exists, else the local default.
+    /// The gate to call: --server, else the environment's address (the operator's for the
+    /// operator's commands, `admin_socket`; else the worker's), else (for the operator's commands)
+    /// the admin socket in --data-dir when it exists, else the local default.
     pub fn target(&self, admin_socket: bool) -> String {
         if let Some(server) = &self.server {
             return server.clone();
+        }
+        let name = if admin_socket {
+            ADMIN_TARGET_ENV
+        } else {
+            TARGET_ENV
+        };
+        if let Some(server) = address_from_env(name, &["ONCEGATE_SERVER"]) {
+            return server;
         }
         let socket = self.data_dir.join(defaults::ADMIN_SOCKET);
         if admin_socket && socket.exists() {

@@ -19,7 +19,9 @@ fn run(addr: &str, key: Option<&str>, args: &[&str]) -> Output {
     let mut command = oncegate_command();
     command
         .args(args)
-        .env("ONCEGATE_SERVER", format!("http://{addr}"))
+        .env("ONCEGATE_TARGET", format!("http://{addr}"))
+        .env("ONCEGATE_ADMIN_TARGET", format!("http://{addr}"))
+        .env_remove("ONCEGATE_SERVER")
         .env_remove("ONCEGATE_API_KEY");
     if let Some(key) = key {
         command.env("ONCEGATE_API_KEY", key);
@@ -413,5 +415,96 @@ fn every_address_form_reaches_the_gate_and_another_is_refused_with_the_forms() {
         )),
         "{}",
         text(&out.stderr)
+    );
+}
+
+/// The environment names the worker's address (`ONCEGATE_TARGET`: `call`, `mcp --gate`) and the
+/// operator's (`ONCEGATE_ADMIN_TARGET`: `admin`); the earlier names (`ONCEGATE_SERVER`,
+/// `ONCEGATE_GATE`) are still read, each with one line naming the new one.
+#[test]
+fn the_environment_names_the_worker_and_the_operator_address_and_the_old_names_still_work() {
+    let dir = TempDir::new().unwrap();
+    let gate = LoggedGate::start(&dir, &["--listen", "127.0.0.1:0"]);
+    let socket = format!("unix:{}", dir.path().join("data/admin.sock").display());
+    let get = ["call", "get", "--agent", "a", "--run", "r", "--key", "k"];
+    let with_env = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = oncegate_command();
+        command.args(args).current_dir(dir.path());
+        for name in [
+            "ONCEGATE_TARGET",
+            "ONCEGATE_ADMIN_TARGET",
+            "ONCEGATE_SERVER",
+            "ONCEGATE_GATE",
+            "ONCEGATE_API_KEY",
+        ] {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied()).output().unwrap()
+    };
+    let ok = |out: &Output, warning: &str| {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stderr), warning);
+    };
+
+    ok(&with_env(&get, &[("ONCEGATE_TARGET", &gate.addr)]), "");
+    ok(
+        &with_env(
+            &["admin", "list-unresolved"],
+            &[("ONCEGATE_ADMIN_TARGET", &socket)],
+        ),
+        "",
+    );
+    // Each command reads its own: the worker's address is not the operator's.
+    let out = with_env(
+        &["admin", "list-unresolved"],
+        &[
+            ("ONCEGATE_TARGET", "grpc://nowhere:1"),
+            ("ONCEGATE_ADMIN_TARGET", &socket),
+        ],
+    );
+    ok(&out, "");
+
+    let server = format!("http://{}", gate.addr);
+    ok(
+        &with_env(&get, &[("ONCEGATE_SERVER", &server)]),
+        "oncegate: ONCEGATE_SERVER is deprecated: set ONCEGATE_TARGET instead\n",
+    );
+    ok(
+        &with_env(
+            &["admin", "list-unresolved"],
+            &[("ONCEGATE_SERVER", &socket)],
+        ),
+        "oncegate: ONCEGATE_SERVER is deprecated: set ONCEGATE_ADMIN_TARGET instead\n",
+    );
+    // The new name wins, and then the old one is not mentioned.
+    ok(
+        &with_env(
+            &get,
+            &[
+                ("ONCEGATE_TARGET", &gate.addr),
+                ("ONCEGATE_SERVER", "grpc://nowhere:1"),
+            ],
+        ),
+        "",
+    );
+
+    // `oncegate mcp` reads ONCEGATE_TARGET, and ONCEGATE_GATE with the line: an address it cannot
+    // take shows which one it read, before it starts.
+    let mcp = ["mcp", "--upstream-command", "true"];
+    let out = with_env(&mcp, &[("ONCEGATE_TARGET", "grpc://from-target:1")]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("\"grpc://from-target:1\" is not a gate address")
+            && !stderr.contains("deprecated"),
+        "{stderr}"
+    );
+    let out = with_env(&mcp, &[("ONCEGATE_GATE", "grpc://from-gate:1")]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("oncegate: ONCEGATE_GATE is deprecated: set ONCEGATE_TARGET instead\n")
+            && stderr.contains("\"grpc://from-gate:1\" is not a gate address"),
+        "{stderr}"
     );
 }

@@ -12,7 +12,7 @@ import uuid
 import grpc
 import pytest
 
-from oncegate import Gate, address, aio
+from oncegate import Gate, Resolver, address, aio
 from oncegate.channel import Channel
 from oncegate.models import ActionRef, ActionState, Scope
 from oncegate.v1 import oncegate_pb2 as pb
@@ -80,3 +80,39 @@ def test_oncegate_call_takes_the_target_a_local_server_prints(real_gate: RealGat
         )
     assert done.returncode == 0, done.stderr
     assert '"ACTION_STATE_ABSENT"' in done.stdout
+
+
+def test_the_environment_names_the_worker_and_the_operator_address(
+    real_gate: RealGate, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("ONCEGATE_TARGET", "ONCEGATE_ADMIN_TARGET", "ONCEGATE_SERVER", "ONCEGATE_GATE"):
+        monkeypatch.delenv(name, raising=False)
+    assert address.from_environment() == address.from_environment(admin=True) == "127.0.0.1:50051"
+    socket = f"unix:{real_gate.data_dir / 'admin.sock'}"
+    monkeypatch.setenv("ONCEGATE_TARGET", real_gate.target)
+    monkeypatch.setenv("ONCEGATE_ADMIN_TARGET", socket)
+    with Gate() as gate:
+        assert gate.target == real_gate.target
+        assert gate.get_action(_absent()).state == ActionState.ABSENT
+    with Resolver() as resolver:
+        assert resolver.target == socket
+
+
+def test_the_earlier_names_are_read_with_a_warning_naming_the_new_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("ONCEGATE_TARGET", "ONCEGATE_ADMIN_TARGET", "ONCEGATE_SERVER", "ONCEGATE_GATE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ONCEGATE_SERVER", "s:1")
+    with pytest.warns(FutureWarning, match=r"^ONCEGATE_SERVER is deprecated: set ONCEGATE_TARGET instead$"):
+        assert address.from_environment() == "s:1"
+    with pytest.warns(FutureWarning, match=r"^ONCEGATE_SERVER is deprecated: set ONCEGATE_ADMIN_TARGET instead$"):
+        assert address.from_environment(admin=True) == "s:1"
+    monkeypatch.delenv("ONCEGATE_SERVER")
+    monkeypatch.setenv("ONCEGATE_GATE", "g:1")
+    with pytest.warns(FutureWarning, match=r"^ONCEGATE_GATE is deprecated: set ONCEGATE_TARGET instead$"):
+        assert address.from_environment() == "g:1"
+    monkeypatch.setenv("ONCEGATE_TARGET", "t:1")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert address.from_environment() == "t:1"

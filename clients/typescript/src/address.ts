@@ -4,6 +4,10 @@
  * socket on this machine), the forms the CLI (`oncegate call --server`) and the Python and Rust
  * clients take too. Anything else is refused with the forms it could have been, in one sentence.
  *
+ * The environment names a gate's address twice, as for the CLI: `ONCEGATE_TARGET` the worker's (a
+ * `GateClient` made without one), `ONCEGATE_ADMIN_TARGET` the operator's (a `Resolver` made without
+ * one); their earlier names are still read, with a warning naming the new one.
+ *
  * It owns the parsing only; `rpc.ts` opens the connection it describes.
  */
 
@@ -38,4 +42,33 @@ export function parseAddress(given: string): Address {
     }
   }
   throw new TypeError(`${JSON.stringify(given)} is not a gate address: give ${ADDRESS_FORMS}`);
+}
+
+/** The environment variable naming the worker's gate. */
+export const TARGET_ENV = "ONCEGATE_TARGET";
+/** The environment variable naming the operator's gate (often its admin socket). */
+export const ADMIN_TARGET_ENV = "ONCEGATE_ADMIN_TARGET";
+/** The address without any: a gate on this machine on its default port. */
+export const DEFAULT_ADDRESS = "127.0.0.1:50051";
+
+const OLD_NAMES: Record<string, readonly string[]> = {
+  [TARGET_ENV]: ["ONCEGATE_SERVER", "ONCEGATE_GATE"],
+  [ADMIN_TARGET_ENV]: ["ONCEGATE_SERVER"],
+};
+
+/**
+ * The gate's address when none is given: `ONCEGATE_ADMIN_TARGET` (`admin`) or `ONCEGATE_TARGET`,
+ * else an earlier name of it (with a one-line warning naming the new one), else
+ * {@link DEFAULT_ADDRESS}.
+ */
+export function addressFromEnv(admin = false, env: NodeJS.ProcessEnv = process.env): string {
+  const name = admin ? ADMIN_TARGET_ENV : TARGET_ENV;
+  for (const variable of [name, ...OLD_NAMES[name]!]) {
+    const value = env[variable]?.trim();
+    if (value) {
+      if (variable !== name) process.emitWarning(`${variable} is deprecated: set ${name} instead`, "DeprecationWarning");
+      return value;
+    }
+  }
+  return DEFAULT_ADDRESS;
 }

@@ -15,7 +15,15 @@
  * - `resolver.ts`: `Resolver`, which settles unresolved actions by asking the provider.
  */
 
-export { ADDRESS_FORMS, parseAddress, type Address } from "./address.js";
+export {
+  ADDRESS_FORMS,
+  ADMIN_TARGET_ENV,
+  addressFromEnv,
+  DEFAULT_ADDRESS,
+  parseAddress,
+  TARGET_ENV,
+  type Address,
+} from "./address.js";
 export { GateClient } from "./client.js";
 export * from "./errors/index.js";
 export { canonicalForm, fingerprint, resolvePointer, type FingerprintOptions } from "./fingerprint/fingerprint.js";

@@ -14,7 +14,7 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 import type * as http2 from "node:http2";
 import { connect } from "node:net";
 
-import { parseAddress } from "./address.js";
+import { addressFromEnv, parseAddress } from "./address.js";
 import { fromCallError } from "./errors/status.js";
 import { encodeParams } from "./fingerprint/params.js";
 import {
@@ -108,11 +108,11 @@ export class GateRpc {
   /**
    * @param address `host:port` or `http://host:port` (plaintext), `https://host:port` (TLS), or
    *   `unix:<path>` (a Unix socket, such as the gate's admin socket); another form throws a
-   *   `TypeError` naming these.
+   *   `TypeError` naming these. Without it, `ONCEGATE_TARGET`, else `127.0.0.1:50051`.
    */
-  constructor(address: string, options: GateOptions = {}) {
-    this.address = address;
-    const { transport, sessions } = openTransport(address, options);
+  constructor(address: string | undefined = undefined, options: GateOptions = {}) {
+    this.address = address ?? addressFromEnv();
+    const { transport, sessions } = openTransport(this.address, options);
     this.sessions = sessions;
     this.client = createClient(ActionGateService, transport);
     this.callOptions = callOptions(options);

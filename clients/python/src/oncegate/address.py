@@ -5,23 +5,52 @@ and Rust clients take too. grpcio's own name-resolver targets (``dns:///host:por
 client-side balancing, ``ipv4:``, ``ipv6:``) are passed to grpcio as they are. Anything else is
 refused with a :class:`ValueError` naming the forms, in one sentence.
 
+The environment names a gate's address twice: :data:`TARGET_ENV` the worker's (a
+:class:`~oncegate.Gate` made without one), :data:`ADMIN_TARGET_ENV` the operator's (a
+:class:`~oncegate.Resolver` made without one), as for the CLI; their earlier names are still read,
+with a :class:`FutureWarning` naming the new one.
+
 Owns the parsing only; the channels (:mod:`oncegate.channel`, :mod:`oncegate.aio.channel`) open
 what it reads, and :func:`oncegate.native.endpoint` decides which ones the native core serves.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
 import grpc
 
-__all__ = ["FORMS", "Address", "credentials", "parse"]
+__all__ = [
+    "ADMIN_TARGET_ENV",
+    "DEFAULT",
+    "FORMS",
+    "TARGET_ENV",
+    "Address",
+    "credentials",
+    "from_environment",
+    "parse",
+]
 
 FORMS = "host:port, http://host:port, https://host:port (TLS) or unix:<path> (a gate's admin socket)"
 """The forms an address may take, as every refusal names them (the CLI's and the Rust client's
 sentence too)."""
+
+TARGET_ENV = "ONCEGATE_TARGET"
+"""The environment variable naming the worker's gate (``oncegate call``, ``oncegate mcp``, the
+clients, the examples)."""
+
+ADMIN_TARGET_ENV = "ONCEGATE_ADMIN_TARGET"
+"""The environment variable naming the operator's gate (``oncegate admin``, the resolvers): often
+its admin socket, ``unix:<data-dir>/admin.sock``."""
+
+DEFAULT = "127.0.0.1:50051"
+"""The address without any: a gate on this machine on its default port."""
+
+_OLD_NAMES = {TARGET_ENV: ("ONCEGATE_SERVER", "ONCEGATE_GATE"), ADMIN_TARGET_ENV: ("ONCEGATE_SERVER",)}
 
 _HOST_PORT = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d{1,5}$")
 _RESOLVERS = ("dns:", "ipv4:", "ipv6:")
@@ -77,3 +106,17 @@ def credentials(address: Address, given: grpc.ChannelCredentials | None) -> grpc
     if address.kind == "tls" and given is None:
         return grpc.ssl_channel_credentials()
     return given
+
+
+def from_environment(*, admin: bool = False) -> str:
+    """The gate's address when none is given: :data:`ADMIN_TARGET_ENV` (``admin``) or
+    :data:`TARGET_ENV`, else an earlier name of it (with a :class:`FutureWarning`), else
+    :data:`DEFAULT`."""
+    name = ADMIN_TARGET_ENV if admin else TARGET_ENV
+    for var in (name, *_OLD_NAMES[name]):
+        value = os.environ.get(var, "").strip()
+        if value:
+            if var != name:
+                warnings.warn(f"{var} is deprecated: set {name} instead", FutureWarning, stacklevel=3)
+            return value
+    return DEFAULT

@@ -58,13 +58,15 @@ class Channel:
 
     def __init__(
         self,
-        target: str,
+        target: str | None = None,
         *,
         api_key: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         timeout: float = 10.0,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
+        if target is None:
+            target = address.from_environment()
         self.target = target
         self.timeout = timeout
         read = address.parse(target)
