@@ -76,6 +76,11 @@ pub fn connect_lazy(
     })
 }
 
+/// Whether `address` names a Unix socket (`unix:<path>`): a gate's admin socket.
+pub fn is_unix(address: &str) -> bool {
+    matches!(address.parse(), Ok(Address::Unix(_)))
+}
+
 fn parse(address: &str) -> Result<Address, ConnectError> {
     address
         .parse()
