@@ -361,15 +361,33 @@ fn admin_elsewhere_says_where_it_looked_and_why_a_token_is_left_out() {
     let socket = data.join("admin.sock");
     for args in [
         ["list-unresolved", "--data-dir", data.to_str().unwrap()],
-        ["list-unresolved", "--admin-socket", socket.to_str().unwrap()],
+        [
+            "list-unresolved",
+            "--admin-socket",
+            socket.to_str().unwrap(),
+        ],
     ] {
         let out = admin_in(elsewhere.path(), &args);
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
     }
 
     // An action in flight: its token is the operator's to see.
     let granted = oncegate_command()
-        .args(["call", "request-token", "--agent", "a", "--run", "r", "--action", "x"])
+        .args([
+            "call",
+            "request-token",
+            "--agent",
+            "a",
+            "--run",
+            "r",
+            "--action",
+            "x",
+        ])
         .args(["--params", "{}", "--idempotency-key", "k", "--json"])
         .args(["--server", &gate.addr])
         .env_remove("ONCEGATE_API_KEY")
@@ -395,4 +413,54 @@ fn admin_elsewhere_says_where_it_looked_and_why_a_token_is_left_out() {
     let local = view(&["--data-dir", data.to_str().unwrap()]);
     assert_eq!(local["token"].as_str().unwrap().len(), 32, "{local}");
     assert!(local.get("token_withheld").is_none(), "{local}");
+}
+
+/// A gate on Redis keeps its admin socket in --data-dir too: `serve --help` says so, the directory
+/// is created, the start-up line names the socket by its absolute path, and `oncegate admin
+/// --data-dir` reaches it.
+#[test]
+fn a_gate_on_redis_serves_its_admin_socket_in_its_data_dir() {
+    let redis = crate::support::RedisServer::start();
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("not-yet").join("data");
+    let gate = LoggedGate::serve(
+        &dir,
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let socket = data.join("admin.sock");
+    let log = gate.wait_for_log("oncegate serving", 1);
+    assert!(
+        log.contains(&format!("admin_socket={}", socket.display())),
+        "{log}"
+    );
+    let elsewhere = TempDir::new().unwrap();
+    let out = admin_in(
+        elsewhere.path(),
+        &["list-unresolved", "--data-dir", data.to_str().unwrap()],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let help = oncegate_command()
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("With --redis-url (or Sentinel, Cluster) it holds only the admin socket, <data-dir>/admin.sock"),
+        "{help}"
+    );
 }
