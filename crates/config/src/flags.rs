@@ -76,7 +76,8 @@ pub struct ServeArgs {
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = defaults::DRAIN_SECONDS)]
     pub drain_seconds: u64,
 
-    /// Directory of the embedded store's file (created if missing). Ignored with --redis-url.
+    /// Directory of the embedded store's file and of the admin socket (created if missing). With
+    /// --redis-url (or Sentinel, Cluster) it holds only the admin socket, <data-dir>/admin.sock.
     #[arg(help_heading = STORE, long, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR)]
     pub data_dir: PathBuf,
 
@@ -181,7 +182,8 @@ pub struct ServeArgs {
 
     /// The admin socket: a Unix socket (mode 0600) on which the gate's own user is the operator,
     /// so `oncegate admin` on this machine works with no principal configured. Default:
-    /// <data-dir>/admin.sock.
+    /// <data-dir>/admin.sock, on every store (its directory is created); the start-up line names
+    /// it.
     #[arg(help_heading = SECURITY, long, env = "ONCEGATE_ADMIN_SOCKET", conflicts_with = "no_admin_socket")]
     pub admin_socket: Option<PathBuf>,
 

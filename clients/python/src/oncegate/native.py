@@ -23,13 +23,13 @@ import asyncio
 import atexit
 import functools
 import os
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import grpc
 
+from oncegate import address
 from oncegate.models import (
     ActionRef,
     Approval,
@@ -94,8 +94,6 @@ _RESPONSES: dict[str, Callable[[bytes], Any]] = {
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
-# host:port, [v6]:port, with grpcio's optional dns:/// prefix.
-_HOST_PORT = re.compile(r"^(?:dns:///)?(?P<address>(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d+)$")
 
 
 def enabled() -> bool:
@@ -108,8 +106,16 @@ def endpoint(target: str, credentials: grpc.ChannelCredentials | None, options: 
     ``None`` when that channel goes through grpcio (see the module's docstring for when)."""
     if _native is None or credentials is not None or options:
         return None
-    match = _HOST_PORT.match(target)
-    return f"http://{match['address']}" if match else None
+    try:
+        read = address.parse(target)
+    except ValueError:
+        return None
+    if read.kind == "resolver" and read.target.startswith("dns:///"):
+        try:  # grpcio's DNS resolver on one host:port: the same connection, made natively
+            read = address.parse(read.target[len("dns:///") :])
+        except ValueError:
+            return None
+    return f"http://{read.target}" if read.kind == "tcp" else None
 
 
 class NativeRpcError(grpc.RpcError):
