@@ -21,7 +21,7 @@ WHEEL_PROFILE ?= dist
 ## --release --bin oncegate` builds it too), which shortens the first build; the first build says
 ## so, and cargo shows its progress.
 run:
-	@test -x target/release/oncegate || echo "make run: the first build of the gate compiles every dependency once (all but the MCP gateway's; cargo prints each crate as it compiles); later runs rebuild only what changed."
+	@test -x target/release/oncegate || echo "make run: first build of the gate: every dependency but the MCP gateway's compiles once (cargo prints each crate as it compiles); later runs rebuild only what changed."
 	$(CARGO) build --release --locked --bin oncegate --no-default-features
 	@echo "make run: starting the gate on 127.0.0.1:50051, embedded store in ./oncegate-data. On this machine target/release/oncegate admin needs no key (it uses ./oncegate-data/admin.sock). Operator console: http://$${ONCEGATE_CONSOLE_LISTEN-127.0.0.1:7480}/ (log in with the code target/release/oncegate admin console-login prints). Ctrl-C stops the gate."
 	ONCEGATE_CONSOLE_LISTEN=$${ONCEGATE_CONSOLE_LISTEN-127.0.0.1:7480} target/release/oncegate serve $(ARGS)

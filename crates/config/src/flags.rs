@@ -152,7 +152,8 @@ pub struct ServeArgs {
 
     /// Durability level: replicas that must confirm every state change (Redis WAIT) before it is
     /// acknowledged. When fewer confirm, a grant is not handed out and a Complete returns
-    /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas.
+    /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas, or
+    /// PostgreSQL with as many synchronous standbys.
     #[arg(help_heading = DURABILITY, long, env = "ONCEGATE_DURABILITY_REPLICAS", default_value_t = defaults::DURABILITY_REPLICAS)]
     pub durability_replicas: u32,
 
