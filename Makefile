@@ -16,7 +16,7 @@ BUF := npx --yes @bufbuild/buf@1.75.0
 ## --release --bin oncegate` builds it too), which shortens the first build; the first build says
 ## so, and cargo shows its progress.
 run:
-	@test -x target/release/oncegate || echo "make run: first build of the gate (release, every dependency but the MCP gateway's; about 8 minutes on 2 cores; cargo prints each crate as it compiles). Later runs rebuild only what changed."
+	@test -x target/release/oncegate || echo "make run: the first build of the gate compiles every dependency once (all but the MCP gateway's; cargo prints each crate as it compiles); later runs rebuild only what changed."
 	$(CARGO) build --release --locked --bin oncegate --no-default-features
 	@echo "make run: starting the gate on 127.0.0.1:50051, embedded store in ./oncegate-data. On this machine target/release/oncegate admin needs no key (it uses ./oncegate-data/admin.sock). Operator console: http://$${ONCEGATE_CONSOLE_LISTEN-127.0.0.1:7480}/ (log in with the code target/release/oncegate admin console-login prints). Ctrl-C stops the gate."
 	ONCEGATE_CONSOLE_LISTEN=$${ONCEGATE_CONSOLE_LISTEN-127.0.0.1:7480} target/release/oncegate serve $(ARGS)
@@ -31,13 +31,18 @@ clean-data:
 ## tests, and a two-minute soak under a nemesis on the embedded store and on Sentinel.
 test: deps lint test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts test-soak
 
-## Installs redis-server, promtool (Debian's prometheus package), and chromium with chromedriver
+## Installs redis-server, PostgreSQL's server binaries (the tests start their own servers from
+## `pg_config --bindir`), promtool (Debian's prometheus package), and chromium with chromedriver
 ## (the operator console's browser tests) when they are missing.
 deps:
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "redis-server not found: installing it (Debian)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
 	@command -v redis-server >/dev/null
+	@{ command -v pg_config >/dev/null 2>&1 && test -x "$$(pg_config --bindir)/initdb"; } || { \
+	  echo "PostgreSQL (pg_config, initdb) not found: installing Debian's postgresql"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; }
+	@test -x "$$(pg_config --bindir)/initdb"
 	@command -v promtool >/dev/null 2>&1 || { \
 	  echo "promtool not found: installing Debian's prometheus package"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }

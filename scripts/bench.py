@@ -10,7 +10,7 @@ embedded store's floor), the Python side beside Powertools (scripts/bench_python
 bench's own virtualenv), Redis memory per completed action, and Redis's instructions per cycle
 under callgrind (scripts/bench_redis_instructions.py; --no-instructions skips it, as does a machine
 without valgrind). Prints one table of medians with
-the ratios to the EVALSHA limit of the same run and every target of issue 14, and writes it, with
+the ratios to the EVALSHA limit of the same run and every target, and writes it, with
 the exact command, the machine and the versions, into the generated block of BENCHMARKS.md.
 
 Python standard library only (the Python comparison runs in its own virtualenv). Every process it
@@ -177,8 +177,8 @@ def bench(gate, redis, scenario, opts, extra=()):
     return report
 
 
-# Issue 25 compares each store's signed grant-complete row with its unsigned one: (unsigned row,
-# signed row) per store.
+# Signing's cost is each store's signed grant-complete row against its unsigned one: (unsigned
+# row, signed row) per store.
 SIGNING_PAIRS = {"Redis": ("gate on Redis", "gate on Redis, signed"),
                  "the embedded store": ("gate on embedded, --unsigned", "gate on embedded")}
 
@@ -191,7 +191,7 @@ def order(gates, i):
     both alike); then the other scenarios, row by row. (With one run of each per round, the signed
     run came second in rounds 1 and 3; over eleven such runs, a store's signed ÷ unsigned was
     higher in round 2, where it came first, than in rounds 1 and 3 on average, 18 times in 22:
-    BENCHMARKS.md, "Four runs per store and round".)"""
+    BENCHMARKS.md, "What was tried".)"""
     paired = []
     for pair in SIGNING_PAIRS.values():
         runs = [(row, "grant-complete") for row in pair]
@@ -323,11 +323,11 @@ def cpu_cell(reports, names):
     return " / ".join(f"{statistics.median(r['cpu_us'][n] for r in reports):.0f}" for n in names)
 
 
-ISSUE_24_CLIENT_US, ISSUE_24_POWERTOOLS_CLIENT_US = 120, 280
-"""Issue 24's client CPU target per cycle, and Powertools' client CPU per cycle on the machine the
-issue measured it on. The machines here differ by more than 3× in both, so the bench also prints
-the client's CPU as a share of Powertools' client's, against the issue's share."""
-ISSUE_24_CLIENT_SHARE = ISSUE_24_CLIENT_US / ISSUE_24_POWERTOOLS_CLIENT_US
+CLIENT_US_GOAL, GOAL_POWERTOOLS_CLIENT_US = 120, 280
+"""The Python client's CPU goal per cycle, and Powertools' client CPU per cycle on the machine the
+goal was set on. The machines here differ by more than 3× in both, so the bench also prints the
+client's CPU as a share of Powertools' client's, against the goal's share."""
+CLIENT_SHARE_GOAL = CLIENT_US_GOAL / GOAL_POWERTOOLS_CLIENT_US
 
 
 def verdict(ok: bool) -> str:
@@ -338,7 +338,7 @@ def verdict(ok: bool) -> str:
 
 
 def signing_lines(results):
-    """Issue 25, point 1: each store's signed grant-complete pairs/s ÷ its unsigned ones, by the
+    """Signing's cost: each store's signed grant-complete pairs/s ÷ its unsigned ones, by the
     rows' medians (the target's measure, over every run) and round by round (the mean of the
     signed row's two runs in the round ÷ the mean of the unsigned row's two; see `order`)."""
     lines = []
@@ -349,7 +349,7 @@ def signing_lines(results):
         per_round = [mean(s[k:k + 2]) / mean(u[k:k + 2]) for k in range(0, len(u), 2)]
         lines.append(
             f"- {store}: signed ÷ unsigned grant-complete pairs/s {by_medians:.3f} by the rows' "
-            f"medians of {len(s)} runs each (issue 25: ≥ 0.85: {verdict(by_medians >= 0.85)}); "
+            f"medians of {len(s)} runs each (goal ≥ 0.85: {verdict(by_medians >= 0.85)}); "
             f"round by round, the means of each round's four runs (U S S U or S U U S): "
             f"{', '.join(f'{r:.2f}' for r in per_round)} "
             f"(median {statistics.median(per_round):.2f})")
@@ -463,7 +463,7 @@ def instructions_table(instructions):
         ratio = (instructions["gate-signed"]["instructions_per_cycle"]
                  / instructions["gate-unsigned"]["instructions_per_cycle"])
         lines += ["", f"- Redis instructions per grant-complete pair, signed ÷ unsigned: {ratio:.2f} "
-                  f"(issue 25's Redis CPU per signed pair ≤ 1.2× unsigned: "
+                  f"(goal: Redis CPU per signed pair ≤ 1.2× unsigned: "
                   f"{verdict(ratio <= 1.2)} in instructions)"]
     return lines
 
@@ -513,12 +513,12 @@ def python_table(python, opts):
     lines += ["",
               f"- the decorator's cycles/s ÷ Powertools', same run: {ratio:.3f} (target ≥ 1.0: "
               f"{verdict(ratio >= 1.0)}); its client CPU per cycle: {cpu:.1f} µs (target ≤ "
-              f"{ISSUE_24_CLIENT_US}: {verdict(cpu <= ISSUE_24_CLIENT_US)})",
+              f"{CLIENT_US_GOAL}: {verdict(cpu <= CLIENT_US_GOAL)})",
               f"- its client CPU per cycle ÷ Powertools' client CPU per cycle, same run: "
-              f"{share:.3f} (the issue's {ISSUE_24_CLIENT_US} µs was {ISSUE_24_CLIENT_SHARE:.3f} of "
-              f"Powertools' {ISSUE_24_POWERTOOLS_CLIENT_US} on its machine; by that share: {verdict(share <= ISSUE_24_CLIENT_SHARE)})",
+              f"{share:.3f} (the {CLIENT_US_GOAL} µs goal was {CLIENT_SHARE_GOAL:.3f} of Powertools' "
+              f"{GOAL_POWERTOOLS_CLIENT_US} on the machine it was set on; by that share: {verdict(share <= CLIENT_SHARE_GOAL)})",
               f"- what the guard adds to the native core's bare stubs, client CPU per cycle: "
-              f"{overhead:+.0%} (in {opts.python_workers} processes; issue 24's < +10% is for one "
+              f"{overhead:+.0%} (in {opts.python_workers} processes; the < +10% goal is for one "
               f"process: scripts/bench_python_guard.py)"]
     if all("oncegate-decorator-in-process" in run for run in python):
         local = same_run(lambda run: run["oncegate-decorator-in-process"]["cycles_per_s"]

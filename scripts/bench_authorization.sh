@@ -1,5 +1,5 @@
 #!/bin/bash
-# What authorization costs on the hot path (issue 17): the gate with nothing configured, with
+# What authorization costs on the hot path: the gate with nothing configured, with
 # three Cedar policies, with two budgets that apply, and with both, on both stores, interleaved
 # rounds of `oncegate bench --scenario grant-complete`. Its own redis-server on a free port.
 set -u

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The gate's own instructions per grant-complete pair, signed and unsigned, on a redis-server of
-its own (BENCHMARKS.md, "Where a signed pair's cost is left"): the gate runs under
+its own (BENCHMARKS.md, "What was tried"): the gate runs under
 `valgrind --tool=callgrind` (every thread counted, the signing thread included), is warmed up by
 `oncegate bench --actions WARMUP`, its counters are zeroed, `--actions N` pairs are run at 32
 callers and the counters dumped. Instructions repeat where seconds do not; valgrind hides the

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Issue 25's measurements (BENCHMARKS.md, "Signing"): grant-complete at 32 callers, signed and unsigned, Redis and embedded,
+"""What signing costs (BENCHMARKS.md, "What was tried"): grant-complete at 32 callers, signed and
+unsigned, Redis and embedded,
 for two oncegate binaries (before, after) interleaved in one window; gate and Redis CPU per call
 as make bench counts them (scripts/bench.py's meters). Then RSS and on-disk bytes after filling
 the embedded store. Usage: scripts/bench_signing.py BEFORE AFTER [--duration 6] [--rounds 2] [--fill 150000]

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Where a grant-complete pair's CPU goes, thread by thread (BENCHMARKS.md, "The embedded store
-signing, thread by thread"): the gate on a fresh embedded store (or, with `--redis`, on a fresh
+"""Where a grant-complete pair's CPU goes, thread by thread (BENCHMARKS.md, "What was tried"): the
+gate on a fresh embedded store (or, with `--redis`, on a fresh
 `redis-server` of its own), signed or `--unsigned`, loaded by `oncegate bench` at 32 callers; each
 thread's time on a CPU and time runnable but waiting for one, from /proc/<pid>/task/*/schedstat
 over the middle of the run, per pair, summed by thread name (the gate's Tokio workers, the store's

@@ -1,6 +1,5 @@
 #!/bin/bash
-# The gate's socket writes per grant-complete pair, counted with strace (BENCHMARKS.md, "A signed
-# reply in one write"). Starts its own gate on a new embedded store (or on a Redis of its own),
+# The gate's socket writes per grant-complete pair, counted with strace (BENCHMARKS.md, "What was tried"). Starts its own gate on a new embedded store (or on a Redis of its own),
 # loopback only, and stops it.
 #
 #   scripts/bench_writes.sh BINARY [signed|unsigned] [PAIRS] [CONCURRENCY] [CONNECTIONS] [embedded|redis]

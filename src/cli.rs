@@ -1,7 +1,7 @@
 //! The command line: `oncegate serve` (its flags are [`oncegate_config::ServeArgs`]),
 //! `oncegate fingerprint`, `oncegate hash-key`, `oncegate call …` ([`super::call_cli`]),
 //! `oncegate admin …` ([`super::admin`]), `oncegate bench` ([`super::bench`]), `oncegate mcp`
-//! ([`super::mcp`]), `oncegate keys` and `oncegate verify` ([`super::keys`]). `--help` is the
+//! ([`super::mcp`]), `oncegate keys` and `oncegate verify` ([`super::keys`]), `oncegate migrate`. `--help` is the
 //! reference.
 
 use std::path::PathBuf;
@@ -14,7 +14,7 @@ use oncegate_config::ServeArgs;
 ///
 /// Workers ask the gate for a one-shot token before they act, report the outcome after, and get
 /// the original receipt back when they retry. Runs on an embedded durable store by default, or in
-/// front of Redis with --redis-url. Optionally it also decides whether an agent may act: Cedar
+/// front of Redis (--redis-url) or PostgreSQL (--postgres-url). Optionally it also decides whether an agent may act: Cedar
 /// rules, budgets and approvals ([authorization] and [[budgets]] in `serve --config`; `admin
 /// approve`, `deny`, `list-approvals`, `budgets`). Guides: docs/README.md.
 #[derive(Debug, Parser)]
@@ -51,6 +51,9 @@ pub enum Command {
     Keys(super::keys::KeysArgs),
     /// Check a grant statement offline, as the action's executor would; prints its claims.
     Verify(super::keys::VerifyArgs),
+    /// Apply the PostgreSQL store's schema migrations and exit (`serve` applies them too, at
+    /// start-up); a database migrated by a newer oncegate is refused.
+    Migrate(MigrateArgs),
 }
 
 /// Settings of `oncegate fingerprint`.
@@ -80,4 +83,15 @@ pub struct FingerprintArgs {
 pub struct McpLeftOut {
     #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
     pub args: Vec<String>,
+}
+
+/// Settings of `oncegate migrate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MigrateArgs {
+    /// The PostgreSQL URL (libpq form), as `serve --postgres-url` takes it.
+    #[arg(long, env = "ONCEGATE_POSTGRES_URL", hide_env_values = true)]
+    pub postgres_url: String,
+    /// Deadline of one statement in milliseconds (the connection included).
+    #[arg(long, env = "ONCEGATE_STORE_TIMEOUT_MS", default_value_t = oncegate_config::defaults::STORE_TIMEOUT_MS)]
+    pub store_timeout_ms: u64,
 }

@@ -53,6 +53,7 @@ fn main() -> ExitCode {
         Command::Call(args) => with_runtime(|runtime| runtime.block_on(call_cli::run(*args))),
         Command::Admin(args) => with_runtime(|runtime| runtime.block_on(admin::run(*args))),
         Command::Bench(args) => bench::main(args),
+        Command::Migrate(args) => with_runtime(|runtime| runtime.block_on(migrate(args))),
         #[cfg(feature = "mcp")]
         Command::Mcp(args) => with_runtime(|runtime| {
             let _telemetry = telemetry::init(args.log_format, None);
@@ -192,5 +193,32 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+/// `oncegate migrate`: the PostgreSQL schema brought to this binary's version; exits 64 on a bad
+/// URL or a newer schema, 69 when the database cannot be reached.
+async fn migrate(args: cli::MigrateArgs) -> ExitCode {
+    let timeout = std::time::Duration::from_millis(args.store_timeout_ms.max(1));
+    match oncegate_store::postgres::migrate(&args.postgres_url, timeout).await {
+        Ok(applied) if applied.is_empty() => {
+            println!(
+                "schema at version {}: nothing to apply",
+                oncegate_store::postgres::schema::binary_version()
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(applied) => {
+            println!("applied schema versions {applied:?}");
+            ExitCode::SUCCESS
+        }
+        Err(oncegate_store::StoreError::Misconfigured(why)) => {
+            eprintln!("oncegate migrate: {why}");
+            ExitCode::from(exit::USAGE)
+        }
+        Err(e) => {
+            eprintln!("oncegate migrate: {e}");
+            ExitCode::from(exit::UNAVAILABLE)
+        }
     }
 }

@@ -17,7 +17,7 @@ import { createInterface } from "node:readline";
 
 import { generateText, stepCountIs, tool, type ToolExecutionOptions } from "ai";
 import { MockLanguageModelV3 } from "ai/test";
-import { GateClient, type Grant } from "oncegate";
+import { GateClient, modelMessage, type Grant } from "oncegate";
 import { z } from "zod";
 
 /** What the application passes to every tool through `experimental_context`. */
@@ -45,7 +45,9 @@ class Bank {
 /**
  * Wraps a tool's `execute` so that each logical call runs at most once: the gate names the action
  * by the workflow run (from the run context, never `toolCallId`, which is new on every retry) and
- * the tool's input, and a retry gets the first call's result back without running anything.
+ * the tool's input, and a retry gets the first call's result back without running anything. When
+ * the gate stops the call (held for approval, denied, over budget, key reused, outcome unknown),
+ * the model is told what happened and what to do (`modelMessage`); any other error is thrown.
  */
 function runsOnce<INPUT extends object, OUTPUT>(
   gate: GateClient,
@@ -53,9 +55,17 @@ function runsOnce<INPUT extends object, OUTPUT>(
   agentId: string,
   execute: (input: INPUT, grant: Grant) => Promise<OUTPUT> | OUTPUT,
 ) {
-  return async (input: INPUT, options: ToolExecutionOptions): Promise<OUTPUT> => {
+  return async (input: INPUT, options: ToolExecutionOptions): Promise<OUTPUT | { notExecuted: string }> => {
     const { runId } = options.experimental_context as RunContext;
-    const outcome = await gate.runOnce({ agentId, runId, action, params: input }, (grant) => execute(input, grant));
+    let outcome;
+    try {
+      outcome = await gate.runOnce({ agentId, runId, action, params: input }, (grant) => execute(input, grant));
+    } catch (error) {
+      const told = modelMessage(error);
+      if (told === undefined) throw error;
+      console.log(`   gate   ${options.toolCallId}: not executed; the model is told: ${told}`);
+      return { notExecuted: told };
+    }
     console.log(
       outcome.kind === "Executed"
         ? `   gate   ${options.toolCallId}: granted (fencing ${outcome.grant.fencing}); the tool ran`

@@ -1,4 +1,4 @@
-"""The installable artifacts `make dist` builds (issue 24): the Python wheel and the npm tarball,
+"""The installable artifacts `make dist` builds: the Python wheel and the npm tarball,
 each installed into a clean virtualenv / a clean npm project outside the checkout (no in-tree
 `build/`, no link to the checkout's `node_modules`) and used to run a guarded action twice against
 a real gate: it runs once, and the retry gets its receipt back. And the Python client on grpcio

@@ -1,4 +1,4 @@
-//! Operator access on day one (issue 22, point 3): on the gate's machine `oncegate admin` works
+//! Operator access on day one: on the gate's machine `oncegate admin` works
 //! against a gate with no principal configured (the admin socket in its data directory, mode 0600,
 //! whose holder is the operator); over the network the rules stay as they are, and a refused
 //! admin call names what to configure; adding an operator never locks agents out.

@@ -207,7 +207,7 @@ async fn hold_approve_grant_once(kind: Kind) {
     let renewed = held(&ask(&mut client, payment(901)).await.unwrap());
     assert_ne!(renewed.id, other.id);
 }
-on_stores!(hold_approve_grant_once: embedded, redis);
+on_stores!(hold_approve_grant_once: embedded, redis, postgres);
 
 /// The Rust guard: a held action is neither run nor an error of the gate's, but its own outcome
 /// carrying the approval id; `oncegate admin approve` (the operator's command line) lets the same

@@ -54,7 +54,7 @@ async fn rules_deny_by_agent_and_by_a_param_bound(kind: Kind) {
         .await
         .unwrap();
 }
-on_stores!(rules_deny_by_agent_and_by_a_param_bound: embedded, redis);
+on_stores!(rules_deny_by_agent_and_by_a_param_bound: embedded, redis, postgres);
 
 #[test]
 fn a_broken_policy_file_stops_start_up_with_cedars_message() {

@@ -198,7 +198,7 @@ async fn sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back(ki
     assert_eq!(attempts("granted"), 5.0);
     assert_eq!(attempts("budget_exceeded"), 2.0);
 }
-on_stores!(sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back: embedded, redis, cluster);
+on_stores!(sixty_and_forty_fit_one_more_does_not_and_a_release_gives_forty_back: embedded, redis, cluster, postgres);
 
 async fn a_velocity_cap_counts_grants_per_agent_and_action(kind: Kind) {
     let gate = TestGate::start_with(kind, config(BUDGETS)).await;
@@ -222,7 +222,7 @@ async fn a_velocity_cap_counts_grants_per_agent_and_action(kind: Kind) {
         .unwrap_err();
     expect_error(&replay, Code::Aborted, "IDEMPOTENCY_IN_PROGRESS");
 }
-on_stores!(a_velocity_cap_counts_grants_per_agent_and_action: embedded, redis);
+on_stores!(a_velocity_cap_counts_grants_per_agent_and_action: embedded, redis, postgres);
 
 #[tokio::test]
 async fn the_budget_holds_across_a_restart_of_the_embedded_gate() {
@@ -327,7 +327,7 @@ async fn never_over_budget_under_fifty_racing_callers(kind: Kind) {
 }
 on_stores!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    never_over_budget_under_fifty_racing_callers: embedded, redis, cluster
+    never_over_budget_under_fifty_racing_callers: embedded, redis, cluster, postgres
 );
 
 /// An expired grant keeps its reservation until an operator settles it: FAILED gives it back.
@@ -376,4 +376,4 @@ async fn a_failed_resolution_gives_the_reservation_back(kind: Kind) {
         .into_inner();
     assert_eq!(again.decision(), pb::Decision::Granted);
 }
-on_stores!(a_failed_resolution_gives_the_reservation_back: embedded, redis);
+on_stores!(a_failed_resolution_gives_the_reservation_back: embedded, redis, postgres);

@@ -287,7 +287,7 @@ fn audit_lines_say_each_thing_once_and_json_logs_carry_the_rpc_span() {
             assert_eq!(reused.matches("billing-agent").count(), 1, "{reused}");
             assert_eq!(reused.matches("inv-1").count(), 1, "{reused}");
             assert_eq!(reused.matches("key_reused").count(), 1, "{reused}");
-            // The lines ran to 330 characters, saying agent, run and key twice; what is
+            // These lines used to run to 330 characters, saying agent, run and key twice; what is
             // left is the timestamp, the RPC span's fields and the decision's own.
             assert!(reused.len() <= 250, "{} characters: {reused}", reused.len());
             assert!(reused.contains("differing=/amount"), "{reused}");

@@ -596,5 +596,5 @@ async fn random_sequences_match_the_model(kind: Kind) {
 
 on_stores!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    random_sequences_match_the_model: embedded, redis, cluster, sentinel
+    random_sequences_match_the_model: embedded, redis, cluster, sentinel, postgres
 );

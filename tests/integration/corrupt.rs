@@ -1,6 +1,6 @@
 //! A stored record the embedded store cannot read is that action's failure, not the store's: its
 //! calls answer INTERNAL (the store's `Corrupt`) and write nothing, every other action is served,
-//! and the writer goes on (issue 21: it used to stop for good).
+//! and the writer goes on (it used to stop for good).
 
 use std::time::{Duration, Instant};
 
@@ -43,6 +43,8 @@ fn serve(store: Store) -> impl std::future::Future<Output = TestGate> {
         redis: None,
         cluster: None,
         sentinel: None,
+        postgres: None,
+        pg_server: None,
         _dir: None,
     };
     let gate = Gate::new(store, Policies::default());

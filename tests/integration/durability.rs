@@ -203,6 +203,8 @@ async fn cluster_wait_reaches_the_node_that_owns_the_action() {
         redis: None,
         cluster: Some(cluster),
         sentinel: None,
+        postgres: None,
+        pg_server: None,
         _dir: None,
     };
     let gate = TestGate::serve(backend, Policies::default()).await;

@@ -1,4 +1,4 @@
-//! A Redis that may evict keys forgets completions (issue 11, item 4): refused at start-up on
+//! A Redis that may evict keys forgets completions: refused at start-up on
 //! every topology, failing closed when the policy changes later, allowed only when the operator
 //! says so (and then warned about in the log); and Redis errors a retry can cure (OOM) are STORE_UNAVAILABLE, so guards retry.
 

@@ -64,6 +64,8 @@ async fn sentinel_gate(level: u32) -> (TestGate, Arc<Mutex<SentinelSet>>) {
         redis: None,
         cluster: None,
         sentinel: None,
+        postgres: None,
+        pg_server: None,
         _dir: None,
     };
     (TestGate::serve(backend, Policies::default()).await, set)

@@ -1,5 +1,5 @@
-//! Who may settle or pick up an action (issue 11, item 5), and the listing's bounded work over the
-//! agents index (item 6): the operator role needs a named principal, a holder name is no
+//! Who may settle or pick up an action and the listing's bounded work over the
+//! agents index: the operator role needs a named principal, a holder name is no
 //! credential, and the agents index forgets agents with nothing left to list.
 
 use oncegate_config::defaults;

@@ -1,4 +1,4 @@
-//! Operator calls go through the gate like a worker's (issue 10): timed and counted by store
+//! Operator calls go through the gate like a worker's: timed and counted by store
 //! operation, refused ones included, failures counted as store errors of their own operation.
 
 use std::collections::HashMap;
@@ -31,7 +31,7 @@ fn operator_ref(key: &str) -> pb::ActionRef {
     }
 }
 
-/// Operator calls go through the gate like a worker's (issue 10): each GetAction, ListUnresolved,
+/// Operator calls go through the gate like a worker's: each GetAction, ListUnresolved,
 /// ResolveExpired, RecordExternalCompletion and ExportReceipts is one timed store call under its
 /// own operation, a refused one included, an invalid one (no store call) not; and with Redis
 /// gone each is counted as a store error of that operation.

@@ -189,7 +189,7 @@ async fn hand_done_completion_reaches_the_worker_as_completed_by_other(kind: Kin
     let meta = expect_error(&status, Code::FailedPrecondition, "IDEMPOTENCY_KEY_REUSED");
     assert_eq!(meta["differing_fields"], "/amount");
 }
-on_stores!(hand_done_completion_reaches_the_worker_as_completed_by_other: embedded, redis);
+on_stores!(hand_done_completion_reaches_the_worker_as_completed_by_other: embedded, redis, postgres);
 
 async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
     let gate = TestGate::start_with_test_clock(kind, policies()).await;
@@ -282,7 +282,7 @@ async fn expired_lease_listed_resolved_failed_and_granted_again(kind: Kind) {
         .unwrap_err();
     expect_error(&status, Code::FailedPrecondition, "TOKEN_MISMATCH");
 }
-on_stores!(expired_lease_listed_resolved_failed_and_granted_again: embedded, redis);
+on_stores!(expired_lease_listed_resolved_failed_and_granted_again: embedded, redis, postgres);
 
 async fn expired_lease_resolved_completed(kind: Kind) {
     let gate = TestGate::start_with_test_clock(kind, policies()).await;
@@ -334,7 +334,7 @@ async fn expired_lease_resolved_completed(kind: Kind) {
         .into_inner();
     assert_eq!(resp.completion.unwrap().receipt, b"tx_42");
 }
-on_stores!(expired_lease_resolved_completed: embedded, redis);
+on_stores!(expired_lease_resolved_completed: embedded, redis, postgres);
 
 async fn listing_pages_across_agents(kind: Kind) {
     let gate = TestGate::start_with_test_clock(kind, policies()).await;
@@ -403,4 +403,4 @@ async fn listing_pages_across_agents(kind: Kind) {
         .unwrap_err();
     expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
 }
-on_stores!(listing_pages_across_agents: embedded, redis);
+on_stores!(listing_pages_across_agents: embedded, redis, postgres);

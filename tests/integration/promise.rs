@@ -1,4 +1,4 @@
-//! Never twice, never forgotten (issue 11): the sequences of ordinary calls that used to let an
+//! Never twice, never forgotten: the sequences of ordinary calls that used to let an
 //! action run a second time, each through real gRPC on every store. Eviction and authorization,
 //! which concern the deployment, are in `eviction.rs` and `holders.rs`.
 
@@ -21,7 +21,7 @@ fn after(at: prost_types::Timestamp, ms: i64) -> prost_types::Timestamp {
     }
 }
 
-/// Item 1 (and 6): a worker crashes after the bank charged; nobody reconciles. Long past lease end
+/// A crash nobody reconciles: a worker crashes after the bank charged; nobody reconciles. Long past lease end
 /// plus retention the action is still EXPIRED, still refused, still listed, and a late Complete
 /// is still accepted; only then does retention start, and a grant after it gets a higher fencing
 /// number than every earlier one.
@@ -116,7 +116,7 @@ async fn an_unresolved_lease_outlives_its_retention(kind: Kind) {
     assert_eq!(resp.decision(), pb::Decision::Granted);
     assert!(resp.grant.unwrap().fencing > g.fencing);
 }
-on_stores!(an_unresolved_lease_outlives_its_retention: embedded, redis, cluster, sentinel);
+on_stores!(an_unresolved_lease_outlives_its_retention: embedded, redis, cluster, sentinel, postgres);
 
 fn regrant_policies(extra_limits: &str) -> oncegate_gate::policy::Policies {
     crate::support::policies(&format!(
@@ -124,7 +124,7 @@ fn regrant_policies(extra_limits: &str) -> oncegate_gate::policy::Policies {
     ))
 }
 
-/// Item 2: T1 expires while its worker waits on the bank; T2 is granted and fails definitely
+/// A superseded grant's late success: T1 expires while its worker waits on the bank; T2 is granted and fails definitely
 /// (Release); T1's payment succeeds. Its Complete is recorded and every later request replays it.
 async fn a_superseded_grant_survives_the_newer_release(kind: Kind) {
     let gate = TestGate::start_with_test_clock(kind, regrant_policies("")).await;
@@ -153,9 +153,9 @@ async fn a_superseded_grant_survives_the_newer_release(kind: Kind) {
         (b"tx-T1".to_vec(), t1.fencing)
     );
 }
-on_stores!(a_superseded_grant_survives_the_newer_release: embedded, redis, cluster, sentinel);
+on_stores!(a_superseded_grant_survives_the_newer_release: embedded, redis, cluster, sentinel, postgres);
 
-/// Item 2: a lease below the minimum is refused, and superseded grants stop at the limit with
+/// Superseded grants are bounded: a lease below the minimum is refused, and superseded grants stop at the limit with
 /// LEASE_EXPIRED_UNRESOLVED instead of a grant (none dropped).
 async fn superseded_grants_are_bounded(kind: Kind) {
     let gate =
@@ -194,10 +194,10 @@ async fn superseded_grants_are_bounded(kind: Kind) {
     assert_eq!(resp.decision(), pb::Decision::AlreadyCompleted);
     assert_eq!(resp.completion.unwrap().receipt, b"tx-oldest".to_vec());
 }
-on_stores!(superseded_grants_are_bounded: embedded, redis, cluster, sentinel);
+on_stores!(superseded_grants_are_bounded: embedded, redis, cluster, sentinel, postgres);
 
-/// Item 3: two different amounts never share a fingerprint; a literal a double cannot hold is
-/// refused, naming the field (beyond 2^53 too: issue 26), and creates nothing.
+/// Amounts: two different amounts never share a fingerprint; a literal a double cannot hold is
+/// refused, naming the field (beyond 2^53 too, where a double would round), and creates nothing.
 async fn amounts_a_double_cannot_hold_are_refused(kind: Kind) {
     let gate = TestGate::start(kind).await;
     let client = &mut gate.client().await;
@@ -231,4 +231,4 @@ async fn amounts_a_double_cannot_hold_are_refused(kind: Kind) {
         .await;
     }
 }
-on_stores!(amounts_a_double_cannot_hold_are_refused: embedded, redis, cluster, sentinel);
+on_stores!(amounts_a_double_cannot_hold_are_refused: embedded, redis, cluster, sentinel, postgres);

@@ -105,18 +105,21 @@ async fn racers_across_gate_processes(
     }
 }
 
-/// Racers across gate processes on every Redis topology; on a Cluster, twelve keys (spread over
-/// the masters' slots) through three gates.
+/// Racers across gate processes on every Redis topology and on PostgreSQL; on a Cluster, twelve
+/// keys (spread over the masters' slots) through three gates; on PostgreSQL, four keys through
+/// three gates.
 async fn racers_across_gate_processes_get_one_grant_per_key(kind: Kind) {
     let (gates, keys, racers) = match kind {
         Kind::Cluster => (3, 12, 30),
+        // Three gates on one database, four keys: the keys' locks never meet.
+        Kind::Postgres => (3, 4, 40),
         _ => (2, 1, RACERS),
     };
     racers_across_gate_processes(kind, gates, keys, racers, &[]).await;
 }
 on_stores!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    racers_across_gate_processes_get_one_grant_per_key: redis, cluster, sentinel
+    racers_across_gate_processes_get_one_grant_per_key: redis, cluster, sentinel, postgres
 );
 
 /// One gate serving on three threads: the racers' connections are dealt over them (each thread
@@ -127,7 +130,7 @@ async fn racers_on_serving_threads_get_one_grant_per_key(kind: Kind) {
 }
 on_stores!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    racers_on_serving_threads_get_one_grant_per_key: embedded, redis, cluster, sentinel
+    racers_on_serving_threads_get_one_grant_per_key: embedded, redis, cluster, sentinel, postgres
 );
 
 /// On a standalone Redis, each serving thread past the first opens one connection of its own, on
@@ -208,7 +211,7 @@ async fn five_hundred_distinct_actions_get_distinct_tokens(kind: Kind) {
 }
 on_stores!(
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    five_hundred_distinct_actions_get_distinct_tokens: embedded, redis, cluster, sentinel
+    five_hundred_distinct_actions_get_distinct_tokens: embedded, redis, cluster, sentinel, postgres
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -193,7 +193,7 @@ async fn completions_form_one_chain_per_agent(kind: Kind) {
     assert_eq!(b.len(), 1);
     assert!(verify_chain(&keys, "billing-b", &b).problems.is_empty());
 }
-on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] completions_form_one_chain_per_agent: embedded, redis, cluster);
+on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] completions_form_one_chain_per_agent: embedded, redis, cluster, postgres);
 
 /// Grants and completes `n` actions of agent `a` directly on a store, chaining with `signer`.
 async fn complete_directly(store: &Store, signer: &Receipts, n: usize) {

@@ -1,4 +1,4 @@
-//! Resolvers (issue 23) end to end, on both stores: a principal with the `resolver` role watches
+//! Resolvers end to end, on both stores: a principal with the `resolver` role watches
 //! the unresolved actions of its agents (WatchUnresolved: what is unresolved when it starts, then
 //! each lease that ends with no outcome) and settles them with ResolveExpired and the fencing
 //! number it was sent. The agent's retry replays the resolver's receipt; two resolvers racing on
@@ -259,7 +259,7 @@ async fn a_lapsed_lease_reaches_a_watching_resolver_and_its_receipt_is_replayed(
         0.0
     );
 }
-on_stores!(a_lapsed_lease_reaches_a_watching_resolver_and_its_receipt_is_replayed: embedded, redis);
+on_stores!(a_lapsed_lease_reaches_a_watching_resolver_and_its_receipt_is_replayed: embedded, redis, postgres);
 
 /// The agent of an unresolved action.
 fn agent(u: &pb::UnresolvedAction) -> &str {
@@ -317,7 +317,7 @@ async fn two_resolvers_racing_settle_one_grant_once(kind: Kind) {
     let left = unresolved_of(&mut c.admin, "billing-race", OPS_KEY).await;
     assert!(left.is_empty(), "{left:?}");
 }
-on_stores!(two_resolvers_racing_settle_one_grant_once: embedded, redis);
+on_stores!(two_resolvers_racing_settle_one_grant_once: embedded, redis, postgres);
 
 async fn a_resolver_settles_only_the_grant_it_was_sent(kind: Kind) {
     let gate = TestGate::start_with(kind, gate_config()).await;
@@ -352,7 +352,7 @@ async fn a_resolver_settles_only_the_grant_it_was_sent(kind: Kind) {
         .await
         .unwrap();
 }
-on_stores!(a_resolver_settles_only_the_grant_it_was_sent: embedded, redis);
+on_stores!(a_resolver_settles_only_the_grant_it_was_sent: embedded, redis, postgres);
 
 async fn a_resolver_scoped_by_action_type_sees_and_settles_only_those(kind: Kind) {
     let gate = TestGate::start_with(kind, gate_config()).await;
@@ -405,7 +405,7 @@ async fn a_resolver_scoped_by_action_type_sees_and_settles_only_those(kind: Kind
         "{again:?}"
     );
 }
-on_stores!(a_resolver_scoped_by_action_type_sees_and_settles_only_those: embedded, redis);
+on_stores!(a_resolver_scoped_by_action_type_sees_and_settles_only_those: embedded, redis, postgres);
 
 async fn a_resolver_is_refused_everything_else(kind: Kind) {
     let gate = TestGate::start_with(kind, gate_config()).await;
@@ -544,7 +544,7 @@ async fn a_resolver_is_refused_everything_else(kind: Kind) {
         .await
         .unwrap();
 }
-on_stores!(a_resolver_is_refused_everything_else: embedded, redis);
+on_stores!(a_resolver_is_refused_everything_else: embedded, redis, postgres);
 
 /// The Rust client's resolver against a real gate: a fake bank that knows some provider keys.
 async fn the_rust_resolver_settles_what_the_provider_knows(kind: Kind) {
@@ -673,7 +673,7 @@ async fn the_rust_resolver_settles_what_the_provider_knows(kind: Kind) {
     let again = grant(&mut c, asked[1].0.clone(), WORKER_KEY).await;
     assert_eq!(again.grant.unwrap().fencing, asked[1].1.fencing + 1);
 }
-on_stores!(the_rust_resolver_settles_what_the_provider_knows: embedded, redis);
+on_stores!(the_rust_resolver_settles_what_the_provider_knows: embedded, redis, postgres);
 
 /// A gate process on the embedded store in `dir/data`, at `addr`, with [`gate_config`]'s
 /// principals (killed on drop).

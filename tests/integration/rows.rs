@@ -84,7 +84,7 @@ async fn absent_grants_then_complete_replays(kind: Kind) {
     assert_eq!(view.state(), pb::ActionState::Completed);
     assert_eq!(view.completion.unwrap().receipt, b"paid #1");
 }
-on_stores!(absent_grants_then_complete_replays: embedded, redis, cluster, sentinel);
+on_stores!(absent_grants_then_complete_replays: embedded, redis, cluster, sentinel, postgres);
 
 async fn live_lease_same_holder_gets_same_token_others_in_progress(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
@@ -117,7 +117,7 @@ async fn live_lease_same_holder_gets_same_token_others_in_progress(kind: Kind) {
     }
 }
 on_stores!(
-    live_lease_same_holder_gets_same_token_others_in_progress: embedded, redis, cluster, sentinel
+    live_lease_same_holder_gets_same_token_others_in_progress: embedded, redis, cluster, sentinel, postgres
 );
 
 async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
@@ -155,7 +155,7 @@ async fn expired_lease_reconcile_then_late_complete(kind: Kind) {
     let done = complete(client, &action, &g.token, b"late").await.unwrap();
     assert_eq!(done.receipt, b"late");
 }
-on_stores!(expired_lease_reconcile_then_late_complete: embedded, redis, cluster, sentinel);
+on_stores!(expired_lease_reconcile_then_late_complete: embedded, redis, cluster, sentinel, postgres);
 
 async fn expired_lease_regrant_and_double_execution(kind: Kind) {
     let gate = TestGate::start_with_test_clock(kind, policies()).await;
@@ -180,7 +180,7 @@ async fn expired_lease_regrant_and_double_execution(kind: Kind) {
     let meta = expect_error(&status, Code::FailedPrecondition, "COMPLETED_BY_OTHER");
     assert_eq!(meta["fencing"], old.fencing.to_string());
 }
-on_stores!(expired_lease_regrant_and_double_execution: embedded, redis, cluster, sentinel);
+on_stores!(expired_lease_regrant_and_double_execution: embedded, redis, cluster, sentinel, postgres);
 
 async fn changed_key_fields_under_one_idempotency_key_are_refused(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
@@ -211,7 +211,7 @@ async fn changed_key_fields_under_one_idempotency_key_are_refused(kind: Kind) {
     assert_eq!(resp.decision(), pb::Decision::AlreadyCompleted);
 }
 on_stores!(
-    changed_key_fields_under_one_idempotency_key_are_refused: embedded, redis, cluster, sentinel
+    changed_key_fields_under_one_idempotency_key_are_refused: embedded, redis, cluster, sentinel, postgres
 );
 
 async fn token_errors(kind: Kind) {
@@ -234,7 +234,7 @@ async fn token_errors(kind: Kind) {
         pb::ActionState::Absent
     );
 }
-on_stores!(token_errors: embedded, redis, cluster, sentinel);
+on_stores!(token_errors: embedded, redis, cluster, sentinel, postgres);
 
 async fn release_keeps_fencing_and_completed_cannot_be_released(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
@@ -269,7 +269,7 @@ async fn release_keeps_fencing_and_completed_cannot_be_released(kind: Kind) {
     expect_error(&status, Code::InvalidArgument, "INVALID_REQUEST");
 }
 on_stores!(
-    release_keeps_fencing_and_completed_cannot_be_released: embedded, redis, cluster, sentinel
+    release_keeps_fencing_and_completed_cannot_be_released: embedded, redis, cluster, sentinel, postgres
 );
 
 async fn extend_lease_for_the_holder_only(kind: Kind) {
@@ -302,7 +302,7 @@ async fn extend_lease_for_the_holder_only(kind: Kind) {
         .unwrap_err();
     expect_error(&status, Code::FailedPrecondition, "TOKEN_MISMATCH");
 }
-on_stores!(extend_lease_for_the_holder_only: embedded, redis, cluster, sentinel);
+on_stores!(extend_lease_for_the_holder_only: embedded, redis, cluster, sentinel, postgres);
 
 async fn scopes_are_unambiguous(kind: Kind) {
     let gate = TestGate::start_with(kind, policies()).await;
@@ -312,4 +312,4 @@ async fn scopes_are_unambiguous(kind: Kind) {
     assert_eq!(a.key, b.key, "same fingerprint");
     assert_ne!(a.scope, b.scope);
 }
-on_stores!(scopes_are_unambiguous: embedded, redis, cluster, sentinel);
+on_stores!(scopes_are_unambiguous: embedded, redis, cluster, sentinel, postgres);

@@ -147,7 +147,7 @@ async fn a_sessions_calls_answer_as_the_unary_calls_do(kind: Kind) {
     );
 }
 
-on_stores!(a_sessions_calls_answer_as_the_unary_calls_do: embedded, redis);
+on_stores!(a_sessions_calls_answer_as_the_unary_calls_do: embedded, redis, postgres);
 
 /// A call's `timeout` is its deadline, as `grpc-timeout` is a unary call's: one that passes before
 /// the gate answers (its Redis paused for a second, well inside the store's own timeout) ends the
@@ -251,7 +251,7 @@ async fn racing_calls_on_sessions_get_one_grant(kind: Kind) {
     );
 }
 
-on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] racing_calls_on_sessions_get_one_grant: embedded, redis);
+on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 2)] racing_calls_on_sessions_get_one_grant: embedded, redis, postgres);
 
 /// A session opens only with credentials, and each of its calls takes one from the caller's
 /// rate limit: a call over it is refused `RATE_LIMITED` and the session goes on.

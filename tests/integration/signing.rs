@@ -94,7 +94,7 @@ async fn grants_carry_a_statement_an_executor_verifies(kind: Kind) {
     .await;
     verify_grant(&keys, &other.statement, "{}", &[], "email.send").unwrap();
 }
-on_stores!(grants_carry_a_statement_an_executor_verifies: embedded, redis, cluster);
+on_stores!(grants_carry_a_statement_an_executor_verifies: embedded, redis, cluster, postgres);
 
 #[tokio::test]
 async fn an_unsigned_gate_hands_out_no_statement() {

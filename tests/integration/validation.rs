@@ -111,7 +111,7 @@ async fn bad_input_is_refused_and_creates_nothing(kind: Kind) {
         pb::ActionState::Authorized
     );
 }
-on_stores!(bad_input_is_refused_and_creates_nothing: embedded, redis, cluster, sentinel);
+on_stores!(bad_input_is_refused_and_creates_nothing: embedded, redis, cluster, sentinel, postgres);
 
 async fn strict_mode_refuses_actions_without_policy(kind: Kind) {
     let strict = policies("strict = true\n[actions.\"known\"]\n");
@@ -125,4 +125,4 @@ async fn strict_mode_refuses_actions_without_policy(kind: Kind) {
     assert_eq!(meta["field"], "action");
     grant(&mut client, token_request("a", "r", "known", "{}")).await;
 }
-on_stores!(strict_mode_refuses_actions_without_policy: embedded, redis);
+on_stores!(strict_mode_refuses_actions_without_policy: embedded, redis, postgres);

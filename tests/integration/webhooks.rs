@@ -246,7 +246,7 @@ async fn every_event_type_is_delivered_signed_by_every_secret(kind: Kind) {
         );
     }
 }
-on_stores!(every_event_type_is_delivered_signed_by_every_secret: embedded, redis);
+on_stores!(every_event_type_is_delivered_signed_by_every_secret: embedded, redis, postgres);
 
 /// The webhook deliveries counted for `ops` and approval.requested with `outcome`.
 async fn delivered(metrics: std::net::SocketAddr, outcome: &str) -> f64 {
@@ -327,7 +327,7 @@ async fn a_receiver_down_then_up_gets_the_event_again_with_the_same_id(kind: Kin
         "{got:#?}"
     );
 }
-on_stores!(a_receiver_down_then_up_gets_the_event_again_with_the_same_id: embedded, redis);
+on_stores!(a_receiver_down_then_up_gets_the_event_again_with_the_same_id: embedded, redis, postgres);
 
 async fn a_receiver_that_never_accepts_makes_the_event_undeliverable(kind: Kind) {
     let receiver = Receiver::start(Answer::Status(500)).await;
@@ -404,7 +404,7 @@ async fn a_receiver_that_never_accepts_makes_the_event_undeliverable(kind: Kind)
         .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::PermissionDenied);
 }
-on_stores!(a_receiver_that_never_accepts_makes_the_event_undeliverable: embedded, redis);
+on_stores!(a_receiver_that_never_accepts_makes_the_event_undeliverable: embedded, redis, postgres);
 
 async fn a_gate_killed_during_a_delivery_delivers_it_after_restart_with_the_same_id(kind: Kind) {
     let receiver = Receiver::start(Answer::Stall).await;
@@ -454,7 +454,7 @@ async fn a_gate_killed_during_a_delivery_delivers_it_after_restart_with_the_same
         resp.approval.unwrap().id.as_str()
     );
 }
-on_stores!(a_gate_killed_during_a_delivery_delivers_it_after_restart_with_the_same_id: embedded, redis);
+on_stores!(a_gate_killed_during_a_delivery_delivers_it_after_restart_with_the_same_id: embedded, redis, postgres);
 
 async fn a_slack_webhook_gets_a_message(kind: Kind) {
     let receiver = Receiver::start(Answer::Ok).await;
@@ -630,7 +630,7 @@ async fn the_outbox_keeps_each_event_once_and_one_claim_at_a_time(kind: Kind) {
     store.outbox_claim(10, 60_000, "c6").await.unwrap();
     assert_eq!(append(&["e3"]).await, 1, "forgotten after the retention");
 }
-on_stores!(the_outbox_keeps_each_event_once_and_one_claim_at_a_time: embedded, redis, cluster);
+on_stores!(the_outbox_keeps_each_event_once_and_one_claim_at_a_time: embedded, redis, cluster, postgres);
 
 /// Function and script calls (FCALL, EVALSHA, EVAL) Redis has answered so far.
 async fn scripts_run(redis: &RedisServer) -> u64 {
@@ -744,4 +744,4 @@ async fn budget_refusals_come_as_one_event_with_their_count(kind: Kind) {
     assert_eq!(body["data"]["window_seconds"], 0.5);
     assert!(got.iter().all(|d| d.id == got[0].id), "one event: {got:#?}");
 }
-on_stores!(budget_refusals_come_as_one_event_with_their_count: embedded, redis);
+on_stores!(budget_refusals_come_as_one_event_with_their_count: embedded, redis, postgres);

@@ -1,4 +1,4 @@
-"""Approvals asked in the chat (issue 23): a gated tool call the gate holds for approval is asked
+"""Approvals asked in the chat: a gated tool call the gate holds for approval is asked
 of the person in the session through `elicitation/create` when their client supports it. Accepted:
 the gateway approves and the call runs once; declined or cancelled: the gate records a denial and
 nothing runs. A client without elicitation gets the approval id. Over stdio and Streamable HTTP,

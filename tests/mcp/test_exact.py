@@ -1,5 +1,5 @@
-"""The gateway hands the gate each `tools/call`'s arguments exactly as the client sent them
-(issue 26): a literal a double cannot hold is refused naming its JSON Pointer, not rounded and
+"""The gateway hands the gate each `tools/call`'s arguments exactly as the client sent them:
+a literal a double cannot hold is refused naming its JSON Pointer, not rounded and
 run; and every shared fingerprint vector (tests/vectors/fingerprints.json) is refused or
 fingerprinted through the gateway as through the gRPC API, in process and with `--gate`. The SDK
 cannot send such literals (a Python float rounds them first): raw JSON-RPC messages, as written."""

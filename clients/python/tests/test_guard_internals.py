@@ -1,4 +1,4 @@
-"""What the guard does per call, kept cheap (issue 14) without changing what it means: heartbeats
+"""What the guard does per call, kept cheap (it is paid on every guarded call) without changing what it means: heartbeats
 share one thread, plain signatures bind without ``inspect``, holders need no system call, and
 timestamps convert exactly as protobuf converts them."""
 

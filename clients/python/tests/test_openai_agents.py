@@ -156,6 +156,6 @@ def test_the_model_is_told_why_without_token_or_values(gate_target: str) -> None
 
     _, outputs = tool_outputs(asyncio.run(scenario()))
     assert outputs[0] == "tr-1" and len(bank.transfers) == 1
-    assert "/amount" in outputs[1] and "never use a new key" in outputs[1]
+    assert "/amount" in outputs[1] and "Do not retry under a new idempotency key" in outputs[1]
     assert "9900" not in outputs[1] and bank.transfers[0]["key"] not in outputs[1]
     assert KeyReusedError.REASON == "IDEMPOTENCY_KEY_REUSED"

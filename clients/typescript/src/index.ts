@@ -1,6 +1,8 @@
 /**
  * oncegate: run each side-effecting action of an agent at most once.
  *
+ * It speaks gRPC through Connect-ES; `examples/typescript/` wraps a Vercel AI SDK tool with it.
+ *
  * The modules, bottom up; each imports only those below it (`test/layers.test.ts` checks it):
  *
  * - `gen/`: the generated stubs (`npm run generate`).

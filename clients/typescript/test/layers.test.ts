@@ -20,6 +20,7 @@ const LAYERS: string[][] = [
   ["fingerprint/fingerprint", "models"],
   ["errors/gate", "verify"],
   ["errors/guard", "errors/status"],
+  ["errors/message"],
   ["errors/index"],
   ["rpc"],
   ["guard/options", "guard/backoff"],

@@ -3,6 +3,9 @@
 //! Errors are a [`ClientError`] enum decoded from each status's `google.rpc.ErrorInfo` reason,
 //! not a bare `tonic::Status`, so callers branch on what happened.
 //!
+//! Light: it depends on the proto and domain crates only, so its dependency tree holds no store,
+//! Cedar, rmcp or axum (`tests/integration/layers.rs` checks it).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), oncegate_client::ClientError> {
 //! use oncegate_client::{ActionSpec, GateClient};

@@ -21,6 +21,10 @@ pub const STORE_TIMEOUT_MS: u64 = 2000;
 pub const EMBEDDED_CACHE_MB: u64 = oncegate_store::embedded::DEFAULT_CACHE_MB;
 /// Durability level: replicas that must confirm every state change.
 pub const DURABILITY_REPLICAS: u32 = 0;
+/// `--postgres-pool-size` (its help says why).
+pub const POSTGRES_POOL_SIZE: u64 = 16;
+/// How often the PostgreSQL store purges what is past its retention.
+pub const POSTGRES_PURGE_INTERVAL: Duration = Duration::from_secs(1);
 /// How long `WAIT` lets the replicas take, in milliseconds.
 pub const DURABILITY_TIMEOUT_MS: u64 = 1000;
 /// Sentinel: how often the master's role is re-checked, in milliseconds.

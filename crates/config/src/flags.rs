@@ -13,6 +13,7 @@ const LISTENER: &str = "Listener";
 const STORE: &str = "Store";
 const REDIS: &str = "Redis topologies (set one; none: the embedded store)";
 const DURABILITY: &str = "Durability";
+const POSTGRES: &str = "PostgreSQL (excludes the Redis topologies)";
 const SECURITY: &str = "Security";
 const OBSERVABILITY: &str = "Observability";
 const LIMITS: &str = "Limits (more in the config file's [limits])";
@@ -50,7 +51,7 @@ pub struct ServeArgs {
     /// is loopback or a Unix socket), which leaves Redis a core of its own. One thread is Tokio's
     /// current-thread scheduler, which writes the Redis commands and replies of the calls ready
     /// together in one system call each: on 2 CPUs shared with Redis, about 0.6x the gate CPU per
-    /// call of two workers and as many calls per second (BENCHMARKS.md, "Gate CPU per call"). Set
+    /// call of two workers and as many calls per second (BENCHMARKS.md, "What was tried"). Set
     /// it when the gate's share of the machine is not what the CPU count says. The start-up line
     /// logs the count, the scheduler, the CPUs and which rule chose the count. A signing gate
     /// signs its grants on one thread more (`oncegate-signer`), so that a signature does not hold
@@ -65,7 +66,7 @@ pub struct ServeArgs {
     /// a connection that thread opens). For many clients with a connection each (worker
     /// processes), 2 on 2 CPUs beside Redis made the Python decorator about 1.1x the cycles per
     /// second of 1 on one VM and no faster on another, for 15-25% more gate CPU per call
-    /// (BENCHMARKS.md, "Serving threads"): measure on your host. One busy connection is served by
+    /// (BENCHMARKS.md, "What was tried"): measure on your host. One busy connection is served by
     /// one thread whatever this says.
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_SERVING_THREADS", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=defaults::MAX_SERVING_THREADS as i64))]
@@ -132,6 +133,21 @@ pub struct ServeArgs {
     /// refused at start-up (exit 64) and, if its policy changes later, every call fails closed.
     #[arg(help_heading = REDIS, long, env = "ONCEGATE_ALLOW_REDIS_EVICTION")]
     pub allow_redis_eviction: bool,
+
+    /// PostgreSQL URL (libpq form: postgresql://user:password@host:port/database?options). Several
+    /// hosts with target_session_attrs=read-write (postgresql://h1:5432,h2:5432/db?
+    /// target_session_attrs=read-write) let the gate follow a promoted standby without a restart.
+    /// The schema is migrated at start-up. Excludes the Redis flags. Prefer the environment
+    /// variable (from a Secret) when the URL holds a password.
+    #[arg(help_heading = POSTGRES, long, env = "ONCEGATE_POSTGRES_URL", hide_env_values = true)]
+    pub postgres_url: Option<String>,
+
+    /// PostgreSQL connections this gate opens at most. A call holds one only for its step's two
+    /// round trips, so 16 keep a busy gate's calls flowing; replicas × this must stay below the
+    /// server's max_connections (100 by default), with room for other clients.
+    #[arg(help_heading = POSTGRES, long, env = "ONCEGATE_POSTGRES_POOL_SIZE", default_value_t = defaults::POSTGRES_POOL_SIZE,
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    pub postgres_pool_size: u64,
 
     /// Durability level: replicas that must confirm every state change (Redis WAIT) before it is
     /// acknowledged. When fewer confirm, a grant is not handed out and a Complete returns
@@ -259,6 +275,17 @@ impl ServeArgs {
     /// The Redis deployment to use, `None` for the embedded store. Exactly one of --redis-url,
     /// --redis-cluster-nodes and --redis-sentinels may be set; the error names the settings.
     pub fn redis_topology(&self) -> Result<Option<Topology>, String> {
+        let redis = self.redis_url.is_some()
+            || !self.redis_cluster_nodes.is_empty()
+            || !self.redis_sentinels.is_empty();
+        if self.postgres_url.is_some() {
+            if redis {
+                return Err("set either --postgres-url or a Redis topology (--redis-url, \
+                            --redis-cluster-nodes, --redis-sentinels), not both"
+                    .into());
+            }
+            return Ok(None);
+        }
         let set = [
             self.redis_url.is_some(),
             !self.redis_cluster_nodes.is_empty(),

@@ -25,6 +25,7 @@ use oncegate_observe::metrics::Metrics;
 use oncegate_store::{
     Store, StoreError,
     embedded::{EmbeddedStore, system_clock},
+    postgres::{PostgresOptions, PostgresStore},
     redis::{RedisOptions, RedisStore, Topology},
 };
 
@@ -68,6 +69,11 @@ pub enum StoreConfig {
         topology: Topology,
         options: RedisOptions,
     },
+    /// A PostgreSQL database (`--postgres-url`).
+    Postgres {
+        url: String,
+        options: PostgresOptions,
+    },
 }
 
 impl StoreConfig {
@@ -88,14 +94,18 @@ impl StoreConfig {
             Self::Redis { topology, options } => RedisStore::connect_to(topology, options.clone())
                 .await
                 .map(Store::Redis),
+            Self::Postgres { url, options } => PostgresStore::connect(url, options.clone())
+                .await
+                .map(Store::Postgres),
         }
     }
 
-    /// A short name for logs: `embedded`, `redis`, `cluster` or `sentinel`.
+    /// A short name for logs: `embedded`, `redis`, `cluster`, `sentinel` or `postgres`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Embedded { .. } => "embedded",
             Self::Redis { topology, .. } => topology.name(),
+            Self::Postgres { .. } => "postgres",
         }
     }
 }
@@ -252,10 +262,11 @@ fn signing_config(
         (None, StoreConfig::Embedded { data_dir, .. }) => {
             keys::ActiveKey::Generated(data_dir.join(keys::GENERATED_KEY_FILE))
         }
-        (None, StoreConfig::Redis { .. }) => {
+        (None, StoreConfig::Redis { .. } | StoreConfig::Postgres { .. }) => {
             notices.push(Notice::Warn(
-                "no --signing-key on Redis: serving UNSIGNED (no grant statements, no receipt \
-                 chains); give every replica the same key file to sign"
+                "no --signing-key on a shared store (Redis, PostgreSQL): serving UNSIGNED (no \
+                 grant statements, no receipt chains); give every replica the same key file to \
+                 sign"
                     .into(),
             ));
             return None;
@@ -271,7 +282,19 @@ fn signing_config(
 /// The store the flags name, with the durability level checked against it.
 fn store_config(args: &ServeArgs, policies: &Policies) -> Result<StoreConfig, ConfigError> {
     let call_timeout = Duration::from_millis(args.store_timeout_ms);
-    let Some(topology) = args.redis_topology().map_err(ConfigError::Invalid)? else {
+    let topology = args.redis_topology().map_err(ConfigError::Invalid)?;
+    if let Some(url) = &args.postgres_url {
+        return Ok(StoreConfig::Postgres {
+            url: url.clone(),
+            options: PostgresOptions {
+                pool_size: usize::try_from(args.postgres_pool_size).unwrap_or(usize::MAX),
+                call_timeout,
+                durability_replicas: args.durability_replicas,
+                purge_interval: Some(defaults::POSTGRES_PURGE_INTERVAL),
+            },
+        });
+    }
+    let Some(topology) = topology else {
         if policies.highest_durability() > 0 {
             return Err(ConfigError::Invalid(
                 "a policy sets durability_replicas, which needs Redis with replicas".into(),

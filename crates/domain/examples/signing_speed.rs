@@ -1,5 +1,5 @@
 //! What one grant statement costs to sign, against ed25519-dalek signing the same input (the
-//! signer before aws-lc took the signatures): BENCHMARKS.md, "Signatures by aws-lc".
+//! signer before aws-lc took the signatures): BENCHMARKS.md, "What was tried".
 //!
 //! ```sh
 //! cargo run --release -p oncegate-domain --example signing_speed [-- SIGNATURES_PER_ROUND]

@@ -22,7 +22,7 @@
 //!
 //! The gate sees a rule set through [`RuleSet`]; the Cedar evaluation is the `oncegate-rules`
 //! crate's, so that the gate (and everything above it but the configuration) compiles without
-//! Cedar, the largest crate of the build (issue 21).
+//! Cedar, the largest crate of the build, which a cold build would otherwise wait for.
 
 use std::{path::PathBuf, sync::Arc};
 

@@ -76,7 +76,8 @@ impl ReceiptSigner for Signer {
 /// there (all of them on a gate with one thread); here that thread goes on with other calls
 /// (reading requests, sending the store their steps, writing replies) while the signing thread
 /// uses the CPU the waits leave. Jobs queue and are signed in order; the thread stops when the
-/// last clone of the gate is dropped.
+/// last clone of the gate is dropped. A gate over another handle on its store (`Gate::on_store`,
+/// for `oncegate.local`'s blocking callers on Redis) signs inline: its callers wait anyway.
 #[derive(Debug)]
 pub(crate) struct SigningThread {
     jobs: mpsc::Sender<Job>,

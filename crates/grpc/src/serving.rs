@@ -6,7 +6,7 @@
 //! thread opened ([`oncegate_store::redis::serve_on_this_thread`]). Nothing on a call's path
 //! crosses to another thread, unlike Tokio's multi-thread scheduler, whose work stealing and
 //! cross-thread wake-ups cost more CPU per call than a second thread gains on two cores
-//! (BENCHMARKS.md, "Serving threads"). The runtime that starts the server is the first serving
+//! (BENCHMARKS.md, "What was tried"). The runtime that starts the server is the first serving
 //! thread; it also runs everything else the gate does (health, counters, webhooks).
 //!
 //! Owns: starting the threads before the gate serves, handing each its server, and dealing

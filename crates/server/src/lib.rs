@@ -82,7 +82,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
     report_durability(&store).await;
     let store_closed = match &store {
         Store::Embedded(embedded) => Some(embedded.closed()),
-        Store::Redis(_) => None,
+        Store::Redis(_) | Store::Postgres(_) => None,
     };
     let signer = config
         .signing
@@ -158,7 +158,7 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
     if let Some(signer) = signer {
         gate = gate.with_signer(signer);
         // The grants' signatures go to a thread of their own, so that the calls' I/O goes on
-        // meanwhile (BENCHMARKS.md, "Grants signed on a thread of their own").
+        // meanwhile (BENCHMARKS.md, "What was tried").
         gate = gate.signing_on_own_thread().map_err(|e| {
             tracing::error!(error = %e, "cannot start the signing thread");
             StartError::Unavailable(format!("cannot start the signing thread: {e}"))

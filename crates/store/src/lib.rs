@@ -3,7 +3,10 @@
 //! A store persists action records and applies one state-machine step per call **atomically**:
 //! the read of the record, the decision and the write happen as one indivisible step with respect
 //! to every other call on the same action key, from any number of gate replicas. The decision is
-//! the one [`oncegate_domain::ledger`] makes (the embedded store runs it; the Redis scripts mirror it).
+//! the one [`oncegate_domain::ledger`] makes (the embedded and PostgreSQL stores run it; the Redis
+//! scripts mirror it). On PostgreSQL a step is one transaction: locks (the action key's, then the
+//! agent's when its side state is read), reads, the ledger in the gate, writes, COMMIT; an error
+//! before COMMIT leaves nothing behind (the transaction rolls back, or the connection is closed).
 //!
 //! Time is the store's: every reply carries the `now` the step used, so all replicas agree on when
 //! a lease ends.
@@ -12,32 +15,41 @@
 //! caller (the step may or may not have been applied); nothing is ever *granted* to a caller that
 //! got an error, and retrying the same call is safe because every step is idempotent for the same
 //! request (a repeated grant to the same holder re-delivers, a repeated Complete returns the stored
-//! completion). [`StoreError::Corrupt`] means a stored value of that action (or of its agent's
+//! completion). On PostgreSQL, `Unavailable` says which: "nothing was written" (a failure before
+//! COMMIT; a serialization failure or a deadlock is retried inside the store first), or "whether it
+//! was applied is unknown" (the connection was lost after COMMIT was sent, or the deadline passed
+//! meanwhile). [`StoreError::Corrupt`] means a stored value of that action (or of its agent's
 //! approvals, budgets or receipt chain) could not be decoded; nothing was written, and the store
 //! keeps serving every other action.
 //!
 //! Every state change takes a durability level: the number of replicas that must confirm it before
-//! it is acknowledged (Redis `WAIT`); a store that cannot meet it fails closed.
+//! it is acknowledged (Redis `WAIT`; PostgreSQL: synchronous standbys, as the server's settings
+//! promise for every commit); a store that cannot meet it fails closed.
 //!
 //! Receipt chains: a completion call may carry a [`Receipts`] signer (the gate's). Then a
 //! completion the step records is also appended to its agent's receipt chain, in the same atomic
-//! step (embedded: the same transaction; Redis: the same script, under the agent's hash tag). The
+//! step (embedded, PostgreSQL: the same transaction; Redis: the same script, under the agent's hash
+//! tag). The
 //! chain's order is the order the store recorded the completions in, so two completions of one
 //! agent cannot fork it. Only chain *heads* are signed (each entry's digest covers the one before,
 //! so a head covers them all): the embedded store signs each agent's last entry of a group commit
-//! inside its transaction; Redis (Lua cannot sign) seals each chain that grew once per sealing
+//! inside its transaction; PostgreSQL signs each completion's entry as the head inside that
+//! completion's transaction; Redis (Lua cannot sign) seals each chain that grew once per sealing
 //! interval, off the call's path, and when it is exported.
 //!
 //! The webhook outbox ([`outbox`]) lives in the same store: events waiting for delivery, written,
 //! claimed and settled in atomic steps of their own (Redis: scripts on the `og:{outbox}` keys, one
-//! Cluster slot; embedded: tables of the same file, through the same writer and group commit).
+//! Cluster slot; embedded: tables of the same file, through the same writer and group commit;
+//! PostgreSQL: one table, a transaction per step).
 //! Outbox steps wait for no replicas.
 //!
 //! Does not own: validation, fingerprints, policies (the gate decides those before calling).
 
+pub mod codec;
 pub mod embedded;
 pub mod list;
 pub mod outbox;
+pub mod postgres;
 pub mod redis;
 
 pub use list::{ListCursor, Page, Unresolved};
@@ -182,6 +194,8 @@ pub enum Store {
     Embedded(embedded::EmbeddedStore),
     /// Redis: standalone, Cluster or Sentinel (Lua scripts, one round trip per step).
     Redis(redis::RedisStore),
+    /// PostgreSQL: one transaction per step, decided by the ledger (two round trips per step).
+    Postgres(postgres::PostgresStore),
 }
 
 macro_rules! dispatch {
@@ -189,16 +203,18 @@ macro_rules! dispatch {
         match $self {
             Store::Embedded($store) => $call,
             Store::Redis($store) => $call,
+            Store::Postgres($store) => $call,
         }
     };
 }
 
 impl Store {
-    /// Which store it is, for logs and events: `embedded` or `redis`.
+    /// Which store it is, for logs and events: `embedded`, `redis` or `postgres`.
     pub fn kind(&self) -> &'static str {
         match self {
             Store::Embedded(_) => "embedded",
             Store::Redis(_) => "redis",
+            Store::Postgres(_) => "postgres",
         }
     }
 
@@ -207,7 +223,7 @@ impl Store {
     /// writer every handle shares.
     pub async fn another_connection(&self) -> Result<Option<Store>, StoreError> {
         match self {
-            Store::Embedded(_) => Ok(None),
+            Store::Embedded(_) | Store::Postgres(_) => Ok(None),
             Store::Redis(redis) => Ok(Some(Store::Redis(redis.another_connection().await?))),
         }
     }
@@ -227,6 +243,7 @@ impl Store {
                 s.request_token(key, req).await
             }
             Store::Redis(s) => s.request_token(key, req, replicas).await,
+            Store::Postgres(s) => s.request_token(key, req, replicas).await,
         }
     }
 
@@ -246,6 +263,7 @@ impl Store {
                 s.complete(key, token, receipt, receipts).await
             }
             Store::Redis(s) => s.complete(key, token, receipt, replicas, receipts).await,
+            Store::Postgres(s) => s.complete(key, token, receipt, replicas, receipts).await,
         }
     }
 
@@ -263,6 +281,7 @@ impl Store {
                 s.release(key, token).await
             }
             Store::Redis(s) => s.release(key, token, replicas).await,
+            Store::Postgres(s) => s.release(key, token, replicas).await,
         }
     }
 
@@ -281,6 +300,7 @@ impl Store {
                 s.extend_lease(key, token, ttl).await
             }
             Store::Redis(s) => s.extend_lease(key, token, ttl, replicas).await,
+            Store::Postgres(s) => s.extend_lease(key, token, ttl, replicas).await,
         }
     }
 
@@ -303,6 +323,7 @@ impl Store {
                 s.record_external(key, ext, receipts).await
             }
             Store::Redis(s) => s.record_external(key, ext, replicas, receipts).await,
+            Store::Postgres(s) => s.record_external(key, ext, replicas, receipts).await,
         }
     }
 
@@ -325,6 +346,10 @@ impl Store {
                 s.resolve_expired(key, resolution, expected, replicas, receipts)
                     .await
             }
+            Store::Postgres(s) => {
+                s.resolve_expired(key, resolution, expected, replicas, receipts)
+                    .await
+            }
         }
     }
 
@@ -333,7 +358,7 @@ impl Store {
     /// signs every group commit's heads before committing it, so it has nothing to do.
     pub async fn seal_receipts(&self, agent_id: &str, signer: &Receipts) -> Result<(), StoreError> {
         match self {
-            Self::Embedded(_) => Ok(()),
+            Self::Embedded(_) | Self::Postgres(_) => Ok(()),
             Self::Redis(s) => s.seal_receipts(agent_id, signer).await,
         }
     }
@@ -377,6 +402,7 @@ impl Store {
                 s.decide_approval(key, decision).await
             }
             Store::Redis(s) => s.decide_approval(key, decision, replicas).await,
+            Store::Postgres(s) => s.decide_approval(key, decision, replicas).await,
         }
     }
 

@@ -2,6 +2,8 @@
 //! import from each other). By concern:
 //! - [`redis`]: a `redis-server` of the test's own on a free loopback port; [`topology`]: Cluster
 //!   and Sentinel deployments of them.
+//! - [`postgres`]: a PostgreSQL server of the test's own ([`PgServer`], from the Debian binaries,
+//!   on a free loopback port), and a database per test on one server per test process.
 //! - [`stores`]: a fresh store of every [`Kind`] ([`backend`]), and [`on_stores!`].
 //! - [`clock`]: store time a test moves ([`TestClock`], [`StoreTime`]).
 //! - [`gate`]: gates in-process on `127.0.0.1:0` ([`TestGate`]) or as real `oncegate` processes
@@ -36,7 +38,8 @@
 //! store's case is listed, run, filtered and reported by its own name
 //! (`rows::expired_lease_is_refused::cluster`). A test on another runtime puts its attribute
 //! first: `on_stores!(#[tokio::test(flavor = "multi_thread", worker_threads = 4)] name: redis);`.
-//! A store name other than `embedded`, `redis`, `cluster` or `sentinel` does not compile.
+//! A store name other than `embedded`, `redis`, `cluster`, `sentinel` or `postgres` does not
+//! compile.
 //!
 //! # Store time
 //!
@@ -54,6 +57,7 @@ pub mod gate;
 pub mod health;
 pub mod inputs;
 pub mod pki;
+pub mod postgres;
 pub mod principals;
 pub mod receiver;
 pub mod redis;
@@ -85,12 +89,13 @@ pub use self::{
     pki::{Ca, Pem, Pki, PkiFiles, tls_channel},
     principals::{OPS_KEY, WORKER_KEY, authed, principals_toml},
     receiver::{Answer, Delivery, Receiver},
+    postgres::PgServer,
     redis::{RedisServer, free_port},
     scrape::{Scrape, http_get},
     signing::{test_key, test_signer},
     stores::{
         Backend, Kind, STORE_TIMEOUT, backend, backend_with, backend_with_server,
-        backend_with_test_clock, test_options,
+        backend_with_test_clock, postgres_backend, postgres_options, test_options,
     },
 };
 pub(crate) use stores::{on_stores, store_kind};

@@ -7,12 +7,14 @@ use oncegate_config::defaults;
 use oncegate_store::{
     Store,
     embedded::{Clock, EmbeddedStore, system_clock},
+    postgres::{PostgresOptions, PostgresStore},
     redis::{RedisOptions, RedisStore, Topology},
 };
 use tempfile::TempDir;
 
 use super::{
     clock::{StoreTime, TestClock},
+    postgres::{self, PgServer},
     redis::RedisServer,
     topology,
 };
@@ -27,6 +29,8 @@ pub enum Kind {
     Cluster,
     /// A Sentinel-managed master with one replica and three sentinels.
     Sentinel,
+    /// A PostgreSQL database of the test's own (on the test process's shared server).
+    Postgres,
 }
 
 /// A store and whatever keeps it alive.
@@ -35,6 +39,10 @@ pub struct Backend {
     pub redis: Option<RedisServer>,
     pub cluster: Option<topology::RedisCluster>,
     pub sentinel: Option<topology::SentinelSet>,
+    /// The PostgreSQL database's URL.
+    pub postgres: Option<String>,
+    /// A PostgreSQL server of the test's own (None: the shared one).
+    pub pg_server: Option<PgServer>,
     /// Keeps the embedded store's directory alive.
     pub _dir: Option<TempDir>,
 }
@@ -42,7 +50,9 @@ pub struct Backend {
 impl Backend {
     /// The `oncegate serve` flags that reach this backend's Redis.
     pub fn gate_args(&self) -> Vec<String> {
-        if let Some(redis) = &self.redis {
+        if let Some(url) = &self.postgres {
+            vec!["--postgres-url".into(), url.clone()]
+        } else if let Some(redis) = &self.redis {
             vec!["--redis-url".into(), redis.url()]
         } else if let Some(cluster) = &self.cluster {
             vec!["--redis-cluster-nodes".into(), cluster.addrs().join(",")]
@@ -112,6 +122,8 @@ fn embedded(clock: Clock) -> Backend {
         redis: None,
         cluster: None,
         sentinel: None,
+        postgres: None,
+        pg_server: None,
         _dir: Some(dir),
     }
 }
@@ -121,6 +133,12 @@ pub async fn backend_with(kind: Kind, options: RedisOptions) -> Backend {
     let (mut redis, mut cluster, mut sentinel) = (None, None, None);
     let topology = match kind {
         Kind::Embedded => return embedded(system_clock()),
+        Kind::Postgres => {
+            let url = tokio::task::spawn_blocking(postgres::fresh_database)
+                .await
+                .unwrap();
+            return postgres_backend(url, None).await;
+        }
         Kind::Redis => {
             let server = RedisServer::start();
             let url = server.url();
@@ -153,6 +171,8 @@ pub async fn backend_with(kind: Kind, options: RedisOptions) -> Backend {
         redis,
         cluster,
         sentinel,
+        postgres: None,
+        pg_server: None,
         _dir: None,
     }
 }
@@ -168,13 +188,42 @@ pub async fn backend_with_server(server: RedisServer) -> Backend {
         redis: Some(server),
         cluster: None,
         sentinel: None,
+        postgres: None,
+        pg_server: None,
+        _dir: None,
+    }
+}
+
+/// Options of the tests' PostgreSQL stores: the default pool, no purge task (tests that purge
+/// call it).
+pub fn postgres_options() -> PostgresOptions {
+    PostgresOptions {
+        pool_size: defaults::POSTGRES_POOL_SIZE as usize,
+        call_timeout: STORE_TIMEOUT,
+        durability_replicas: 0,
+        purge_interval: None,
+    }
+}
+
+/// A store on the PostgreSQL database at `url` (on `server`, when the test started its own).
+pub async fn postgres_backend(url: String, server: Option<PgServer>) -> Backend {
+    let store = PostgresStore::connect(&url, postgres_options())
+        .await
+        .unwrap();
+    Backend {
+        store: Store::Postgres(store),
+        redis: None,
+        cluster: None,
+        sentinel: None,
+        postgres: Some(url),
+        pg_server: server,
         _dir: None,
     }
 }
 
 /// Generates one test per named store for `async fn $test(kind: Kind)`: a module `$test` holding
 /// `#[tokio::test] async fn <store>()` for each store (`embedded`, `redis`, `cluster`,
-/// `sentinel`). An attribute first replaces `#[tokio::test]` (another runtime flavor).
+/// `sentinel`, `postgres`). An attribute first replaces `#[tokio::test]` (another runtime flavor).
 macro_rules! on_stores {
     (#[$runtime:meta] $test:ident: $($store:ident),+ $(,)?) => {
         mod $test {
@@ -205,6 +254,9 @@ macro_rules! store_kind {
     };
     (sentinel) => {
         $crate::support::Kind::Sentinel
+    };
+    (postgres) => {
+        $crate::support::Kind::Postgres
     };
 }
 pub(crate) use store_kind;

@@ -1,7 +1,7 @@
 //! RequestToken and Complete as messages of one `Session` stream per connection
 //! (docs/CONTRACT.md, Session): a call costs one DATA frame each way instead of a new HTTP/2
 //! stream with its headers and trailers: about a fifth less of the client's and of the gate's CPU
-//! per cycle (BENCHMARKS.md, "Calls on one stream"). The messages stay opaque: the request's bytes
+//! per cycle (BENCHMARKS.md, "What was tried"). The messages stay opaque: the request's bytes
 //! are wrapped in a `SessionRequest` and the reply's bytes cut out of the `SessionResponse`
 //! without decoding either, so [`crate::worker`] reads them as it reads a unary reply.
 //!

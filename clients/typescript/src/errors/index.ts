@@ -33,4 +33,5 @@
 
 export * from "./gate.js";
 export * from "./guard.js";
+export * from "./message.js";
 export * from "./status.js";

@@ -50,11 +50,13 @@ export function gateBinary(): string {
   return binary;
 }
 
-/** Starts a gate with `policy` and resolves once it listens. */
-export async function startGate(policy: string = POLICY): Promise<RunningGate> {
+/** Starts a gate with `policy` (and `files` beside it, by name: the rules it names) and resolves
+ * once it listens. */
+export async function startGate(policy: string = POLICY, files: Record<string, string> = {}): Promise<RunningGate> {
   const workdir = mkdtempSync(join(tmpdir(), "oncegate-ts-"));
   const config = join(workdir, "policy.toml");
   writeFileSync(config, policy);
+  for (const [name, text] of Object.entries(files)) writeFileSync(join(workdir, name), text);
   const logPath = join(workdir, "gate.log");
   const dataDir = join(workdir, "data");
   const launch = (listen: string) => {

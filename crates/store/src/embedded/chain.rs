@@ -31,7 +31,8 @@ struct Stored {
     /// Empty unless the entry is a signed head.
     statement: String,
     /// The entry's digest ([`ReceiptCore::digest`]), so that the next append links to it without
-    /// walking the chain. Empty in entries written before issue 25.
+    /// walking the chain. Empty in entries written before the chain linked each entry to the one
+    /// before it (`prev`).
     #[serde(default)]
     digest: String,
 }

@@ -222,7 +222,7 @@ pub(super) struct ListRequest {
 
 /// The default size of redb's page cache, in MiB (`--embedded-cache-mb`). redb's own default is
 /// 1 GiB, which a gate fills as its file grows: the cache, not the data, was most of the gate's
-/// memory (issue 25). Hot records are recent ones, so a small cache serves the load.
+/// memory. Hot records are recent ones, so a small cache serves the load.
 pub const DEFAULT_CACHE_MB: u64 = 64;
 
 impl EmbeddedStore {

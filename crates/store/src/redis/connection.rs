@@ -108,7 +108,7 @@ pub const MAX_SERVING_THREADS: usize = 64;
 /// Marks the calling thread as the server's serving thread `index` (1 and up; the runtime that
 /// starts the server is 0). A standalone store's calls that do not wait for replicas then go on a
 /// connection opened on this thread, the first time it runs one: its commands and replies never
-/// cross to another thread's runtime (BENCHMARKS.md, "Serving threads").
+/// cross to another thread's runtime (BENCHMARKS.md, "What was tried").
 pub fn serve_on_this_thread(index: usize) {
     SERVING_THREAD.set(index);
 }

@@ -57,8 +57,7 @@ pub(super) enum Reply {
     /// and a non-table as they are), which `reply::unpacked` turns back into the value Redis
     /// would have made of it. redis-rs's RESP parser (`combine`) spends about 1,000 instructions
     /// on each item of a reply, a few hundred on one string; packing costs Redis about as much
-    /// as writing the items as RESP (BENCHMARKS.md, "Replies packed, and the log's fields
-    /// written as they are").
+    /// as writing the items as RESP (BENCHMARKS.md, "What was tried").
     Packed,
 }
 

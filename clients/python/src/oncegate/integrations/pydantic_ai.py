@@ -33,6 +33,7 @@ from pydantic_ai import RunContext, Tool
 
 from oncegate.aio.attempt import Attempt
 from oncegate.aio.client import Gate
+from oncegate.errors import OncegateError
 from oncegate.guard.binding import Binding
 from oncegate.guard.context import current_scope
 from oncegate.guard.options import GuardOptions, guard_options, json_decode, json_encode
@@ -81,6 +82,7 @@ def guarded_tool(
     heartbeat: bool = True,
     holder: str | None = None,
     wait_timeout: float | None = None,
+    refusals: Callable[[OncegateError], Any] | None = None,
 ) -> Tool[Any]:
     """A Pydantic AI ``Tool`` running ``function`` at most once per logical call, guarded by
     ``gate`` as ``action``.
@@ -89,6 +91,11 @@ def guarded_tool(
     arguments are the params the model supplies, and a parameter named ``grant`` receives the
     :class:`~oncegate.models.Grant`, hidden from the model. The guard's options are the keywords of
     :class:`~oncegate.guard.GuardOptions`, or one ``options=GuardOptions(...)``.
+
+    When the gate stops the call, the error propagates from ``agent.run``; with
+    ``refusals=model_message`` (:func:`oncegate.integrations.messages.model_message`) the model is
+    told instead, as the tool's result: held for approval, denied, over budget, key reused, outcome
+    unknown, each with what to do. Any other exception propagates either way.
     """
     binding = Binding(function, action, injected=("ctx",))
     resolved = guard_options(
@@ -109,7 +116,12 @@ def guarded_tool(
     async def tool(ctx: RunContext[Any], /, **kwargs: Any) -> Any:
         call = binding.bind((), kwargs, scope(ctx), injected={"ctx": ctx})
         attempt = Attempt(gate, call.request, resolved, key_fields_hint=key_fields_hint)
-        return await attempt.run(call.invoke)
+        if refusals is None:
+            return await attempt.run(call.invoke)
+        try:
+            return await attempt.run(call.invoke)
+        except OncegateError as refusal:
+            return refusals(refusal)
 
     context = inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_ONLY, annotation=RunContext[Any])
     parameters = [context, *binding.signature.parameters.values()]
