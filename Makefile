@@ -176,7 +176,8 @@ dist: $(VENV)/.installed $(TS_CLIENT)/node_modules/.installed
 	@ls dist
 
 ## Each artifact installed into a clean virtualenv / npm project outside the checkout, running a
-## guarded action against a real gate (tests/artifacts).
+## guarded action against a real gate, and the Python client on grpcio alone (clients/python/pure)
+## installed on a PATH without cargo or rustc (tests/artifacts).
 test-artifacts: dist
 	$(CARGO) build --locked --bin oncegate
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate ONCEGATE_DIST=$(CURDIR)/dist $(VENV)/bin/python -m pytest -q -p no:cacheprovider tests/artifacts
