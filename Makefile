@@ -190,9 +190,10 @@ dist: $(VENV)/.installed $(TS_CLIENT)/node_modules/.installed
 	@ls dist
 
 ## Each artifact installed into a clean virtualenv / npm project outside the checkout, running a
-## guarded action against a real gate (tests/artifacts). The wheel is built with the `release`
-## profile here (the variable reaches the `dist` prerequisite): the same files as `make dist`'s,
-## without a second, link-time-optimized build of the native core in every `make test`.
+## guarded action against a real gate, and the Python client on grpcio alone (clients/python/pure)
+## installed on a PATH without cargo or rustc (tests/artifacts). The wheel is built with the
+## `release` profile here (the variable reaches the `dist` prerequisite): the same files as `make
+## dist`'s, without a second, link-time-optimized build of the native core in every `make test`.
 test-artifacts: WHEEL_PROFILE = release
 test-artifacts: dist
 	$(CARGO) build --locked --bin oncegate
