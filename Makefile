@@ -12,7 +12,7 @@ BUF := npx --yes @bufbuild/buf@1.75.0
 DIST_WHEEL_ARGS := --config-settings=build-args='--profile dist'
 WHEEL_PROFILE ?= dist
 
-.PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts dist test-soak soak example-python example-typescript bench clean fuzz
+.PHONY: run clean-data test deps lint fmt-check clippy lint-proto test-deploy test-deploy-k8s test-rust test-python test-typescript test-mcp test-artifacts dist test-soak soak example-python example-typescript bench bench-postgres-rss clean fuzz
 
 ## Start the gate on 127.0.0.1:50051 with the embedded store in ./oncegate-data and the operator
 ## console on http://127.0.0.1:7480/ (ONCEGATE_CONSOLE_LISTEN moves it). ARGS passes flags
@@ -21,7 +21,7 @@ WHEEL_PROFILE ?= dist
 ## --release --bin oncegate` builds it too), which shortens the first build; the first build says
 ## so, and cargo shows its progress.
 run:
-	@test -x target/release/oncegate || echo "make run: the first build of the gate compiles every dependency once (all but the MCP gateway's; cargo prints each crate as it compiles); later runs rebuild only what changed."
+	@test -x target/release/oncegate || echo "make run: first build of the gate: every dependency but the MCP gateway's compiles once (cargo prints each crate as it compiles); later runs rebuild only what changed."
 	$(CARGO) build --release --locked --bin oncegate --no-default-features
 	@echo "make run: starting the gate on 127.0.0.1:50051, embedded store in ./oncegate-data. On this machine target/release/oncegate admin needs no key (it uses ./oncegate-data/admin.sock). Operator console: http://$${ONCEGATE_CONSOLE_LISTEN-127.0.0.1:7480}/ (log in with the code target/release/oncegate admin console-login prints). Ctrl-C stops the gate."
 	ONCEGATE_CONSOLE_LISTEN=$${ONCEGATE_CONSOLE_LISTEN-127.0.0.1:7480} target/release/oncegate serve $(ARGS)
@@ -125,17 +125,20 @@ test-mcp: $(MCP_VENV)/.installed tests/mcp/ts/node_modules/.installed
 	ONCEGATE_BIN=$(CURDIR)/target/debug/oncegate $(MCP_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/mcp
 
 ## The soak (scripts/soak.py): deployments on loopback (embedded store; Sentinel and a 3-master
-## Cluster, three gates each at durability level 1), clients running the Python guard against a fake
-## provider, a seeded nemesis (gates SIGKILLed, Redis nodes paused, failovers, Cluster nodes
-## restarted, clients paused past their lease, ambiguous provider timeouts, operator reconciliation),
-## then the checker (scripts/soaklib/checker.py) on the recorded history; exits 1 on any violation.
-## `make soak` runs all three for 5 minutes each on the release build (SOAK_ARGS passes options,
-## e.g. --duration 1800 --seed 42); histories land in target/soak/. `make test-soak` (in `make
-## test`): the checker's unit tests, then two minutes each on the embedded store and on Sentinel,
-## there at durability level 2 (both replicas): at level 1 two failovers a few seconds apart lose
-## acknowledged writes (found by `make soak`, docs/reliability.md), which would fail `make test`
-## at random. `make soak` keeps level 1. Then one minute on the embedded store with resolvers in
-## place of the operator (--resolver, docs/reliability.md).
+## Cluster, three gates each at durability level 1; PostgreSQL, a primary and a synchronous standby,
+## three gates on the multi-host URL at level 1), clients running the Python guard against a fake
+## provider, a seeded nemesis (gates SIGKILLed, Redis nodes and PostgreSQL servers paused,
+## failovers, Cluster nodes restarted, clients paused past their lease, ambiguous provider timeouts,
+## operator reconciliation), then the checker (scripts/soaklib/checker.py) on the recorded history;
+## exits 1 on any violation. `make soak` runs all four for 5 minutes each on the release build
+## (SOAK_ARGS passes options, e.g. --duration 1800 --seed 42); histories land in target/soak/.
+## `make test-soak` (in `make test`): the checker's unit tests, then two minutes each on the
+## embedded store and on Sentinel, there at durability level 2 (both replicas): at level 1 two
+## failovers a few seconds apart lose acknowledged writes (found by `make soak`,
+## docs/reliability.md), which would fail `make test` at random. `make soak` keeps level 1. Then one
+## minute on PostgreSQL at level 1 (its failovers lose nothing: the standby is synchronous), and
+## one minute on the embedded store with resolvers in place of the operator (--resolver,
+## docs/reliability.md).
 SOAK_ARGS ?=
 
 soak: deps $(VENV)/.installed
@@ -149,6 +152,8 @@ test-soak: deps $(VENV)/.installed
 	cd scripts && $(CURDIR)/$(VENV)/bin/python -m pytest -q -p no:cacheprovider soaklib
 	$(VENV)/bin/python scripts/soak.py --deployments embedded,sentinel --duration 120 \
 	  --durability 2 --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test
+	$(VENV)/bin/python scripts/soak.py --deployments postgres --duration 60 --durability 1 \
+	  --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test-postgres
 	$(VENV)/bin/python scripts/soak.py --deployments embedded --duration 60 --resolver \
 	  --binary $(CURDIR)/target/debug/oncegate --out $(CURDIR)/target/soak-test-resolver
 
@@ -190,9 +195,10 @@ dist: $(VENV)/.installed $(TS_CLIENT)/node_modules/.installed
 	@ls dist
 
 ## Each artifact installed into a clean virtualenv / npm project outside the checkout, running a
-## guarded action against a real gate (tests/artifacts). The wheel is built with the `release`
-## profile here (the variable reaches the `dist` prerequisite): the same files as `make dist`'s,
-## without a second, link-time-optimized build of the native core in every `make test`.
+## guarded action against a real gate, and the Python client on grpcio alone (clients/python/pure)
+## installed on a PATH without cargo or rustc (tests/artifacts). The wheel is built with the
+## `release` profile here (the variable reaches the `dist` prerequisite): the same files as `make
+## dist`'s, without a second, link-time-optimized build of the native core in every `make test`.
 test-artifacts: WHEEL_PROFILE = release
 test-artifacts: dist
 	$(CARGO) build --locked --bin oncegate
@@ -235,7 +241,10 @@ fuzz:
 ## BENCHMARKS.md. SCENARIO=stores, python, signing or instructions runs one part and prints it;
 ## SCENARIO=ab A=<binary> B=<binary> compares two builds. It measures the `dist` profile (what
 ## ships: fat LTO, one unit per crate; its first build is the longest) and says so; BENCH_ARGS
-## passes options to bench/bench.py, e.g. --runs 5.
+## passes options to bench/bench.py, e.g. --runs 5. With SCENARIO=all or stores, then the gate on
+## PostgreSQL beside its limit: pgbench issuing the store's statements for a grant-complete pair at
+## the same concurrency on the same server (bench/postgres.py, its own server on a free port;
+## BENCH_PG_ARGS passes its options). `make bench-postgres-rss`: the gate's RSS over 10 minutes.
 SCENARIO ?= all
 bench: deps $(BENCH_VENV)/.installed
 	@case "$(SCENARIO)" in all|instructions) command -v valgrind >/dev/null 2>&1 || { \
@@ -245,6 +254,14 @@ bench: deps $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/pip install -q --no-deps --force-reinstall $(DIST_WHEEL_ARGS) ./clients/python
 	$(PYTHON) bench/bench.py $(SCENARIO) --python $(BENCH_VENV)/bin/python \
 	  $(if $(A),--a $(A)) $(if $(B),--b $(B)) $(BENCH_ARGS)
+	@case "$(SCENARIO)" in all|stores) \
+	  $(PYTHON) bench/postgres.py --bin target/dist/oncegate $(BENCH_PG_ARGS);; esac
+
+## The gate on PostgreSQL under grant-complete load for 10 minutes, its RSS sampled every 10 s beside
+## the tables' sizes (bench/postgres.py --rss-seconds; BENCH_PG_ARGS passes options).
+bench-postgres-rss: deps
+	$(CARGO) build --profile dist --locked --bin oncegate
+	$(PYTHON) bench/postgres.py --bin target/dist/oncegate --rss-seconds 600 $(BENCH_PG_ARGS)
 
 ## The bench's own virtualenv: Powertools and redis-py for the Python comparison.
 $(BENCH_VENV)/.installed: bench/requirements.txt clients/python/pyproject.toml

@@ -2,7 +2,7 @@
 """`make soak`: the gate under a nemesis, checked from the recorded history (Jepsen-style).
 
 For each deployment asked for (``embedded``, ``sentinel``, ``cluster``; see
-``soaklib/deploy.py``), on 127.0.0.1 only: start it, start the fake provider and client processes
+``soaklib/deploy.py``; ``postgres``, see ``soaklib/postgres.py``), on 127.0.0.1 only: start it, start the fake provider and client processes
 that run the real Python guard, let the seeded nemesis inject faults until the duration has passed,
 heal everything, wait for every lease to end, take the operator's final ``ListUnresolved``, scrape
 each gate's double-execution counter, stop every process, merge the history (JSON lines, in
@@ -31,16 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from soaklib import checker  # noqa: E402
 from soaklib.summary import summary  # noqa: E402
-from soaklib.deploy import DEPLOYMENTS, Deployment  # noqa: E402
+from soaklib.deploy import Cluster, Deployment, Embedded, Sentinel  # noqa: E402
 from soaklib.history import History, merge  # noqa: E402
 from soaklib.nemesis import Nemesis  # noqa: E402
 from soaklib.operator import Operator  # noqa: E402
+from soaklib.postgres import Postgres  # noqa: E402
 from soaklib.procs import kill, kill_all, spawn  # noqa: E402
 from soaklib.provider import Provider  # noqa: E402
 from soaklib.resolver import Resolvers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE_SECONDS = 2.0
+DEPLOYMENTS: dict[str, type[Deployment]] = {d.name: d for d in (Embedded, Sentinel, Cluster, Postgres)}
+SIZE_SAMPLE_SECONDS = 10.0
 
 
 def hash_key(binary: Path, key: str) -> str:
@@ -48,10 +51,13 @@ def hash_key(binary: Path, key: str) -> str:
     return out.stdout.strip()
 
 
-def config_toml(binary: Path, worker_key: str, ops_key: str, resolver_key: str) -> str:
+def config_toml(binary: Path, worker_key: str, ops_key: str, resolver_key: str,
+                retention: float | None = None) -> str:
+    retention_line = f"retention_seconds = {retention}" if retention else ""
     return f"""
 [defaults]
 lease_ttl_seconds = {LEASE_SECONDS}
+{retention_line}
 
 [actions."soak.reconcile"]
 on_expiry = "reconcile"
@@ -92,6 +98,16 @@ def scrape_double_executions(port: int) -> dict[str, float] | None:
     return series
 
 
+def sample_table_sizes(deployment: Postgres, history: History) -> None:
+    """One ``table_sizes`` event: every table's ``pg_total_relation_size`` on the primary (skipped
+    while the primary does not answer)."""
+    try:
+        sizes = deployment.table_sizes()
+    except OSError:
+        return
+    history.write(t="table_sizes", time=time.time(), sizes=sizes)
+
+
 def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
     """Runs one deployment's soak; returns the number of violations."""
     out.mkdir(parents=True, exist_ok=True)
@@ -104,8 +120,9 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
     rng = random.Random(f"{seed}-{kind}")
     worker_key, ops_key, resolver_key = secrets.token_hex(16), secrets.token_hex(16), secrets.token_hex(16)
     config = work / "oncegate.toml"
-    config.write_text(config_toml(args.binary, worker_key, ops_key, resolver_key))
-    durability = min(args.durability, 1) if kind == "cluster" else args.durability  # one replica per shard
+    config.write_text(config_toml(args.binary, worker_key, ops_key, resolver_key, args.retention))
+    # One replica per shard; one synchronous standby.
+    durability = min(args.durability, 1) if kind in ("cluster", "postgres") else args.durability
     deployment: Deployment = DEPLOYMENTS[kind](args.binary, work, config, durability)
     history = History(out / "history-soak.jsonl")
     provider = Provider(history, seed)
@@ -126,7 +143,8 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         for i in range(args.clients):
             settings = {"client": i, "seed": seed, "gates": gates, "api_key": worker_key,
                         "provider_port": provider.port, "deadline": deadline, "started": started,
-                        "threads": args.threads, "history": str(out / f"history-client-{i}.jsonl")}
+                        "threads": args.threads, "history": str(out / f"history-client-{i}.jsonl"),
+                        "retention": args.retention}
             clients.append(spawn([sys.executable, "-m", "soaklib.client", json.dumps(settings)], env=env))
         operator = Operator(history, gates, ops_key, provider.port)
         nemesis = Nemesis(deployment, clients, provider, operator, history, rng, LEASE_SECONDS)
@@ -138,8 +156,12 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
         print(f"[{kind}] running {args.duration:.0f}s, seed {seed}, {len(gates)} gate(s), "
               f"{args.clients}x{args.threads} clients", flush=True)
         closing = deadline - 3.0
+        sampled = 0.0
         while time.time() < closing:
             time.sleep(min(rng.uniform(0.5, 3.0), max(0.0, closing - time.time())))
+            if isinstance(deployment, Postgres) and time.time() - sampled >= SIZE_SAMPLE_SECONDS:
+                sampled = time.time()
+                sample_table_sizes(deployment, history)
             if time.time() < closing:
                 nemesis.step()
         # The run ends in an ambiguous window, so outcomes are unknown at the end and the final
@@ -157,6 +179,8 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
             operator.settled_by_resolvers(provider.cannot_tell, time.time() + 30)
             resolvers.stop()
         operator.final_listing(time.time() + 60)
+        if isinstance(deployment, Postgres):
+            sample_table_sizes(deployment, history)
         for gate in deployment.gates:
             history.write(t="metrics", time=time.time(), gate=gate.name, incarnation=gate.incarnation,
                           double_executions=scrape_double_executions(gate.metrics_port))
@@ -184,16 +208,21 @@ def run_deployment(kind: str, args: argparse.Namespace, out: Path) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--deployments", default="embedded,sentinel,cluster",
-                        help="comma-separated: embedded, sentinel, cluster")
+    parser.add_argument("--deployments", default="embedded,sentinel,cluster,postgres",
+                        help="comma-separated: embedded, sentinel, cluster, postgres")
     parser.add_argument("--duration", type=float, default=300.0, help="seconds per deployment (default 300)")
     parser.add_argument("--seed", type=int, default=None, help="nemesis and workload seed (default: random)")
     parser.add_argument("--clients", type=int, default=3, help="client processes")
     parser.add_argument("--threads", type=int, default=4, help="threads per client process")
     parser.add_argument("--out", type=Path, default=ROOT / "target" / "soak", help="where histories go")
     parser.add_argument("--durability", type=int, default=1,
-                        help="the gates' --durability-replicas on Sentinel (2 replicas; default 1); "
-                             "the Cluster (1 replica per master) takes at most 1")
+                        help="the gates' --durability-replicas on Sentinel (2 replicas; default 1) and "
+                             "on PostgreSQL (1 synchronous standby); the Cluster (1 replica per master) "
+                             "takes at most 1")
+    parser.add_argument("--retention", type=float, default=None,
+                        help="the policies' retention_seconds (default: the gate's); clients then ask "
+                             "again only keys younger than half of it, so purged records are never "
+                             "asked for (what lets the tables' sizes settle in a long soak)")
     parser.add_argument("--skip-faults", default="", type=lambda v: {k for k in v.split(",") if k},
                         help="comma-separated fault kinds the nemesis must not use")
     parser.add_argument("--resolver", action="store_true",

@@ -20,7 +20,7 @@ use tonic_types::StatusExt;
 
 use oncegate_client::channel::{self, Access, ConnectError};
 use oncegate_config::{
-    defaults,
+    ADMIN_TARGET_ENV, TARGET_ENV, address_from_env, defaults,
     exit::{UNAVAILABLE as EX_UNAVAILABLE, USAGE as EX_USAGE},
 };
 use oncegate_observe::metrics::code_name;
@@ -38,11 +38,13 @@ const CONNECTION: &str = "Connection (before or after the subcommand)";
 /// `oncegate admin`, accepted anywhere on the command line (`admin get ... --json`).
 #[derive(Debug, Clone, Args)]
 pub struct RemoteArgs {
-    /// The gate's address: http://host:port, https://host:port (TLS, with --ca), or
-    /// unix:<path> (a gate's admin socket). Default: `oncegate admin` uses
+    /// The gate's address: host:port or http://host:port (plaintext), https://host:port (TLS,
+    /// with --ca), or unix:<path> (a gate's admin socket). Default: `oncegate admin` uses
     /// unix:<data-dir>/admin.sock when that socket exists (the gate's machine: its user is the
-    /// operator), else http://127.0.0.1:50051.
-    #[arg(long, global = true, env = "ONCEGATE_SERVER", help_heading = CONNECTION)]
+    /// operator), else http://127.0.0.1:50051. From the environment: ONCEGATE_TARGET for
+    /// `oncegate call`, ONCEGATE_ADMIN_TARGET for `oncegate admin` (ONCEGATE_SERVER, their earlier
+    /// name, is still read, with a warning).
+    #[arg(long, global = true, help_heading = CONNECTION)]
     pub server: Option<String>,
 
     /// The data directory of a gate on this machine, where `oncegate admin` looks for its admin
@@ -50,6 +52,11 @@ pub struct RemoteArgs {
     #[arg(long, global = true, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR,
           help_heading = CONNECTION)]
     pub data_dir: PathBuf,
+
+    /// The admin socket of a gate on this machine, where `oncegate admin` looks when no address
+    /// is given (default: <data-dir>/admin.sock; `oncegate serve --admin-socket` moves it).
+    #[arg(long, global = true, env = "ONCEGATE_ADMIN_SOCKET", help_heading = CONNECTION)]
+    pub admin_socket: Option<PathBuf>,
 
     /// The API key, sent as `authorization: Bearer <key>`.
     #[arg(long, global = true, env = "ONCEGATE_API_KEY", hide_env_values = true,
@@ -114,6 +121,19 @@ pub struct Remote {
     pub gate: ActionGateServiceClient<Authed>,
     /// The operator API.
     pub admin: GateAdminServiceClient<Authed>,
+    /// Over the admin socket: the caller is the gate's local operator.
+    pub local_operator: bool,
+    /// Calls carry an API key.
+    pub keyed: bool,
+}
+
+/// The address a command calls, and the admin socket it looked for first and did not find (when
+/// no address was given).
+pub struct Target {
+    /// The address, in any of its forms.
+    pub address: String,
+    /// The admin socket looked for (an absolute path) that does not exist.
+    pub socket_absent: Option<PathBuf>,
 }
 
 /// A command that could not run, with its exit code and message.
@@ -147,33 +167,65 @@ impl Stop {
 }
 
 impl RemoteArgs {
-    /// The gate to call: --server, else (for the operator's commands, `admin_socket`) the admin
-    /// socket in --data-dir when it exists, else the local default.
-    pub fn target(&self, admin_socket: bool) -> String {
+    /// The gate to call: --server, else the environment's address (the operator's for the
+    /// operator's commands, `admin_socket`; else the worker's), else (for the operator's commands)
+    /// the admin socket (--admin-socket, else in --data-dir) when it exists, else the local
+    /// default.
+    pub fn target(&self, admin_socket: bool) -> Target {
+        let given = |address: String| Target {
+            address,
+            socket_absent: None,
+        };
         if let Some(server) = &self.server {
-            return server.clone();
+            return given(server.clone());
         }
-        let socket = self.data_dir.join(defaults::ADMIN_SOCKET);
-        if admin_socket && socket.exists() {
-            return format!("unix:{}", socket.display());
+        let name = if admin_socket {
+            ADMIN_TARGET_ENV
+        } else {
+            TARGET_ENV
+        };
+        if let Some(server) = address_from_env(name, &["ONCEGATE_SERVER"]) {
+            return given(server);
         }
-        defaults::ADMIN_SERVER.to_owned()
+        if !admin_socket {
+            return given(defaults::ADMIN_SERVER.to_owned());
+        }
+        let socket = self
+            .admin_socket
+            .clone()
+            .unwrap_or_else(|| self.data_dir.join(defaults::ADMIN_SOCKET));
+        if socket.exists() {
+            return given(format!("unix:{}", socket.display()));
+        }
+        Target {
+            address: defaults::ADMIN_SERVER.to_owned(),
+            socket_absent: Some(std::path::absolute(&socket).unwrap_or(socket)),
+        }
     }
 
     /// Connects to the gate ([`Self::target`]); the failure names its cause (connection
-    /// refused, TLS, DNS...).
+    /// refused, TLS, DNS...) and, when no address was given, where it looked and how to point it.
     pub async fn connect(&self, admin_socket: bool) -> Result<Remote, Stop> {
         let timeout = Duration::from_secs(self.timeout_seconds.max(1));
         let access = self.access()?;
-        let server = self.target(admin_socket);
-        let channel = channel::connect(&server, &access, timeout)
+        let target = self.target(admin_socket);
+        let channel = channel::connect(&target.address, &access, timeout)
             .await
-            .map_err(|e| Stop {
-                code: match e {
-                    ConnectError::Settings(_) => EX_USAGE,
-                    ConnectError::Unreachable(_) => EX_UNAVAILABLE,
+            .map_err(|e| match e {
+                ConnectError::Settings(_) => Stop::usage(e.to_string()),
+                ConnectError::Unreachable(why) => Stop {
+                    code: EX_UNAVAILABLE,
+                    message: match &target.socket_absent {
+                        Some(socket) => format!(
+                            "no admin socket at {} and {why}. On the gate's machine give \
+                             --data-dir (the gate's data directory) or --admin-socket; from \
+                             elsewhere --server (or {ADMIN_TARGET_ENV}) with an operator's \
+                             --api-key",
+                            socket.display()
+                        ),
+                        None => why,
+                    },
                 },
-                message: e.to_string(),
             })?;
         let auth = match &self.api_key {
             Some(key) => {
@@ -189,6 +241,8 @@ impl RemoteArgs {
         Ok(Remote {
             gate: ActionGateServiceClient::with_interceptor(channel.clone(), credentials.clone()),
             admin: GateAdminServiceClient::with_interceptor(channel, credentials),
+            local_operator: channel::is_unix(&target.address),
+            keyed: self.api_key.is_some(),
         })
     }
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import subprocess
@@ -419,15 +420,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
-        "--target", default="127.0.0.1:50051", help="host:port of a running gate (default %(default)s)"
+        "--target",
+        default=os.environ.get("ONCEGATE_TARGET", "127.0.0.1:50051"),
+        help="the address of a running gate (default: ONCEGATE_TARGET, else 127.0.0.1:50051)",
     )
     where.add_argument("--spawn", type=Path, metavar="BIN", help="start this oncegate binary for the run")
     parser.add_argument("--policy", type=Path, default=HERE / "policy.toml", help="policy file for --spawn")
     parser.add_argument("--jwks-url", help="the gate's public keys (its --metrics-listen /.well-known/jwks.json)")
     parser.add_argument(
         "--resolver-target",
+        default=os.environ.get("ONCEGATE_ADMIN_TARGET"),
         help="where scene 6's resolver connects: unix:<data-dir>/admin.sock on the gate's machine "
-        "(--spawn uses its own); without it, scene 6 is skipped",
+        "(default: ONCEGATE_ADMIN_TARGET; --spawn uses its own); without it, scene 6 is skipped",
     )
     args = parser.parse_args(argv)
     if args.spawn is not None:

@@ -5,6 +5,7 @@
  *
  *   node dist/ai-sdk-tool.js --spawn ../../target/debug/oncegate   # starts and stops a gate
  *   node dist/ai-sdk-tool.js --target 127.0.0.1:50051              # or uses yours
+ *   ONCEGATE_TARGET=127.0.0.1:50051 node dist/ai-sdk-tool.js       # the same, from the environment
  *
  * It exits 1 if the bank was ever asked to pay twice.
  */
@@ -169,11 +170,13 @@ async function spawnGate(binary: string): Promise<{ address: string; stop: () =>
 
 async function main(argv: string[]): Promise<number> {
   const [flag, value] = argv;
-  if ((flag !== "--spawn" && flag !== "--target") || !value) {
-    console.error("usage: ai-sdk-tool.js --spawn PATH/TO/oncegate | --target HOST:PORT");
+  const fromEnv = flag === undefined && process.env["ONCEGATE_TARGET"] !== undefined;
+  if (!fromEnv && ((flag !== "--spawn" && flag !== "--target") || !value)) {
+    console.error("usage: ai-sdk-tool.js --spawn PATH/TO/oncegate | --target ADDRESS (or ONCEGATE_TARGET set)");
     return 64;
   }
-  const spawned = flag === "--spawn" ? await spawnGate(value) : undefined;
+  const spawned = flag === "--spawn" ? await spawnGate(value!) : undefined;
+  // No flag: the client reads ONCEGATE_TARGET.
   const gate = new GateClient(spawned?.address ?? value);
   try {
     return (await story(gate)) ? 0 : 1;

@@ -53,10 +53,13 @@ def recorded_gate(history: History, who: str, name: str, target: str, api_key: s
     return gate
 
 
-def pick_key(rng: random.Random, started: float) -> int:
+def pick_key(rng: random.Random, started: float, retention: float | None = None) -> int:
+    """A key of the sliding window, or one asked long ago; with a ``retention``, never one whose
+    window began more than half of it ago (its record may be purged: a new action, to the gate)."""
     window = int((time.time() - started) / WINDOW_SECONDS)
     if rng.random() < 0.1:
-        return rng.randrange(0, (window + 2) * KEYS_PER_WINDOW)
+        oldest = 0 if not retention else max(0, window - int(retention / 2 / WINDOW_SECONDS))
+        return rng.randrange(oldest * KEYS_PER_WINDOW, (window + 2) * KEYS_PER_WINDOW)
     return window * KEYS_PER_WINDOW + rng.randrange(0, 2 * KEYS_PER_WINDOW)
 
 
@@ -74,7 +77,7 @@ def worker(settings: dict[str, Any], index: int, history: History) -> None:
              for name, target in settings["gates"]]
     provider = ProviderClient(settings["provider_port"])
     while time.time() < settings["deadline"]:
-        n = pick_key(rng, settings["started"])
+        n = pick_key(rng, settings["started"], settings.get("retention"))
         agent, action, key, params = action_for(n)
         if rng.random() < 0.02:
             params = dict(params, amount=params["amount"] + 1)  # a changed request under a used key

@@ -4,6 +4,7 @@
 * ``sentinel``: a master with two replicas and three sentinels; three gates at durability level 1
   (``--durability``).
 * ``cluster``: three masters with one replica each; three gates at durability level 1.
+* ``postgres``: a primary and a synchronous standby; in ``soaklib/postgres.py``.
 
 Redis runs as docs/deployment.md recommends for payments ("Durability levels"): ``appendonly yes``,
 ``appendfsync always``, ``min-replicas-to-write 1``, ``maxmemory-policy noeviction``. Every node
@@ -258,5 +259,3 @@ class Cluster(Deployment):
                     return False
         return masters == 3
 
-
-DEPLOYMENTS: dict[str, type[Deployment]] = {d.name: d for d in (Embedded, Sentinel, Cluster)}

@@ -6,7 +6,11 @@ Kinds (each deployment takes those that apply to it):
 * ``pause-redis``: SIGSTOP a Redis data node for 0.5-4 s, then SIGCONT (longer than Sentinel's
   ``down-after-milliseconds`` or the Cluster's node timeout, sometimes: a failover under it).
 * ``failover`` (Sentinel): SIGKILL the master, wait for the sentinels to promote a replica, restart
-  the old master (it rejoins as a replica).
+  the old master (it rejoins as a replica). On PostgreSQL: SIGKILL the primary's processes,
+  ``pg_ctl promote`` the synchronous standby, rebuild a standby from it in the old primary's place
+  (:meth:`soaklib.postgres.Postgres.failover`).
+* ``pause-postgres``: SIGSTOP every process of the primary or of the standby for 0.5-4 s, then
+  SIGCONT (a paused standby holds every commit: the replication is synchronous).
 * ``restart-node`` (Cluster): SIGKILL a node, restart it 0.5-4 s later from its AOF and nodes.conf.
 * ``pause-client``: SIGSTOP a client process (its heartbeats too) past the lease, then SIGCONT.
 * ``ambiguous``: for 1-4 s the provider performs each effect and then times out.
@@ -28,6 +32,7 @@ from typing import Any
 from soaklib.deploy import Cluster, Deployment, Sentinel
 from soaklib.history import History
 from soaklib.operator import Operator
+from soaklib.postgres import Postgres
 from soaklib.procs import signal_proc, wait_until
 from soaklib.provider import Provider
 
@@ -49,6 +54,8 @@ class Nemesis:
             self.kinds += ["pause-redis", "failover"]
         if isinstance(deployment, Cluster):
             self.kinds += ["pause-redis", "restart-node"]
+        if isinstance(deployment, Postgres):
+            self.kinds += ["pause-postgres", "failover"]
         self.counts: dict[str, int] = {}
 
     def step(self, kind: str | None = None) -> None:
@@ -72,6 +79,15 @@ class Nemesis:
         return gate.name, f"down {down:.1f}s"
 
     def _pause_redis(self) -> tuple[str, str]:
+        return self._pause_node()
+
+    def _pause_postgres(self) -> tuple[str, str]:
+        assert isinstance(self.d, Postgres)
+        primary = self.d.nodes[self.d.primary]
+        target, detail = self._pause_node()
+        return target, f"{'primary' if target == primary.name else 'standby'} {detail}"
+
+    def _pause_node(self) -> tuple[str, str]:
         node = self.rng.choice(self.d.nodes)
         paused = self.rng.uniform(0.5, 4.0)
         node.pause()
@@ -80,6 +96,8 @@ class Nemesis:
         return node.name, f"paused {paused:.1f}s"
 
     def _failover(self) -> tuple[str, str]:
+        if isinstance(self.d, Postgres):
+            return self.d.failover()
         assert isinstance(self.d, Sentinel)
         port = self.d.master_port()
         if port is None:

@@ -64,7 +64,8 @@ class Provider:
         self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        if self.thread.is_alive():  # shutdown() waits for serve_forever, which never ran otherwise
+            self.server.shutdown()
         self.server.server_close()
 
     def dispatch(self, msg: dict[str, Any]) -> dict[str, Any]:

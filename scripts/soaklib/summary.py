@@ -64,6 +64,22 @@ def settlement_latency(events: list[dict[str, Any]]) -> str | None:
     return line
 
 
+def table_sizes(events: list[dict[str, Any]]) -> list[str]:
+    """PostgreSQL runs: each table's size (``pg_total_relation_size``) at the first sample, at
+    the quarter marks and at the last, and its largest."""
+    samples = sorted((e for e in events if e.get("t") == "table_sizes"), key=lambda e: e["time"])
+    if not samples:
+        return []
+    t0 = samples[0]["time"]
+    marks = sorted({0, len(samples) // 4, len(samples) // 2, 3 * len(samples) // 4, len(samples) - 1})
+    at = ", ".join(f"{samples[i]['time'] - t0:.0f}s" for i in marks)
+    lines = [f"table sizes (pg_total_relation_size, KiB) at {at} of {len(samples)} samples, and the largest"]
+    for table in sorted({name for e in samples for name in e["sizes"]}):
+        sizes = [e["sizes"].get(table, 0) // 1024 for e in samples]
+        lines.append(f"  {table:<32} " + " ".join(f"{sizes[i]:>7}" for i in marks) + f"  max {max(sizes)}")
+    return lines
+
+
 def summary(events: list[dict[str, Any]], report: Report, title: str = "soak") -> str:
     lines = [f"== {title}"]
     run = next((e for e in events if e.get("t") == "run"), {})
@@ -92,6 +108,7 @@ def summary(events: list[dict[str, Any]], report: Report, title: str = "soak") -
     if settle_line:
         lines.append(settle_line)
     lines.append(f"faults: {len(faults)} ({', '.join(f'{k} {v}' for k, v in sorted(by_kind.items()))})")
+    lines.extend(table_sizes(events))
     lines.append("availability per fault window: kind, calls, answered OK, answered definitely")
     for kind, (calls, ok, definite) in availability(events).items():
         lines.append(f"  {kind:<14} {calls:>7} {ok:>8.1%} {definite:>8.1%}")

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tonic::Status;
 
 use super::{
-    remote::{self, ActionArgs, Authed, ReceiptArgs, RemoteArgs, Stop},
+    remote::{self, ActionArgs, Authed, ReceiptArgs, Remote, RemoteArgs, Stop},
     views,
 };
 use oncegate_proto::{self as pb, gate_admin_service_client::GateAdminServiceClient};
@@ -154,7 +154,11 @@ pub async fn run(args: AdminArgs) -> ExitCode {
                 action: Some(a.to_ref()),
             })
             .await
-            .map(|r| Ok(views::action_view(&a.to_ref(), &r.into_inner()))),
+            .map(|r| {
+                let mut view = views::action_view(&a.to_ref(), &r.into_inner());
+                withheld_token(&mut view, &remote);
+                Ok(view)
+            }),
         AdminCommand::Complete(c) => complete(&mut remote.admin, c).await,
         AdminCommand::Resolve(r) => resolve(&mut remote.admin, r).await,
         AdminCommand::ListUnresolved(l) => list(&mut remote.admin, l).await.map(Ok),
@@ -296,4 +300,26 @@ fn console_login_text(value: &Value) -> String {
         value["expires_in_seconds"],
         value["principal"].as_str().unwrap_or_default()
     )
+}
+
+/// Says why an unsettled action's token is missing: the gate shows it to operators only, and this
+/// call reached it as another principal (no API key over the network, or a key without the role).
+fn withheld_token(view: &mut Value, remote: &Remote) {
+    let unsettled = matches!(
+        view["state"].as_str(),
+        Some("ACTION_STATE_AUTHORIZED" | "ACTION_STATE_EXPIRED")
+    );
+    if !unsettled || view["token"] != "" || remote.local_operator {
+        return;
+    }
+    let how = if remote.keyed {
+        "this API key's principal lacks the operator role"
+    } else {
+        "this call carried no API key"
+    };
+    view["token_withheld"] = Value::String(format!(
+        "the gate shows an unsettled action's token to operators only, and {how}: give an \
+         operator's --api-key, or run on the gate's machine (its admin socket: --data-dir or \
+         --admin-socket)"
+    ));
 }

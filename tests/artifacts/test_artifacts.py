@@ -1,13 +1,15 @@
 """The installable artifacts `make dist` builds: the Python wheel and the npm tarball,
 each installed into a clean virtualenv / a clean npm project outside the checkout (no in-tree
 `build/`, no link to the checkout's `node_modules`) and used to run a guarded action twice against
-a real gate: it runs once, and the retry gets its receipt back."""
+a real gate: it runs once, and the retry gets its receipt back. And the Python client on grpcio
+alone (`clients/python/pure`), installed from the checkout on a PATH without cargo or rustc."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -143,6 +145,75 @@ def test_the_wheel_runs_the_gate_in_process_without_a_server_or_a_toolchain(tmp_
     )
     assert again.returncode == 0, again.stderr
     assert again.stdout.splitlines()[-1] == "0 tr-first", again.stdout
+
+
+def without_a_toolchain(venv: Path) -> dict[str, str]:
+    """The environment of a machine without Rust: a PATH of the virtualenv and the system's
+    directories, with no cargo or rustc on it, and none of cargo's or rustup's variables."""
+    path = f"{venv / 'bin'}:/usr/bin:/bin"
+    for tool in ("cargo", "rustc", "maturin"):
+        assert shutil.which(tool, path=path) is None, f"{tool} on {path}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CARGO", "RUSTUP", "RUSTC"))}
+    env.pop("ONCEGATE_PURE_PYTHON", None)
+    return {**env, "PATH": path}
+
+
+def test_the_pure_client_installs_without_a_toolchain_and_guards_an_action(tmp_path: Path, gate: str) -> None:
+    # clients/python/pure: the same package on grpcio alone, installed from the checkout on a
+    # machine without Rust. (The native project would not fail there: maturin fetches a toolchain.)
+    venv = tmp_path / "venv"
+    run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    python = str(venv / "bin" / "python")
+    env = without_a_toolchain(venv)
+    installed = subprocess.run(
+        [python, "-m", "pip", "install", str(ROOT / "clients" / "python" / "pure")],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env, check=False,
+    )
+    said = installed.stdout + installed.stderr
+    assert installed.returncode == 0, said
+    for builder in ("maturin", "puccinialin", "cargo", "rustc"):
+        assert builder not in said.lower(), said
+    # A pure-Python wheel, built by hatchling: nothing was compiled.
+    (wheel_file,) = venv.glob("lib/python*/site-packages/oncegate-*.dist-info/WHEEL")
+    wheel = wheel_file.read_text()
+    assert "Tag: py3-none-any" in wheel and "Generator: hatchling" in wheel, wheel
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "agent.py").write_text(textwrap.dedent(f"""
+        import importlib.util
+
+        import oncegate
+        from oncegate import Gate, Grant, native
+
+        gate = Gate({gate!r})
+        paid = []
+
+        @gate.action("payments.transfer")
+        def transfer(amount: int, to: str, *, grant: Grant) -> dict:
+            paid.append(grant.provider_key)
+            return {{"transfer_id": f"tr-{{len(paid)}}"}}
+
+        with gate.scope(agent_id="billing-agent", run_id="pure-run"):
+            first = transfer(5000, "DE89", idempotency_key="invoice-42")
+            again = transfer(5000, "DE89", idempotency_key="invoice-42")
+        try:
+            oncegate.local("data")
+            local = "started"
+        except ImportError as err:
+            local = "ImportError" if "native extension" in str(err) else repr(err)
+        print(oncegate.__file__)
+        print(importlib.util.find_spec("oncegate._native"), type(gate._open()).__module__, native.enabled())
+        print(local, first == again, len(paid), first["transfer_id"])
+    """))
+    done = subprocess.run(
+        [python, "agent.py"], cwd=app, capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    where, transport, result = done.stdout.splitlines()[-3:]
+    # The installed copy, not the checkout's source; no native core in it: grpcio carries the calls.
+    assert where.startswith(str(venv)) and str(ROOT) not in where, where
+    assert transport == "None oncegate.v1.oncegate_pb2_grpc False", done.stdout
+    assert result == "ImportError True 1 tr-1", done.stdout
 
 
 def test_the_npm_tarball_installs_into_a_clean_project_and_guards_an_action(tmp_path: Path, gate: str) -> None:

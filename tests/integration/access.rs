@@ -22,6 +22,7 @@ fn admin(data_dir: &std::path::Path, args: &[&str]) -> (Option<i32>, String, Str
         .args(args)
         .args(["--data-dir", data_dir.to_str().unwrap()])
         .env_remove("ONCEGATE_SERVER")
+        .env_remove("ONCEGATE_ADMIN_TARGET")
         .output()
         .unwrap();
     (

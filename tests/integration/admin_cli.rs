@@ -1,7 +1,8 @@
 //! The operator's command line against a real `oncegate serve` process: `oncegate admin` over
 //! mutual TLS and with API keys (text and JSON output, refusals), `oncegate hash-key`, the security
-//! flags in `--help`, and what the gate's log says about it all: audit events naming the
-//! principals, never a key, a token or params.
+//! flags in `--help`, `oncegate admin` run away from the gate's directory (where it looked, how to
+//! point it) and why `admin get` over the network leaves the token out, and what the gate's log
+//! says about it all: audit events naming the principals, never a key, a token or params.
 
 use std::{io::Write, process::Stdio};
 
@@ -336,4 +337,159 @@ async fn admin_cli_over_mutual_tls_and_logs_without_secrets() {
         "{log}"
     );
     assert!(log.contains("double execution"), "{log}");
+}
+
+/// `oncegate admin <args>` from `cwd`, with no address in the environment.
+fn admin_in(cwd: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut command = oncegate_command();
+    command.arg("admin").args(args).current_dir(cwd);
+    for name in [
+        "ONCEGATE_TARGET",
+        "ONCEGATE_ADMIN_TARGET",
+        "ONCEGATE_SERVER",
+        "ONCEGATE_API_KEY",
+        "ONCEGATE_DATA_DIR",
+        "ONCEGATE_ADMIN_SOCKET",
+    ] {
+        command.env_remove(name);
+    }
+    command.output().unwrap()
+}
+
+/// Run from another directory, `oncegate admin` finds no socket: it says where it looked (the
+/// socket's absolute path, then the TCP address) and how to point it; `--data-dir` and
+/// `--admin-socket` then reach the gate. Over TCP without an operator's key, `admin get` says why
+/// the token is left out; over the socket it shows it.
+#[test]
+fn admin_elsewhere_says_where_it_looked_and_why_a_token_is_left_out() {
+    let dir = TempDir::new().unwrap();
+    let gate = LoggedGate::start(&dir, &["--listen", "127.0.0.1:0"]);
+    let data = dir.path().join("data");
+    let elsewhere = TempDir::new().unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+
+    let out = admin_in(elsewhere.path(), &["list-unresolved"]);
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    let looked = elsewhere.path().join("oncegate-data").join("admin.sock");
+    assert!(
+        stderr.starts_with(&format!(
+            "oncegate admin: no admin socket at {} and cannot reach http://127.0.0.1:50051: ",
+            looked.display()
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "On the gate's machine give --data-dir (the gate's data directory) or \
+             --admin-socket; from elsewhere --server (or ONCEGATE_ADMIN_TARGET) with an \
+             operator's --api-key"
+        ),
+        "{stderr}"
+    );
+    let socket = data.join("admin.sock");
+    for args in [
+        ["list-unresolved", "--data-dir", data.to_str().unwrap()],
+        [
+            "list-unresolved",
+            "--admin-socket",
+            socket.to_str().unwrap(),
+        ],
+    ] {
+        let out = admin_in(elsewhere.path(), &args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    // An action in flight: its token is the operator's to see.
+    let granted = oncegate_command()
+        .args([
+            "call",
+            "request-token",
+            "--agent",
+            "a",
+            "--run",
+            "r",
+            "--action",
+            "x",
+        ])
+        .args(["--params", "{}", "--idempotency-key", "k", "--json"])
+        .args(["--server", &gate.addr])
+        .env_remove("ONCEGATE_API_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(granted.status.code(), Some(0), "{}", text(&granted.stderr));
+    let get = ["get", "--agent", "a", "--run", "r", "--key", "k", "--json"];
+    let view = |extra: &[&str]| {
+        let mut args = get.to_vec();
+        args.extend_from_slice(extra);
+        let out = admin_in(elsewhere.path(), &args);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let over_tcp = view(&["--server", &gate.addr]);
+    assert_eq!(over_tcp["token"], "");
+    assert_eq!(
+        over_tcp["token_withheld"],
+        "the gate shows an unsettled action's token to operators only, and this call carried no \
+         API key: give an operator's --api-key, or run on the gate's machine (its admin socket: \
+         --data-dir or --admin-socket)"
+    );
+    let local = view(&["--data-dir", data.to_str().unwrap()]);
+    assert_eq!(local["token"].as_str().unwrap().len(), 32, "{local}");
+    assert!(local.get("token_withheld").is_none(), "{local}");
+}
+
+/// A gate on Redis keeps its admin socket in --data-dir too: `serve --help` says so, the directory
+/// is created, the start-up line names the socket by its absolute path, and `oncegate admin
+/// --data-dir` reaches it.
+#[test]
+fn a_gate_on_redis_serves_its_admin_socket_in_its_data_dir() {
+    let redis = crate::support::RedisServer::start();
+    let dir = TempDir::new().unwrap();
+    let data = dir.path().join("not-yet").join("data");
+    let gate = LoggedGate::serve(
+        &dir,
+        &[
+            "--redis-url",
+            &redis.url(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let socket = data.join("admin.sock");
+    let log = gate.wait_for_log("oncegate serving", 1);
+    assert!(
+        log.contains(&format!("admin_socket={}", socket.display())),
+        "{log}"
+    );
+    let elsewhere = TempDir::new().unwrap();
+    let out = admin_in(
+        elsewhere.path(),
+        &["list-unresolved", "--data-dir", data.to_str().unwrap()],
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let help = oncegate_command()
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("With --redis-url (or Sentinel, Cluster) it holds only the admin socket, <data-dir>/admin.sock"),
+        "{help}"
+    );
 }

@@ -19,7 +19,9 @@ fn run(addr: &str, key: Option<&str>, args: &[&str]) -> Output {
     let mut command = oncegate_command();
     command
         .args(args)
-        .env("ONCEGATE_SERVER", format!("http://{addr}"))
+        .env("ONCEGATE_TARGET", format!("http://{addr}"))
+        .env("ONCEGATE_ADMIN_TARGET", format!("http://{addr}"))
+        .env_remove("ONCEGATE_SERVER")
         .env_remove("ONCEGATE_API_KEY");
     if let Some(key) = key {
         command.env("ONCEGATE_API_KEY", key);
@@ -313,4 +315,196 @@ fn audit_lines_say_each_thing_once_and_json_logs_carry_the_rpc_span() {
             assert!(finished.iter().all(|e| e["elapsed_ms"].is_number()));
         }
     }
+}
+
+/// Every address form reaches the gate, from `call` and `admin` alike: `host:port` (as
+/// `oncegate.local`'s `server.target` prints it), `http://`, the admin socket as `unix:` and
+/// `unix://`; a form it cannot take is refused (64) with the forms it wants, and so are TLS
+/// without a CA and TLS files given to an `http://` address.
+#[test]
+fn every_address_form_reaches_the_gate_and_another_is_refused_with_the_forms() {
+    let dir = TempDir::new().unwrap();
+    let gate = LoggedGate::start(&dir, &["--listen", "127.0.0.1:0"]);
+    let socket = dir.path().join("data/admin.sock");
+    let socket = socket.to_str().unwrap();
+    let get = ["call", "get", "--agent", "a", "--run", "r", "--key", "k"];
+    let run_at = |server: &str, args: &[&str]| {
+        oncegate_command()
+            .args(args)
+            .args(["--server", server])
+            .env_remove("ONCEGATE_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let bare = gate.addr.clone();
+    for server in [
+        bare.clone(),
+        format!("http://{bare}"),
+        format!("http://{bare}/"),
+    ] {
+        let out = run_at(&server, &get);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{server}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stdout).contains("ACTION_STATE_ABSENT"),
+            "{server}"
+        );
+    }
+    for server in [format!("unix:{socket}"), format!("unix://{socket}")] {
+        let out = run_at(&server, &["admin", "list-unresolved"]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{server}: {}",
+            text(&out.stderr)
+        );
+    }
+
+    let forms = "give host:port, http://host:port, https://host:port (TLS) or unix:<path> \
+                 (a gate's admin socket)";
+    for server in [
+        format!("grpc://{bare}"),
+        "127.0.0.1".to_owned(),
+        format!("dns:///{bare}"),
+    ] {
+        let out = run_at(&server, &get);
+        assert_eq!(out.status.code(), Some(64), "{server}");
+        assert_eq!(
+            text(&out.stderr),
+            format!("oncegate call: {server:?} is not a gate address: {forms}\n")
+        );
+    }
+    let out = run_at(&format!("https://{bare}"), &get);
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains("TLS needs --ca"),
+        "{}",
+        text(&out.stderr)
+    );
+    let mut with_ca = get.to_vec();
+    with_ca.extend(["--ca", "/nonexistent/ca.pem"]);
+    let out = run_at(&format!("http://{bare}"), &with_ca);
+    assert_eq!(out.status.code(), Some(64));
+    assert_eq!(
+        text(&out.stderr),
+        format!(
+            "oncegate call: http://{bare} is plaintext, yet TLS files are given: give \
+             https://{bare}\n"
+        )
+    );
+
+    // `oncegate mcp --gate` reads the same forms: another is refused before it starts.
+    let out = oncegate_command()
+        .args([
+            "mcp",
+            "--gate",
+            "grpc://127.0.0.1:1",
+            "--upstream-command",
+            "true",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        text(&out.stderr).contains(&format!(
+            "\"grpc://127.0.0.1:1\" is not a gate address: {forms}"
+        )),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The environment names the worker's address (`ONCEGATE_TARGET`: `call`, `mcp --gate`) and the
+/// operator's (`ONCEGATE_ADMIN_TARGET`: `admin`); the earlier names (`ONCEGATE_SERVER`,
+/// `ONCEGATE_GATE`) are still read, each with one line naming the new one.
+#[test]
+fn the_environment_names_the_worker_and_the_operator_address_and_the_old_names_still_work() {
+    let dir = TempDir::new().unwrap();
+    let gate = LoggedGate::start(&dir, &["--listen", "127.0.0.1:0"]);
+    let socket = format!("unix:{}", dir.path().join("data/admin.sock").display());
+    let get = ["call", "get", "--agent", "a", "--run", "r", "--key", "k"];
+    let with_env = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = oncegate_command();
+        command.args(args).current_dir(dir.path());
+        for name in [
+            "ONCEGATE_TARGET",
+            "ONCEGATE_ADMIN_TARGET",
+            "ONCEGATE_SERVER",
+            "ONCEGATE_GATE",
+            "ONCEGATE_API_KEY",
+        ] {
+            command.env_remove(name);
+        }
+        command.envs(env.iter().copied()).output().unwrap()
+    };
+    let ok = |out: &Output, warning: &str| {
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stderr), warning);
+    };
+
+    ok(&with_env(&get, &[("ONCEGATE_TARGET", &gate.addr)]), "");
+    ok(
+        &with_env(
+            &["admin", "list-unresolved"],
+            &[("ONCEGATE_ADMIN_TARGET", &socket)],
+        ),
+        "",
+    );
+    // Each command reads its own: the worker's address is not the operator's.
+    let out = with_env(
+        &["admin", "list-unresolved"],
+        &[
+            ("ONCEGATE_TARGET", "grpc://nowhere:1"),
+            ("ONCEGATE_ADMIN_TARGET", &socket),
+        ],
+    );
+    ok(&out, "");
+
+    let server = format!("http://{}", gate.addr);
+    ok(
+        &with_env(&get, &[("ONCEGATE_SERVER", &server)]),
+        "oncegate: ONCEGATE_SERVER is deprecated: set ONCEGATE_TARGET instead\n",
+    );
+    ok(
+        &with_env(
+            &["admin", "list-unresolved"],
+            &[("ONCEGATE_SERVER", &socket)],
+        ),
+        "oncegate: ONCEGATE_SERVER is deprecated: set ONCEGATE_ADMIN_TARGET instead\n",
+    );
+    // The new name wins, and then the old one is not mentioned.
+    ok(
+        &with_env(
+            &get,
+            &[
+                ("ONCEGATE_TARGET", &gate.addr),
+                ("ONCEGATE_SERVER", "grpc://nowhere:1"),
+            ],
+        ),
+        "",
+    );
+
+    // `oncegate mcp` reads ONCEGATE_TARGET, and ONCEGATE_GATE with the line: an address it cannot
+    // take shows which one it read, before it starts.
+    let mcp = ["mcp", "--upstream-command", "true"];
+    let out = with_env(&mcp, &[("ONCEGATE_TARGET", "grpc://from-target:1")]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("\"grpc://from-target:1\" is not a gate address")
+            && !stderr.contains("deprecated"),
+        "{stderr}"
+    );
+    let out = with_env(&mcp, &[("ONCEGATE_GATE", "grpc://from-gate:1")]);
+    assert_eq!(out.status.code(), Some(64));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("oncegate: ONCEGATE_GATE is deprecated: set ONCEGATE_TARGET instead\n")
+            && stderr.contains("\"grpc://from-gate:1\" is not a gate address"),
+        "{stderr}"
+    );
 }

@@ -314,6 +314,7 @@ fn serve_help_is_grouped_and_wrapped() {
             "Listener:",
             "Store:",
             "Redis topologies (set one; none: the embedded store):",
+            "PostgreSQL (excludes the Redis topologies):",
             "Durability:",
             "Security:",
             "Observability:",

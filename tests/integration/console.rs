@@ -608,6 +608,7 @@ async fn day_one_a_code_from_the_admin_socket_opens_a_session() {
             ])
             .args(args)
             .env_remove("ONCEGATE_SERVER")
+            .env_remove("ONCEGATE_ADMIN_TARGET")
             .output()
             .unwrap()
     };

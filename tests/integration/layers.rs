@@ -6,11 +6,11 @@
 //! using the gate): [`crates_depend_only_downwards`] checks every crate's dependencies against
 //! the ranks below, and [`the_client_crate_is_light`] what a user of the client compiles.
 //!
-//! Inside a crate: no two modules may depend on each other, however indirectly. Every `crate::`,
-//! `super::` and `self::` path of a file (comments and strings stripped) is an edge between the
-//! two sibling modules it crosses; [`no_module_depends_on_itself`] fails on any cycle among
-//! siblings. A child using its parent's items (or the parent declaring its children) is not an
-//! edge: that is what a module is.
+//! Inside a crate (every workspace member's, the Python client's native core among them): no two
+//! modules may depend on each other, however indirectly. Every `crate::`, `super::` and `self::`
+//! path of a file (comments and strings stripped) is an edge between the two sibling modules it
+//! crosses; [`no_module_depends_on_itself`] fails on any cycle among siblings. A child using its
+//! parent's items (or the parent declaring its children) is not an edge: that is what a module is.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -420,16 +420,20 @@ fn cycles(edges: &Edges) -> Vec<String> {
     found
 }
 
-/// Every crate's `src/` (the root package's too).
+/// Every workspace member's `src/` (the root package's, the crates under `crates/` and the Python
+/// client's native core): read from `cargo metadata`, so that a member added anywhere is checked.
 fn crate_sources() -> Vec<PathBuf> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut dirs = vec![root.join("src")];
-    for entry in std::fs::read_dir(root.join("crates")).unwrap() {
-        let src = entry.unwrap().path().join("src");
-        if src.is_dir() {
-            dirs.push(src);
-        }
-    }
+    let meta = metadata();
+    let mut dirs: Vec<PathBuf> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|package| {
+            let manifest = Path::new(package["manifest_path"].as_str().unwrap());
+            manifest.parent().unwrap().join("src")
+        })
+        .filter(|src| src.is_dir())
+        .collect();
     dirs.sort();
     dirs
 }
@@ -447,6 +451,11 @@ fn no_module_depends_on_itself() {
     assert!(
         total > 50,
         "the check saw the modules' imports ({total} edges)"
+    );
+    let native = Path::new(env!("CARGO_MANIFEST_DIR")).join("clients/python/native/src");
+    assert!(
+        crate_sources().contains(&native),
+        "the check reads the Python client's native core"
     );
     assert!(
         problems.is_empty(),

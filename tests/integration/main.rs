@@ -19,6 +19,7 @@ mod docs_tickets;
 mod durability;
 mod eviction;
 mod failover;
+mod failover_postgres;
 mod failures;
 mod functions;
 mod holders;

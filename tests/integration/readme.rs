@@ -31,7 +31,8 @@ pub const SESSIONS: [(&str, &[&str]); 3] = [
 ];
 
 /// The address the operator's guide names (the one `make run` listens on), mapped to the test
-/// gate's; that page is not given `ONCEGATE_SERVER`, so `oncegate admin` finds the admin socket.
+/// gate's; that page is not given `ONCEGATE_TARGET` nor `ONCEGATE_ADMIN_TARGET`, so `oncegate
+/// admin` finds the admin socket.
 const MAKE_RUN_ADDRESS: &str = "127.0.0.1:50051";
 
 /// One command of a session and the output the page shows for it.
@@ -195,7 +196,7 @@ fn run_sessions(page: &str, gate_args: &[&str]) {
     if text.contains("```cedar\n") {
         std::fs::write(dir.path().join("rules.cedar"), first_block(&text, "cedar")).unwrap();
     }
-    // Only the operator's guide names the address (the others rely on ONCEGATE_SERVER).
+    // Only the operator's guide names the address (the others rely on the environment's).
     let names_address = page == SESSIONS[2].0;
     let gate = GateProcess::spawn(&args);
     let bin_dir = Path::new(env!("CARGO_BIN_EXE_oncegate")).parent().unwrap();
@@ -213,9 +214,16 @@ fn run_sessions(page: &str, gate_args: &[&str]) {
         );
         let command = command.replace(MAKE_RUN_ADDRESS, &gate.addr);
         let mut shell = Command::new("sh");
-        shell.env_remove("ONCEGATE_SERVER");
+        for name in [
+            "ONCEGATE_SERVER",
+            "ONCEGATE_TARGET",
+            "ONCEGATE_ADMIN_TARGET",
+        ] {
+            shell.env_remove(name);
+        }
         if !names_address {
-            shell.env("ONCEGATE_SERVER", format!("http://{}", gate.addr));
+            shell.env("ONCEGATE_TARGET", &gate.addr);
+            shell.env("ONCEGATE_ADMIN_TARGET", &gate.addr);
         }
         let out = shell
             .arg("-c")

@@ -22,7 +22,7 @@ package imported."""
 LAYERS: list[set[str]] = [
     NATIVE,
     {"oncegate.v1", "oncegate.v1.oncegate_pb2", "oncegate.v1.oncegate_pb2_grpc"},
-    {"oncegate._json"},
+    {"oncegate._json", "oncegate.address"},
     {"oncegate.fingerprints", "oncegate.models"},
     {"oncegate.statements"},
     {"oncegate.errors.gate"},

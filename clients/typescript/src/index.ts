@@ -6,6 +6,7 @@
  * The modules, bottom up; each imports only those below it (`test/layers.test.ts` checks it):
  *
  * - `gen/`: the generated stubs (`npm run generate`).
+ * - `address.ts`: a gate's address in its forms (`parseAddress`). No IO.
  * - `fingerprint/`: strict params parsing; the offline fingerprint. No IO.
  * - `models.ts`: plain values converted from the messages.
  * - `errors/`: one hierarchy under `OncegateError`; statuses decoded by reason.
@@ -16,6 +17,15 @@
  * - `resolver.ts`: `Resolver`, which settles unresolved actions by asking the provider.
  */
 
+export {
+  ADDRESS_FORMS,
+  ADMIN_TARGET_ENV,
+  addressFromEnv,
+  DEFAULT_ADDRESS,
+  parseAddress,
+  TARGET_ENV,
+  type Address,
+} from "./address.js";
 export { GateClient } from "./client.js";
 export * from "./errors/index.js";
 export { canonicalForm, fingerprint, resolvePointer, type FingerprintOptions } from "./fingerprint/fingerprint.js";

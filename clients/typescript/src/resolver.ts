@@ -32,6 +32,7 @@ import {
   type UnresolvedAction,
 } from "./gen/oncegate/v1/oncegate_pb.js";
 import type { ActionRef } from "./models.js";
+import { addressFromEnv } from "./address.js";
 import { callOptions, openTransport, type GateOptions } from "./rpc.js";
 
 /** What the provider says about one action (Rust: `Lookup`; Python: `Completed`, `Failed`, `Unknown`). */
@@ -180,11 +181,12 @@ export class Resolver {
 
   /**
    * @param address `host:port`, `http(s)://host:port` or `unix:<path>` (the gate's admin socket,
-   *   where the caller is its local operator).
+   *   where the caller is its local operator); without it `ONCEGATE_ADMIN_TARGET`, else
+   *   `127.0.0.1:50051`.
    */
-  constructor(address: string, options: ResolverOptions = {}) {
-    this.address = address;
-    const { transport, sessions } = openTransport(address, options);
+  constructor(address: string | undefined = undefined, options: ResolverOptions = {}) {
+    this.address = address ?? addressFromEnv(true);
+    const { transport, sessions } = openTransport(this.address, options);
     this.sessions = sessions;
     this.client = createClient(GateAdminService, transport);
     this.callOptions = callOptions(options);

@@ -14,6 +14,7 @@ import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-no
 import type * as http2 from "node:http2";
 import { connect } from "node:net";
 
+import { addressFromEnv, parseAddress } from "./address.js";
 import { fromCallError } from "./errors/status.js";
 import { encodeParams } from "./fingerprint/params.js";
 import {
@@ -70,12 +71,14 @@ export function openTransport(
   options: GateOptions,
 ): { transport: Transport; sessions: Http2SessionManager | undefined } {
   if (options.transport !== undefined) return { transport: options.transport, sessions: undefined };
-  let baseUrl = /^[a-z]+:\/\//i.test(address) ? address : `http://${address}`;
+  const read = parseAddress(address);
+  let baseUrl = "http://localhost";
   let nodeOptions = options.nodeOptions;
-  if (address.startsWith("unix:")) {
-    const path = address.slice("unix:".length);
-    baseUrl = "http://localhost";
+  if (read.kind === "unix") {
+    const { path } = read;
     nodeOptions = { ...nodeOptions, createConnection: () => connect(path) };
+  } else {
+    baseUrl = read.baseUrl;
   }
   const sessions = new Http2SessionManager(baseUrl, {}, nodeOptions);
   return { transport: createGrpcTransport({ baseUrl, sessionManager: sessions }), sessions };
@@ -103,12 +106,13 @@ export class GateRpc {
   private readonly callOptions: CallOptions;
 
   /**
-   * @param address `http://host:port`, `https://host:port`, `host:port` (plaintext), or
-   *   `unix:<path>` (a Unix socket, such as the gate's admin socket).
+   * @param address `host:port` or `http://host:port` (plaintext), `https://host:port` (TLS), or
+   *   `unix:<path>` (a Unix socket, such as the gate's admin socket); another form throws a
+   *   `TypeError` naming these. Without it, `ONCEGATE_TARGET`, else `127.0.0.1:50051`.
    */
-  constructor(address: string, options: GateOptions = {}) {
-    this.address = address;
-    const { transport, sessions } = openTransport(address, options);
+  constructor(address: string | undefined = undefined, options: GateOptions = {}) {
+    this.address = address ?? addressFromEnv();
+    const { transport, sessions } = openTransport(this.address, options);
     this.sessions = sessions;
     this.client = createClient(ActionGateService, transport);
     this.callOptions = callOptions(options);

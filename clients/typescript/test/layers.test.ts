@@ -16,7 +16,7 @@ const SRC = join(PACKAGE_DIR, "src");
 /** Bottom first; a module may import modules of lower layers only (the stubs import each other). */
 const LAYERS: string[][] = [
   ["gen/google/rpc/error_details_pb", "gen/oncegate/v1/oncegate_pb"],
-  ["fingerprint/params"],
+  ["address", "fingerprint/params"],
   ["fingerprint/fingerprint", "models"],
   ["errors/gate", "verify"],
   ["errors/guard", "errors/status"],

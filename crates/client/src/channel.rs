@@ -1,11 +1,13 @@
 //! The connection to a gate over gRPC, shared by `oncegate call`, `oncegate admin` and `oncegate
-//! mcp --gate`: the TLS settings ([`Access`]) and the channel they open ([`connect`]), whose
-//! failure names its cause. Owns no RPC and no command-line flags (the config crate's
+//! mcp --gate`: the TLS settings ([`Access`]) and the channel they open ([`connect`]) to an
+//! address as [`crate::address`] reads it, whose failure names its cause. Owns no RPC and no command-line flags (the config crate's
 //! `GateAccess`).
 
 use std::{path::PathBuf, time::Duration};
 
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+
+use crate::address::{Address, AddressError};
 
 /// How to reach a gate: TLS files and the server name to verify (the API key travels per call, see
 /// [`crate::GateClient::with_api_key`]).
@@ -32,61 +34,110 @@ pub enum ConnectError {
     Unreachable(String),
 }
 
-/// Opens a channel to the gate at `url` (`http://`, with `--ca` `https://`, or the admin socket
-/// `unix:<path>`). On failure, the
-/// settings it found wrong or why the gate is unreachable, with the cause chain.
+/// Opens a channel to the gate at `address` (any of [`address::FORMS`]). On failure, the
+/// settings it found wrong (the address among them) or why the gate is unreachable, with the
+/// cause chain.
 pub async fn connect(
-    url: &str,
+    address: &str,
     access: &Access,
     timeout: Duration,
 ) -> Result<Channel, ConnectError> {
+    let parsed = parse(address)?;
     let unreachable = |e: tonic::transport::Error| {
         let why = with_causes(e.to_string(), std::error::Error::source(&e));
-        ConnectError::Unreachable(format!("cannot reach {url}: {why}"))
+        ConnectError::Unreachable(format!("cannot reach {parsed}: {why}"))
     };
-    if let Some(path) = unix_path(url) {
-        let path = PathBuf::from(path);
-        return Endpoint::from_static("http://localhost")
-            .connect_timeout(timeout)
-            .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-                let path = path.clone();
-                async move {
-                    let stream = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
-                }
-            }))
+    match &parsed {
+        Address::Unix(path) => unix_endpoint(timeout)
+            .connect_with_connector(unix_connector(path.clone()))
             .await
-            .map_err(unreachable);
+            .map_err(unreachable),
+        _ => endpoint(&parsed, access, timeout)?
+            .connect()
+            .await
+            .map_err(unreachable),
     }
-    endpoint(url, access, timeout)?
-        .connect()
-        .await
-        .map_err(unreachable)
 }
 
-/// The socket path of a `unix:<path>` (or `unix://<path>`) address: the gate's admin socket.
-pub fn unix_path(url: &str) -> Option<&str> {
-    url.strip_prefix("unix://")
-        .or_else(|| url.strip_prefix("unix:"))
-}
-
-/// A channel to the gate at `url` that connects on first use and reconnects on its own, for a
+/// A channel to the gate at `address` that connects on first use and reconnects on its own, for a
 /// long-running process that must start while the gate is down (each call then fails as
 /// unavailable). Only bad settings fail here.
 pub fn connect_lazy(
-    url: &str,
+    address: &str,
     access: &Access,
     timeout: Duration,
 ) -> Result<Channel, ConnectError> {
-    Ok(endpoint(url, access, timeout)?.connect_lazy())
+    let parsed = parse(address)?;
+    Ok(match &parsed {
+        Address::Unix(path) => {
+            unix_endpoint(timeout).connect_with_connector_lazy(unix_connector(path.clone()))
+        }
+        _ => endpoint(&parsed, access, timeout)?.connect_lazy(),
+    })
 }
 
-fn endpoint(url: &str, access: &Access, timeout: Duration) -> Result<Endpoint, ConnectError> {
+/// Whether `address` names a Unix socket (`unix:<path>`): a gate's admin socket.
+pub fn is_unix(address: &str) -> bool {
+    matches!(address.parse(), Ok(Address::Unix(_)))
+}
+
+fn parse(address: &str) -> Result<Address, ConnectError> {
+    address
+        .parse()
+        .map_err(|e: AddressError| ConnectError::Settings(e.to_string()))
+}
+
+/// The endpoint of a Unix socket: its URI is a placeholder, and its `:authority` `localhost`,
+/// which every HTTP/2 server takes (the socket's path is no authority).
+fn unix_endpoint(timeout: Duration) -> Endpoint {
+    Endpoint::from_static("http://localhost").connect_timeout(timeout)
+}
+
+fn unix_connector(
+    path: PathBuf,
+) -> impl tower::Service<
+    tonic::transport::Uri,
+    Response = hyper_util::rt::TokioIo<tokio::net::UnixStream>,
+    Error = std::io::Error,
+    Future: Send,
+> + Clone
++ Send
++ 'static {
+    tower::service_fn(move |_: tonic::transport::Uri| {
+        let path = path.clone();
+        async move {
+            let stream = tokio::net::UnixStream::connect(path).await?;
+            Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+        }
+    })
+}
+
+/// The TCP endpoint: TLS for `https://`, and for a bare `host:port` given TLS files; an
+/// `http://` address given TLS files is refused (it says plaintext).
+fn endpoint(
+    address: &Address,
+    access: &Access,
+    timeout: Duration,
+) -> Result<Endpoint, ConnectError> {
     let usage = ConnectError::Settings;
-    let mut endpoint = Endpoint::from_shared(url.to_owned())
+    let tls_files = access.ca.is_some() || access.cert.is_some();
+    let (authority, tls) = match address {
+        Address::Tcp { authority, plain } => {
+            if *plain && tls_files {
+                return Err(usage(format!(
+                    "{address} is plaintext, yet TLS files are given: give https://{authority}"
+                )));
+            }
+            (authority, tls_files)
+        }
+        Address::Tls { authority } => (authority, true),
+        Address::Unix(_) => unreachable!("a Unix socket has no TCP endpoint"),
+    };
+    let scheme = if tls { "https" } else { "http" };
+    let url = format!("{scheme}://{authority}");
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .map_err(|e| usage(format!("{url:?}: {e}")))?
         .connect_timeout(timeout);
-    let tls = access.ca.is_some() || access.cert.is_some() || url.starts_with("https://");
     if tls {
         let read =
             |p: &PathBuf| std::fs::read(p).map_err(|e| usage(format!("{}: {e}", p.display())));

@@ -15,6 +15,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod address;
 pub mod channel;
 mod credentials;
 mod error;
@@ -198,8 +199,9 @@ pub struct GateClient {
 }
 
 impl GateClient {
-    /// Connects to `endpoint`: `http://host:port`, or `unix:<path>` (the admin socket of a gate
-    /// on this machine).
+    /// Connects to `endpoint`: `host:port`, `http://host:port`, or `unix:<path>` (the admin
+    /// socket of a gate on this machine); for TLS, [`channel::connect`] with its CA and
+    /// [`Self::from_channel`]. Another form is [`ClientError::Invalid`], naming the forms.
     pub async fn connect(endpoint: impl Into<String>) -> Result<Self, ClientError> {
         let endpoint = endpoint.into();
         let channel = channel::connect(&endpoint, &channel::Access::default(), CONNECT_TIMEOUT)

@@ -76,7 +76,8 @@ pub struct ServeArgs {
     #[arg(help_heading = LISTENER, long, env = "ONCEGATE_DRAIN_SECONDS", default_value_t = defaults::DRAIN_SECONDS)]
     pub drain_seconds: u64,
 
-    /// Directory of the embedded store's file (created if missing). Ignored with --redis-url.
+    /// Directory of the embedded store's file and of the admin socket (created if missing). With
+    /// --redis-url (or Sentinel, Cluster) it holds only the admin socket, <data-dir>/admin.sock.
     #[arg(help_heading = STORE, long, env = "ONCEGATE_DATA_DIR", default_value = defaults::DATA_DIR)]
     pub data_dir: PathBuf,
 
@@ -151,7 +152,8 @@ pub struct ServeArgs {
 
     /// Durability level: replicas that must confirm every state change (Redis WAIT) before it is
     /// acknowledged. When fewer confirm, a grant is not handed out and a Complete returns
-    /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas.
+    /// UNAVAILABLE. A policy's durability_replicas may ask for more. Needs Redis with replicas, or
+    /// PostgreSQL with as many synchronous standbys.
     #[arg(help_heading = DURABILITY, long, env = "ONCEGATE_DURABILITY_REPLICAS", default_value_t = defaults::DURABILITY_REPLICAS)]
     pub durability_replicas: u32,
 
@@ -181,7 +183,8 @@ pub struct ServeArgs {
 
     /// The admin socket: a Unix socket (mode 0600) on which the gate's own user is the operator,
     /// so `oncegate admin` on this machine works with no principal configured. Default:
-    /// <data-dir>/admin.sock.
+    /// <data-dir>/admin.sock, on every store (its directory is created); the start-up line names
+    /// it.
     #[arg(help_heading = SECURITY, long, env = "ONCEGATE_ADMIN_SOCKET", conflicts_with = "no_admin_socket")]
     pub admin_socket: Option<PathBuf>,
 

@@ -1,6 +1,8 @@
 //! The flags that say how to reach a gate over gRPC (`oncegate call`, `oncegate admin`, `oncegate
 //! mcp --gate`): the API key and TLS files, and the channel they open, with the exit code a
-//! failure means. The channel itself is the client crate's ([`oncegate_client::channel`]).
+//! failure means, and the two environment variables that name a gate ([`TARGET_ENV`],
+//! [`ADMIN_TARGET_ENV`]) with the earlier names still read. The channel itself is the client
+//! crate's ([`oncegate_client::channel`]).
 
 use std::{path::PathBuf, time::Duration};
 
@@ -9,6 +11,26 @@ use oncegate_client::channel::{self, Access, ConnectError};
 use tonic::transport::Channel;
 
 use crate::exit;
+
+/// The worker's gate address (`oncegate call`, `oncegate mcp --gate`, the clients, the examples).
+pub const TARGET_ENV: &str = "ONCEGATE_TARGET";
+
+/// The operator's gate address (`oncegate admin`, the resolvers): often the admin socket.
+pub const ADMIN_TARGET_ENV: &str = "ONCEGATE_ADMIN_TARGET";
+
+/// A gate address from the environment: `name`'s value, else that of the first of `old` (earlier
+/// names) that is set, with one line on standard error naming `name`. Empty values count as unset.
+pub fn address_from_env(name: &str, old: &[&str]) -> Option<String> {
+    let read = |var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty());
+    if let Some(value) = read(name) {
+        return Some(value);
+    }
+    old.iter().find_map(|var| {
+        let value = read(var)?;
+        eprintln!("oncegate: {var} is deprecated: set {name} instead");
+        Some(value)
+    })
+}
 
 /// How to reach a gate: credentials and TLS.
 #[derive(Debug, Clone, Args)]

@@ -13,7 +13,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 pub use file::{ConfigFile, FileError, authorization, mcp};
 pub use flags::{ServeArgs, WorkerThreads, cpus};
-pub use gate_access::GateAccess;
+pub use gate_access::{ADMIN_TARGET_ENV, GateAccess, TARGET_ENV, address_from_env};
 pub use keys::SigningConfig;
 
 use oncegate_gate::policy::Policies;

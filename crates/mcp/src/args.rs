@@ -35,10 +35,12 @@ pub struct McpArgs {
     #[arg(long, env = "ONCEGATE_MCP_ALLOWED_HOSTS", value_delimiter = ',')]
     pub allowed_hosts: Vec<String>,
 
-    /// A gate over gRPC (http://host:port, https:// with --ca). Without it, the gateway runs the
+    /// A gate over gRPC: host:port or http://host:port, https://host:port (TLS, with --ca), or
+    /// unix:<path> (a gate's admin socket). Without it, the gateway runs the
     /// gate in-process on the embedded store under --data-dir. Connected on first use: while it
     /// is unreachable, gated calls answer GATE_UNAVAILABLE and nothing is forwarded.
-    #[arg(long, env = "ONCEGATE_GATE")]
+    /// ONCEGATE_GATE, its earlier environment name, is still read, with a warning.
+    #[arg(long, env = "ONCEGATE_TARGET")]
     pub gate: Option<String>,
 
     #[command(flatten)]
@@ -49,12 +51,7 @@ pub struct McpArgs {
     /// client supports it) and the person's answer decided at the gate. Without it, a held call
     /// answers with the approval id. The in-process gate needs none (it decides as
     /// `oncegate-mcp`).
-    #[arg(
-        long,
-        env = "ONCEGATE_MCP_APPROVER_API_KEY",
-        hide_env_values = true,
-        requires = "gate"
-    )]
+    #[arg(long, env = "ONCEGATE_MCP_APPROVER_API_KEY", hide_env_values = true)]
     pub approver_api_key: Option<String>,
 
     /// The configuration file: `[mcp]` (which tools are gated, their action names and key

@@ -35,7 +35,9 @@ use std::{process::ExitCode, sync::Arc, time::Duration};
 pub use args::McpArgs;
 
 use oncegate_client::GateClient;
-use oncegate_config::{ConfigFile, StoreConfig, defaults, exit, mcp::McpSettings};
+use oncegate_config::{
+    ConfigFile, StoreConfig, TARGET_ENV, address_from_env, defaults, exit, mcp::McpSettings,
+};
 use oncegate_gate::{Gate, policy::Policies};
 use oncegate_observe::metrics::{self as gate_metrics, Metrics};
 use oncegate_proto::gate_admin_service_client::GateAdminServiceClient;
@@ -103,7 +105,17 @@ async fn build(args: &McpArgs) -> Result<Shared, (u8, String)> {
         .unwrap_or_else(|| defaults::MCP_AGENT_ID.to_owned());
     let mut registry = Registry::default();
     let gateway_metrics = metrics::GatewayMetrics::register(&mut registry);
-    let (gate, approver, local_operator) = match &args.gate {
+    // --gate (or ONCEGATE_TARGET, read by clap), else the earlier name of that variable.
+    let gate_address = args
+        .gate
+        .clone()
+        .or_else(|| address_from_env(TARGET_ENV, &["ONCEGATE_GATE"]));
+    if gate_address.is_none() && args.approver_api_key.is_some() {
+        return Err(usage(
+            "--approver-api-key needs --gate (the in-process gate decides as oncegate-mcp)".into(),
+        ));
+    }
+    let (gate, approver, local_operator) = match &gate_address {
         Some(url) => {
             let (gate, approver) = remote_gate(url, args)?;
             (gate, approver, None)

@@ -176,7 +176,9 @@ pub async fn start(args: &ServeArgs, reload_on_hangup: bool) -> Result<Server, S
         runtime = runtime_flavor(), cpus,
         worker_threads_rule = args.worker_threads(cpus).rule(),
         serving_threads = config.server.serving_threads,
-        admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(), |p| p.display().to_string()),
+        // Absolute, so that an operator elsewhere knows what to give `oncegate admin --admin-socket`.
+        admin_socket = %config.server.admin_socket.as_ref().map_or_else(|| "none".to_owned(),
+            |p| std::path::absolute(p).unwrap_or_else(|_| p.clone()).display().to_string()),
         "oncegate serving");
     if let Some((policies, mode)) = rules {
         tracing::info!(

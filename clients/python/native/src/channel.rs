@@ -26,7 +26,7 @@ use crate::{
     in_process,
     link::Link,
     runtime::{self, Mode},
-    unary,
+    unary, wire,
 };
 
 /// A channel to one gate: `Channel(uri, connect_timeout, error)`, where `error(code, message,
@@ -52,7 +52,7 @@ pub(crate) enum Route {
 
 impl Route {
     /// Sends `call` and waits for its answer: the response's bytes, or the status.
-    pub(crate) async fn call(&self, call: unary::Call) -> Result<Bytes, Status> {
+    pub(crate) async fn call(&self, call: wire::Call) -> Result<Bytes, Status> {
         match self {
             Route::Connection(link) => unary::call(link, call).await,
             Route::InProcess(gate) => gate.call(call).await,
@@ -187,7 +187,7 @@ impl Channel {
 
     /// Blocks on `call` with the GIL released; the response's bytes, or the exception the
     /// factory makes of its status.
-    pub(crate) fn block(&self, py: Python<'_>, call: unary::Call) -> PyResult<Bytes> {
+    pub(crate) fn block(&self, py: Python<'_>, call: wire::Call) -> PyResult<Bytes> {
         let (route, runtime) = self.route(Mode::Blocking)?;
         py.detach(|| match &route {
             Route::InProcess(gate) => gate.block(call, runtime),
@@ -202,7 +202,7 @@ impl Channel {
     pub(crate) fn spawn(
         &self,
         py: Python<'_>,
-        call: unary::Call,
+        call: wire::Call,
         done: Py<PyAny>,
         answer: fn(Python<'_>, Bytes) -> PyResult<Py<PyAny>>,
     ) -> PyResult<Call> {
@@ -232,7 +232,7 @@ impl Channel {
         message: Bytes,
         timeout: Option<f64>,
         metadata: Vec<(String, String)>,
-    ) -> PyResult<unary::Call> {
+    ) -> PyResult<wire::Call> {
         let uri = Uri::builder()
             .scheme(Scheme::HTTP)
             .authority(self.authority.clone())
@@ -242,7 +242,7 @@ impl Channel {
             )
             .build()
             .map_err(|e| PyValueError::new_err(format!("{path:?}: {e}")))?;
-        Ok(unary::Call {
+        Ok(wire::Call {
             uri,
             message,
             metadata: header_map(metadata)?,

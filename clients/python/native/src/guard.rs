@@ -24,7 +24,8 @@ use pyo3::{
 use crate::{
     channel::Channel,
     heartbeat, json,
-    worker::{self, COMPLETE, REQUEST_TOKEN},
+    wire::{COMPLETE, REQUEST_TOKEN},
+    worker,
 };
 
 /// How [`Guard::run`] ended: the first item of the tuple it answers.

@@ -32,7 +32,8 @@ use pyo3::prelude::*;
 use crate::{
     channel::{Channel, failure},
     runtime::{self, Mode},
-    worker::EXTEND_LEASE,
+    wire::EXTEND_LEASE,
+    worker,
 };
 
 /// Stopped leases the heap may hold before a sweep is considered.
@@ -98,7 +99,7 @@ pub fn start(
                 key: grant.key,
             }),
             token: grant.token,
-            ttl: Some(crate::worker::duration(ttl)),
+            ttl: Some(worker::duration(ttl)),
         },
         interval: grant.ttl / 3,
         timeout,

@@ -34,7 +34,7 @@ use tokio::{
 use tokio_util::task::TaskTracker;
 use tonic::{Status, body::Body};
 
-use crate::{runtime, unary};
+use crate::{runtime, wire};
 
 /// The gate of one [`crate::local::LocalServer`], for the channels of this process.
 pub struct Route {
@@ -110,7 +110,7 @@ impl Route {
     /// [`Route::call`] for a thread that waits for it (the GIL released). On Redis the thread
     /// runs the call itself on `runtime` (the blocking callers' runtime, where the direct
     /// connection lives); on the embedded store it sleeps until the gate's thread answers.
-    pub fn block(&self, call: unary::Call, runtime: &Runtime) -> Result<Bytes, Status> {
+    pub fn block(&self, call: wire::Call, runtime: &Runtime) -> Result<Bytes, Status> {
         let direct = self
             .direct
             .lock()
@@ -124,7 +124,7 @@ impl Route {
     }
 
     /// Answers `call` as the gate's listener would: the response message, or the status.
-    pub async fn call(&self, call: unary::Call) -> Result<Bytes, Status> {
+    pub async fn call(&self, call: wire::Call) -> Result<Bytes, Status> {
         let request = request(&call)?;
         let service = self
             .service
@@ -169,9 +169,9 @@ impl Drop for Abort {
 }
 
 /// `call` as the request the listener would have received.
-fn request(call: &unary::Call) -> Result<http::Request<Body>, Status> {
-    let body = Body::new(Full::new(unary::frame(&call.message)?));
-    Ok(unary::head(call)?.map(|()| body))
+fn request(call: &wire::Call) -> Result<http::Request<Body>, Status> {
+    let body = Body::new(Full::new(wire::frame(&call.message)?));
+    Ok(wire::head(call)?.map(|()| body))
 }
 
 /// `service`'s answer to `request`. Its deadline travels as `grpc-timeout`, which the gate
@@ -180,13 +180,14 @@ async fn answered(service: InProcess, request: http::Request<Body>) -> Result<By
     answer(service.call(request).await).await
 }
 
-/// The message of a gRPC response, or its status (read as [`unary`] reads one from HTTP/2).
+/// The message of a gRPC response, or its status (read as [`crate::unary`] reads one from
+/// HTTP/2).
 async fn answer(response: Response<Body>) -> Result<Bytes, Status> {
     let (parts, body) = response.into_parts();
     if parts.status != StatusCode::OK {
-        return Err(unary::http_status(parts.status));
+        return Err(wire::http_status(parts.status));
     }
-    if let Some(status) = unary::trailers_only(&parts.headers) {
+    if let Some(status) = wire::trailers_only(&parts.headers) {
         return Err(status);
     }
     let collected = body
@@ -194,5 +195,5 @@ async fn answer(response: Response<Body>) -> Result<Bytes, Status> {
         .await
         .map_err(|e| Status::internal(format!("the answer's body: {e}")))?;
     let trailers = collected.trailers().cloned();
-    unary::ended(collected.to_bytes(), trailers.as_ref())
+    wire::ended(collected.to_bytes(), trailers.as_ref())
 }

@@ -6,13 +6,28 @@
 //!   ([`channel::Channel::start`]). A call whose request Python serialized answers with the
 //!   response's bytes ([`unary`]); the guard's hot RPCs (RequestToken, Complete, Release,
 //!   ExtendLease) take and return plain values instead, their messages built and read here
-//!   ([`worker`]). A failed call raises the exception Python's factory builds from the status
-//!   (its code, message and the `grpc-status-details-bin` trailer that
-//!   `oncegate.errors.from_rpc_error` decodes): no error reason and nothing of the guard is
-//!   decided here. [`runtime`]: the tokio runtimes, one pair per process; [`link`]: the
-//!   connection.
+//!   ([`worker`]), and the threaded guard's common case is one native call ([`guard`]). A failed
+//!   call raises the exception Python's factory builds from the status (its code, message and
+//!   the `grpc-status-details-bin` trailer that `oncegate.errors.from_rpc_error` decodes): no
+//!   error reason and nothing of the guard is decided here.
 //! - The server. [`local`] runs `oncegate-server` on a runtime of its own, from `oncegate serve`'s
 //!   flags; a channel to it from this process calls its gate directly ([`in_process`]).
+//!
+//! The modules are layered as the workspace's crates are: a module uses only modules of a lower
+//! rank, never one of its own or a higher one (tests/integration/layers.rs fails on any cycle).
+//! Bottom up:
+//!
+//! 0. [`runtime`] (the tokio runtimes, one pair per process), [`wire`] (a gRPC call on HTTP/2:
+//!    the methods, the request's head and frame, how an answer is read) and [`json`] (the
+//!    receipts' JSON): they use no sibling.
+//! 1. [`session`]: the calls on one `Session` stream; [`in_process`]: the calls to the gate in
+//!    this process.
+//! 2. [`link`]: the connection to one gate and the session on it; [`local`]: the gate server.
+//! 3. [`unary`]: one call over a link, on its session or a stream of its own.
+//! 4. [`channel`]: what Python holds, routing a call over a link or in process.
+//! 5. [`worker`]: the guard's hot RPCs with plain values, over a channel.
+//! 6. [`heartbeat`]: the native guard's lease extensions.
+//! 7. [`guard`]: the threaded guard's common case as one call.
 
 mod channel;
 mod guard;
@@ -24,6 +39,7 @@ mod local;
 mod runtime;
 mod session;
 mod unary;
+mod wire;
 mod worker;
 
 use pyo3::prelude::*;

@@ -1,7 +1,8 @@
 //! The connection to one gate: HTTP/2 over TCP (plaintext), opened by the first call that needs
-//! it and again by the first call after it broke. Its frames are read and written by a task on
-//! the runtime of the call that opened it (for a threaded caller, the calling thread drives it
-//! inside `block_on`; see [`crate::runtime`]). Owns no call ([`crate::unary`]).
+//! it and again by the first call after it broke, and the session open on it ([`Session`]). Its
+//! frames are read and written by a task on the runtime of the call that opened it (for a
+//! threaded caller, the calling thread drives it inside `block_on`; see [`crate::runtime`]). Owns
+//! no call ([`crate::unary`]).
 
 use std::{
     sync::{
@@ -18,7 +19,7 @@ use tonic::Status;
 
 use crate::{
     session::{Failure, Session},
-    unary::Call,
+    wire::Call,
 };
 
 /// The connection of one channel on one runtime.
@@ -94,7 +95,7 @@ impl Link {
             return Ok(same.then(|| (Arc::clone(session), true)));
         }
         let connection = self.connection().await.map_err(Failure::Ended)?;
-        let session = Session::open(&connection, call)
+        let session = Session::open(&connection.send, call)
             .await
             .inspect_err(|failure| {
                 if let Failure::Ended(_) = failure {

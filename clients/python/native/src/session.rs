@@ -20,16 +20,16 @@ use std::{
 };
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use h2::{RecvStream, SendStream, client::ResponseFuture};
+use h2::{
+    RecvStream, SendStream,
+    client::{ResponseFuture, SendRequest},
+};
 use http::{HeaderMap, StatusCode};
 use prost::encoding::{WireType, decode_key, decode_varint, encode_key, encode_varint};
 use tokio::sync::oneshot;
 use tonic::{Code, Status};
 
-use crate::{
-    link::Connection,
-    unary::{self, Call},
-};
+use crate::wire::{self, COMPLETE, Call, REQUEST_TOKEN};
 
 /// The method every session runs on.
 pub(crate) const SESSION: &str = "/oncegate.v1.ActionGateService/Session";
@@ -37,8 +37,8 @@ pub(crate) const SESSION: &str = "/oncegate.v1.ActionGateService/Session";
 /// `SessionRequest`'s field of each call it carries, by the unary method's path.
 pub(crate) fn field_of(path: &str) -> Option<u32> {
     match path {
-        crate::worker::REQUEST_TOKEN => Some(3),
-        crate::worker::COMPLETE => Some(4),
+        REQUEST_TOKEN => Some(3),
+        COMPLETE => Some(4),
         _ => None,
     }
 }
@@ -67,22 +67,23 @@ struct Shared {
 }
 
 impl Session {
-    /// Opens a session on `connection` with the metadata of `call`. Its answers are read by a
-    /// task on the current runtime, which fails every waiting call when the session ends.
-    pub(crate) async fn open(connection: &Connection, call: &Call) -> Result<Session, Failure> {
+    /// Opens a session on the HTTP/2 connection of `send` with the metadata of `call`. Its answers
+    /// are read by a task on the current runtime, which fails every waiting call when the session
+    /// ends.
+    pub(crate) async fn open(send: &SendRequest<Bytes>, call: &Call) -> Result<Session, Failure> {
         let opening = Call {
             uri: call.uri.clone(),
             message: Bytes::new(),
             metadata: call.metadata.clone(),
             deadline: None,
         };
-        let mut request = unary::head(&opening).map_err(Failure::Answered)?;
+        let mut request = wire::head(&opening).map_err(Failure::Answered)?;
         let mut path = call.uri.clone().into_parts();
         path.path_and_query = Some(http::uri::PathAndQuery::from_static(SESSION));
         *request.uri_mut() = http::Uri::from_parts(path)
             .map_err(|e| Failure::Answered(Status::internal(format!("session URI: {e}"))))?;
-        let ended = |e: h2::Error| Failure::Ended(unary::h2_status(e));
-        let mut send = connection.send.clone().ready().await.map_err(ended)?;
+        let ended = |e: h2::Error| Failure::Ended(wire::h2_status(e));
+        let mut send = send.clone().ready().await.map_err(ended)?;
         let (response, stream) = send.send_request(request, false).map_err(ended)?;
         let shared = Arc::new(Shared {
             waiters: Mutex::default(),
@@ -133,7 +134,7 @@ impl Session {
         let sent = lock(&self.send).send_data(frame, false);
         if let Err(error) = sent {
             self.shared.ended.store(true, Ordering::Release);
-            return Err(Failure::Ended(unary::h2_status(error)));
+            return Err(Failure::Ended(wire::h2_status(error)));
         }
         rx.await
             .unwrap_or_else(|_| Err(Failure::Ended(Status::unavailable("the session ended"))))
@@ -187,13 +188,13 @@ fn request(id: u64, field: u32, message: &Bytes, deadline: Option<Duration>) -> 
 async fn read(response: ResponseFuture, shared: &Shared) -> Status {
     let response = match response.await {
         Ok(response) => response,
-        Err(error) => return unary::h2_status(error),
+        Err(error) => return wire::h2_status(error),
     };
     let (parts, body) = response.into_parts();
     if parts.status != StatusCode::OK {
-        return unary::http_status(parts.status);
+        return wire::http_status(parts.status);
     }
-    if let Some(status) = unary::trailers_only(&parts.headers) {
+    if let Some(status) = wire::trailers_only(&parts.headers) {
         return status;
     }
     match messages(body, shared).await {
@@ -210,7 +211,7 @@ async fn read(response: ResponseFuture, shared: &Shared) -> Status {
 async fn messages(mut body: RecvStream, shared: &Shared) -> Result<Option<HeaderMap>, Status> {
     let mut received = BytesMut::new();
     while let Some(chunk) = body.data().await {
-        let chunk = chunk.map_err(unary::h2_status)?;
+        let chunk = chunk.map_err(wire::h2_status)?;
         let _ = body.flow_control().release_capacity(chunk.len());
         received.extend_from_slice(&chunk);
         while received.len() >= 5 {
@@ -232,7 +233,7 @@ async fn messages(mut body: RecvStream, shared: &Shared) -> Result<Option<Header
             }
         }
     }
-    body.trailers().await.map_err(unary::h2_status)
+    body.trailers().await.map_err(wire::h2_status)
 }
 
 /// A `SessionResponse`'s id and its answer: the reply's bytes as they came, or the status.

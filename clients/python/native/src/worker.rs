@@ -21,12 +21,10 @@ use pyo3::{
     types::{PyBytes, PyTuple},
 };
 
-use crate::channel::Channel;
-
-pub(crate) const REQUEST_TOKEN: &str = "/oncegate.v1.ActionGateService/RequestToken";
-pub(crate) const COMPLETE: &str = "/oncegate.v1.ActionGateService/Complete";
-const RELEASE: &str = "/oncegate.v1.ActionGateService/Release";
-pub(crate) const EXTEND_LEASE: &str = "/oncegate.v1.ActionGateService/ExtendLease";
+use crate::{
+    channel::Channel,
+    wire::{COMPLETE, EXTEND_LEASE, RELEASE, REQUEST_TOKEN},
+};
 
 /// RequestToken. Answers `(decision, agent_id, run_id, key, fingerprint, grant, completion,
 /// redelivered, approval)`, where `grant` is `(token, fencing, lease_expires_at, provider_key,

@@ -12,24 +12,26 @@ answers ``code()``, ``details()`` and ``trailing_metadata()`` as grpcio's does, 
 :func:`oncegate.errors.from_rpc_error` reads both alike.
 
 The channels (:mod:`oncegate.channel`, :mod:`oncegate.aio.channel`) choose with
-:func:`endpoint`. A channel goes through grpcio when ``ONCEGATE_PURE_PYTHON=1`` is set, when
-it has TLS credentials or gRPC channel options (the native core speaks plaintext HTTP/2 and knows
-none of grpcio's options), or when its target is not ``host:port`` (a ``unix:`` socket, a grpcio
-resolver scheme). The operator API (a resolver's calls, its stream) always goes through grpcio."""
+:func:`endpoint`. A channel goes through grpcio when ``ONCEGATE_PURE_PYTHON=1`` is set or the
+package was installed without its native core (``clients/python/pure``), when it has TLS
+credentials or gRPC channel options (the native core speaks plaintext HTTP/2 and knows none of
+grpcio's options), or when its target is not ``host:port`` (a ``unix:`` socket, a grpcio resolver
+scheme). The operator API (a resolver's calls, its stream) always goes through grpcio."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
 import functools
+import importlib
 import os
-import re
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, TypeVar
 
 import grpc
 
+from oncegate import address
 from oncegate.models import (
     ActionRef,
     Approval,
@@ -61,16 +63,21 @@ _T = TypeVar("_T")
 PURE_PYTHON = "ONCEGATE_PURE_PYTHON"
 """The environment variable that, set to ``1``, sends every call through grpcio."""
 
-if os.environ.get(PURE_PYTHON) == "1":
-    _native: Any = None
-else:
+_native: Any = None
+if os.environ.get(PURE_PYTHON) != "1":
     try:
-        from oncegate import _native
-    except ImportError as err:  # a source tree used without building it, or a broken install
+        _native = importlib.import_module("oncegate._native")
+    except ModuleNotFoundError as err:
+        if err.name != "oncegate._native":
+            raise
+        # The package installed without its native core (clients/python/pure, which needs no
+        # Rust toolchain): every channel goes through grpcio, as with ONCEGATE_PURE_PYTHON=1.
+    except ImportError as err:  # the extension is there but does not load: a broken install
         raise ImportError(
-            f"oncegate: the native core (oncegate._native) is missing: {err}. Install the package "
-            f"(pip install builds it), or set {PURE_PYTHON}=1 to use grpcio alone."
+            f"oncegate: the native core (oncegate._native) does not load: {err}. Install the package "
+            f"again, or set {PURE_PYTHON}=1 to use grpcio alone."
         ) from err
+if _native is not None:
     # A forked child inherits the parent's runtimes and connections without their threads.
     os.register_at_fork(after_in_child=_native.forked)
     # At exit, the native core's threads stop calling Python before the interpreter finalizes
@@ -94,12 +101,11 @@ _RESPONSES: dict[str, Callable[[bytes], Any]] = {
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
 
-# host:port, [v6]:port, with grpcio's optional dns:/// prefix.
-_HOST_PORT = re.compile(r"^(?:dns:///)?(?P<address>(?:\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):\d+)$")
 
 
 def enabled() -> bool:
-    """Whether calls may go through the native core (``ONCEGATE_PURE_PYTHON`` is not ``1``)."""
+    """Whether calls may go through the native core (it is installed and ``ONCEGATE_PURE_PYTHON``
+    is not ``1``)."""
     return _native is not None
 
 
@@ -108,8 +114,16 @@ def endpoint(target: str, credentials: grpc.ChannelCredentials | None, options: 
     ``None`` when that channel goes through grpcio (see the module's docstring for when)."""
     if _native is None or credentials is not None or options:
         return None
-    match = _HOST_PORT.match(target)
-    return f"http://{match['address']}" if match else None
+    try:
+        read = address.parse(target)
+    except ValueError:
+        return None
+    if read.kind == "resolver" and read.target.startswith("dns:///"):
+        try:  # grpcio's DNS resolver on one host:port: the same connection, made natively
+            read = address.parse(read.target[len("dns:///") :])
+        except ValueError:
+            return None
+    return f"http://{read.target}" if read.kind == "tcp" else None
 
 
 class NativeRpcError(grpc.RpcError):
@@ -147,7 +161,8 @@ def local_server(flags: Sequence[str], log: str | None) -> Any:
     except ImportError as err:
         raise ImportError(
             f"oncegate.local needs the native extension (oncegate._native), which is missing: {err}. "
-            "Install the oncegate wheel, or run a gate with `oncegate serve` and connect with Gate(target)."
+            "Install the package with its native core (the oncegate wheel, or pip install ./clients/python), "
+            "or run a gate with `oncegate serve` and connect with Gate(target)."
         ) from err
     if _native is None and not _forks_followed:
         # Under ONCEGATE_PURE_PYTHON the import above did not register them: a forked child must

@@ -55,7 +55,8 @@ class GateRpc(Channel):
     it).
 
     Args:
-        target: ``host:port`` of the gate.
+        target: The gate's address in any of :data:`oncegate.address.FORMS`; without it
+            ``ONCEGATE_TARGET``, else ``127.0.0.1:50051``.
         api_key: Sent as ``authorization: Bearer <key>`` on every call.
         credentials: TLS channel credentials; a plaintext channel when ``None``.
         timeout: Deadline of each call, in seconds.

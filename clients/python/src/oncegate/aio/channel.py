@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
-from oncegate import native
+from oncegate import address, native
 from oncegate.v1.oncegate_pb2_grpc import ActionGateServiceStub, GateAdminServiceStub
 from oncegate.wire import call_metadata, channel_options
 
@@ -49,17 +49,21 @@ class Channel:
 
     def __init__(
         self,
-        target: str,
+        target: str | None = None,
         *,
         api_key: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
         timeout: float = 10.0,
         options: Sequence[tuple[str, Any]] = (),
     ) -> None:
+        if target is None:
+            target = address.from_environment()
         self.target = target
         self.timeout = timeout
-        self._credentials = credentials
-        self._options = channel_options(target, options)
+        read = address.parse(target)
+        self._grpc_target = read.target
+        self._credentials = address.credentials(read, credentials)
+        self._options = channel_options(read.target, options)
         self._native_uri = native.endpoint(target, credentials, options)
         self._native: Any = None
         self._channel: grpc.aio.Channel | None = None
@@ -91,9 +95,9 @@ class Channel:
         """The ``grpc.aio`` channel of the running loop, opened on first use."""
         if self._channel is None:
             if self._credentials is not None:
-                self._channel = grpc.aio.secure_channel(self.target, self._credentials, options=self._options)
+                self._channel = grpc.aio.secure_channel(self._grpc_target, self._credentials, options=self._options)
             else:
-                self._channel = grpc.aio.insecure_channel(self.target, options=self._options)
+                self._channel = grpc.aio.insecure_channel(self._grpc_target, options=self._options)
         return self._channel
 
     def _admin(self) -> GateAdminServiceStub:

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from oncegate import address
 from oncegate.aio.channel import Channel, within
 from oncegate.errors import from_rpc_error
 from oncegate.models import Completed, Failed, Settled, Unknown, Unresolved
@@ -41,7 +42,9 @@ class Resolver(Channel):
     """Settles unresolved actions by asking the provider, one lookup per action type.
 
     Args:
-        target: ``host:port`` of the gate (or ``unix:<path>``, its admin socket).
+        target: The gate's address in any of :data:`oncegate.address.FORMS` (``unix:<path>``: its
+            admin socket, where the caller is its local operator); without it
+            ``ONCEGATE_ADMIN_TARGET``, else ``127.0.0.1:50051``.
         api_key: A resolver principal's key, sent as ``authorization: Bearer <key>``.
         credentials: TLS channel credentials; a plaintext channel when ``None``.
         timeout: Deadline of each settlement call, in seconds.
@@ -54,7 +57,7 @@ class Resolver(Channel):
 
     def __init__(
         self,
-        target: str,
+        target: str | None = None,
         *,
         api_key: str | None = None,
         credentials: grpc.ChannelCredentials | None = None,
@@ -65,6 +68,8 @@ class Resolver(Channel):
         backoff: tuple[float, float] = (0.2, 30.0),
         note: str = "resolver: provider lookup by provider key",
     ) -> None:
+        if target is None:
+            target = address.from_environment(admin=True)
         super().__init__(target, api_key=api_key, credentials=credentials, timeout=timeout, options=options)
         self.agent_id = agent_id
         self.lookup_timeout = lookup_timeout
