@@ -31,17 +31,17 @@ use rmcp::{
 };
 
 use super::{
-    Shared, answers, approve, identity, sent,
+    Shared, answers, approve, identity,
+    refusal::{action_key, reference_key, refusal},
+    sent,
     session::{self, Origin, Session, passthrough_error},
     unknown::Lost,
 };
 use oncegate_client::{
-    ActionSpec, ClientError, Failure, Grant, GuardError, GuardHooks, GuardOptions, Outcome,
-    run_once_on,
+    ActionSpec, Failure, Grant, GuardError, GuardHooks, GuardOptions, Outcome, run_once_on,
 };
 use oncegate_config::mcp::{OnToolError, ToolRule};
 use oncegate_domain::ActionKey;
-use oncegate_gate::request::prepare_token;
 use oncegate_observe::telemetry::AUDIT;
 use oncegate_proto as pb;
 
@@ -405,84 +405,6 @@ fn definite(cause: Upstream) -> Result<CallToolResult, McpError> {
         Upstream::Refused(error) => Err(*error),
         Upstream::Unknown(why) => Err(McpError::internal_error(why, None)),
     }
-}
-
-/// What the gate's refusal tells the model. An attempt "in progress" that this gateway lost is
-/// its unknown outcome, said at once.
-fn refusal(
-    shared: &Shared,
-    tool: &str,
-    error: ClientError,
-    lost: Option<Lost>,
-    key: &ActionKey,
-) -> CallToolResult {
-    match error {
-        ClientError::KeyReused { differing_fields } => answers::key_reused(&differing_fields),
-        ClientError::InProgress { .. } => match lost {
-            Some(lost) => answers::outcome_unknown(
-                &format!(
-                    "attempt {} of this call, forwarded by this gateway: {}",
-                    lost.fencing, lost.why
-                ),
-                key,
-            ),
-            None => answers::in_progress(shared.in_progress_wait, key),
-        },
-        ClientError::LeaseExpired {
-            fencing, action, ..
-        } => {
-            let named = action_key(&action);
-            let key = if named.key.is_empty() { key } else { &named };
-            answers::unresolved(fencing, key)
-        }
-        ClientError::Invalid { field, description } => answers::refused(
-            "INVALID_REQUEST",
-            &format!("invalid {field}: {description}"),
-        ),
-        ClientError::Unavailable(message) => {
-            shared.metrics.gate_unavailable();
-            tracing::warn!(tool, error = %message,
-                "the gate is unavailable: the call was not forwarded (GATE_UNAVAILABLE)");
-            answers::gate_unavailable(&message)
-        }
-        ClientError::PolicyDenied { approval_id, .. } if !approval_id.is_empty() => {
-            answers::approval_denied(&approval_id)
-        }
-        ClientError::PolicyDenied { policy_id, .. } => answers::policy_denied(&policy_id),
-        ClientError::RateLimited { retry_after } => {
-            answers::gate_unavailable(&format!("rate limited for {retry_after:?}"))
-        }
-        other => answers::refused("REFUSED", &other.to_string()),
-    }
-}
-
-/// The action key as the gate computes it (for the texts an operator reads, and to find an
-/// attempt this gateway lost), from the gateway's own policies: exact in process, and with a gate
-/// server that runs the same file.
-fn reference_key(shared: &Shared, spec: &ActionSpec) -> ActionKey {
-    let policies = &shared.policies;
-    let call = oncegate_gate::TokenCall {
-        agent_id: spec.agent_id.clone(),
-        run_id: spec.run_id.clone(),
-        action: spec.action.clone(),
-        params_json: spec.params_json.clone(),
-        idempotency_key: spec.idempotency_key.clone(),
-        ..Default::default()
-    };
-    match prepare_token(
-        &policies.limits,
-        policies.for_action(&spec.action),
-        call,
-        String::new(),
-    ) {
-        Ok(prepared) => prepared.key,
-        Err(_) => ActionKey::new(&spec.agent_id, &spec.run_id, &spec.idempotency_key),
-    }
-}
-
-fn action_key(action: &pb::ActionRef) -> ActionKey {
-    let scope = action.scope.clone().unwrap_or_default();
-    ActionKey::new(scope.agent_id, scope.run_id, action.key.clone())
 }
 
 /// What Complete records when the gate refuses the result as too large to keep.

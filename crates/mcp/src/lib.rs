@@ -23,6 +23,7 @@ pub mod handler;
 pub mod identity;
 pub mod metrics;
 pub mod operator;
+pub mod refusal;
 pub mod sent;
 pub mod serve;
 pub mod session;
